@@ -1,0 +1,26 @@
+# Two entry points for a fresh machine: `make plan` (the main job) and `make test`.
+# Both create .venv and install the package with the pinned versions in requirements.lock.
+PYTHON ?= python3
+VENV := .venv
+STAMP := $(VENV)/.installed
+
+.PHONY: plan test bench clean
+
+$(STAMP): pyproject.toml requirements.lock
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -c requirements.lock -e '.[test]'
+	touch $(STAMP)
+
+plan: $(STAMP)
+	$(VENV)/bin/unbroken plan
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest -q
+
+bench: $(STAMP)
+	$(VENV)/bin/python bench/rectlr_latency.py
+	$(VENV)/bin/python bench/sim_sweep.py
+
+clean:
+	rm -rf $(VENV) out

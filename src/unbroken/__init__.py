@@ -1,0 +1,3 @@
+"""unbroken: keep large-scale LLM pretraining running through failures."""
+
+__version__ = "0.1.0"

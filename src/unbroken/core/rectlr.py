@@ -1,0 +1,281 @@
+"""RECTLR: the reordering controller that masks failed data-parallel groups.
+
+Why three phases
+----------------
+When groups die in the middle of a step, the survivors must still deliver every shard type's
+gradient exactly once before the all-reduce can commit. The cheapest answer is the one that
+changes nothing, so the controller escalates only as far as it must:
+
+* **fixed** (HK-FIXED) — the survivors' top-S positions already cover every type: keep the
+  stacks and the depth, hand each orphaned type to a survivor that holds it within its top S.
+* **free** (HK-FREE) — find the smallest depth S* in [S, r] at which a perfect matching of
+  types to (survivor, position < S*) slots exists. If the survivors' current top-S* positions
+  already cover every type, the stacks stay as they are and only the depth grows.
+* **mcmf** — otherwise, among all perfect assignments at S*, take one that moves the fewest
+  shards from their stack positions (ties: the fewest shards that need computing again), and
+  reorder the stacks accordingly. Each stack stays a permutation of its group's own r types.
+
+A type whose r hosts have all failed cannot be served at any depth (and conversely, at S = r
+every survivor can serve all of its types), so that case is reported as a wipe-out, which the
+caller answers with a restart.
+
+The matchings run in C (``scipy.sparse.csgraph``): Hopcroft–Karp for feasibility and LAPJVsp
+for the minimum-movement assignment. This module is pure: no I/O, no clock, no torch, so the
+simulator and the runtime call the very same ``decide``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import maximum_bipartite_matching, min_weight_full_bipartite_matching
+
+from unbroken.core.placement import Layout
+
+FIXED, FREE, MCMF = "fixed", "free", "mcmf"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A masked step: who computes what at which depth.
+
+    Attributes:
+        depth: the new stack depth S* (every survivor runs its top S* positions).
+        stacks: (N, r) stack orders after the decision; rows of dead groups are unchanged.
+        assignment: (N,) the group that contributes each shard type's gradient.
+        position: (N,) the stack position (< depth) at which that group holds the type.
+        phase: which phase decided: ``fixed``, ``free`` or ``mcmf``.
+        moved: number of shard types placed at a stack position that did not hold them.
+        patch: group -> shard types it must compute now, beyond what it computed this step.
+        reason: one line that doubles as the log line.
+    """
+
+    depth: int
+    stacks: np.ndarray
+    assignment: np.ndarray
+    position: np.ndarray
+    phase: str
+    moved: int
+    patch: dict[int, tuple[int, ...]]
+    reason: str
+
+    def contributions(self) -> dict[int, tuple[int, ...]]:
+        """group -> shard types whose gradient it contributes, in stack order."""
+        out: dict[int, list[int]] = {}
+        for t in np.lexsort((self.position, self.assignment)):
+            out.setdefault(int(self.assignment[t]), []).append(int(t))
+        return {w: tuple(ts) for w, ts in out.items()}
+
+
+@dataclass(frozen=True)
+class WipeOut:
+    """No depth can cover every type: these types lost all of their hosts."""
+
+    lost_types: tuple[int, ...]
+    reason: str
+
+
+Decision = Plan | WipeOut
+
+
+def initial_stacks(layout: Layout) -> np.ndarray:
+    """The original stack orders, as a writable copy."""
+    return np.array(layout.stacks, copy=True)
+
+
+def _live_mask(layout: Layout, live: Sequence[int] | np.ndarray) -> np.ndarray:
+    arr = np.asarray(live)
+    if arr.dtype == bool:
+        if arr.shape != (layout.groups,):
+            raise ValueError(f"live mask has shape {arr.shape}, expected ({layout.groups},)")
+        return arr
+    mask = np.zeros(layout.groups, dtype=bool)
+    mask[arr.astype(np.int64)] = True
+    return mask
+
+
+def _computed_at(stacks: np.ndarray, depth: int,
+                 computed: Mapping[int, Sequence[int]] | None) -> np.ndarray:
+    """(N, r) bool over current positions: has group w already computed stacks[w, p]?"""
+    n, r = stacks.shape
+    if computed is None:
+        return np.broadcast_to(np.arange(r) < depth, (n, r))
+    mask = np.zeros((n, r), dtype=bool)
+    for w, types in computed.items():
+        mask[w] = np.isin(stacks[w], np.asarray(types, dtype=stacks.dtype))
+    return mask
+
+
+def _covered(stacks: np.ndarray, live_ids: np.ndarray, depth: int, n: int) -> bool:
+    top = stacks[live_ids, :depth]
+    return np.count_nonzero(np.bincount(top.ravel(), minlength=n)) == n
+
+
+def _first_slot_assignment(stacks: np.ndarray, live_ids: np.ndarray, depth: int,
+                           comp_at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Give each type a live slot within the top ``depth`` that already holds it.
+
+    Preference: a slot whose group already computed the type, then the shallowest position,
+    then the lowest group id. The caller guarantees that the top ``depth`` cover every type.
+    """
+    # Slots in preference order: computed first, then position-major, then group id.
+    types = stacks[live_ids, :depth].T.ravel()
+    pos = np.repeat(np.arange(depth), live_ids.size)
+    grp = np.tile(live_ids, depth)
+    done = comp_at[grp, pos]
+    pref = np.r_[np.flatnonzero(done), np.flatnonzero(~done)]
+    t_pref = types[pref]
+    order = np.argsort(t_pref, kind="stable")
+    t_sorted = t_pref[order]
+    first = pref[order[np.flatnonzero(np.r_[True, t_sorted[1:] != t_sorted[:-1]])]]
+    return grp[first], pos[first]
+
+
+def _slot_graph(layout: Layout, live: np.ndarray, live_ids: np.ndarray, depth: int):
+    """Edges type -> (live host w, position p < depth) as a CSR biadjacency skeleton.
+
+    Returns (indptr, cols, rows, w, p): edges are grouped by type, so the CSR row pointer
+    comes from a count and scipy never has to sort a COO list.
+    """
+    live_index = np.full(layout.groups, -1, dtype=np.int64)
+    live_index[live_ids] = np.arange(live_ids.size)
+    host = layout.hosts_of
+    t_idx, j_idx = np.nonzero(live[host])             # row-major: grouped by type
+    w = np.repeat(host[t_idx, j_idx], depth)
+    rows = np.repeat(t_idx, depth)
+    pos = np.tile(np.arange(depth), t_idx.size)
+    cols = live_index[w] * depth + pos
+    indptr = np.r_[0, np.cumsum(np.bincount(rows, minlength=layout.groups))]
+    return indptr, cols, rows, w, pos
+
+
+def _feasible(layout: Layout, live: np.ndarray, live_ids: np.ndarray, depth: int) -> bool:
+    """Hopcroft-Karp: can every type get its own (live host, position < depth) slot?"""
+    n = layout.groups
+    if live_ids.size * depth < n:
+        return False
+    indptr, cols, _, _, _ = _slot_graph(layout, live, live_ids, depth)
+    g = csr_matrix((np.ones(cols.size, dtype=np.int8), cols, indptr),
+                   shape=(n, live_ids.size * depth))
+    return bool(np.all(maximum_bipartite_matching(g, perm_type="column") >= 0))
+
+
+def _position_table(layout: Layout, stacks: np.ndarray) -> np.ndarray:
+    """(N, r): inv[w, j] is the current stack position of the type group w held at original
+    position j."""
+    n = layout.groups
+    orig_j = np.searchsorted(layout.offsets, (stacks - np.arange(n)[:, None]) % n)
+    inv = np.empty_like(orig_j)
+    np.put_along_axis(inv, orig_j, np.arange(stacks.shape[1])[None, :], axis=1)
+    return inv
+
+
+def _apply(old: np.ndarray, assign_w: np.ndarray, assign_p: np.ndarray, depth: int,
+           changed: np.ndarray) -> np.ndarray:
+    """Rewrite the stacks of ``changed`` groups: assigned types at their slots, holes and the
+    tail filled with the group's remaining types in their old order (so each row stays a
+    permutation of the group's own types). Groups without a moved type keep their row as is.
+    """
+    new = old.copy()
+    for w in changed:
+        row = [-1] * depth
+        for t in np.flatnonzero(assign_w == w):
+            row[int(assign_p[t])] = int(t)
+        used = set(row)
+        rest = iter([int(x) for x in old[w] if int(x) not in used])
+        row = [x if x != -1 else next(rest) for x in row]
+        row.extend(rest)
+        new[w] = row
+    return new
+
+
+def _patch(assign_w: np.ndarray, needs: np.ndarray) -> dict[int, tuple[int, ...]]:
+    out: dict[int, list[int]] = {}
+    for t in np.flatnonzero(needs):
+        out.setdefault(int(assign_w[t]), []).append(int(t))
+    return {w: tuple(ts) for w, ts in sorted(out.items())}
+
+
+def _in_place(stacks: np.ndarray, live_ids: np.ndarray, depth: int, comp_at: np.ndarray,
+              phase: str, reason: str) -> Plan:
+    w, p = _first_slot_assignment(stacks, live_ids, depth, comp_at)
+    needs = ~comp_at[w, p]
+    return Plan(depth, stacks.copy(), w, p, phase, 0, _patch(w, needs),
+                f"{reason}; {live_ids.size}/{stacks.shape[0]} groups live, "
+                f"{int(needs.sum())} shard(s) to patch")
+
+
+def decide(layout: Layout, live: Sequence[int] | np.ndarray, stacks: np.ndarray, depth: int,
+           computed: Mapping[int, Sequence[int]] | None = None) -> Decision:
+    """Decide how the survivors finish the current step.
+
+    Args:
+        layout: the static layout (which group may hold which type).
+        live: the live groups, as ids or as an (N,) bool mask.
+        stacks: (N, r) current stack orders (each row a permutation of the group's own types).
+        depth: the current stack depth S (1 <= S <= r).
+        computed: group -> shard types it has already computed in this step. Default: every
+            live group computed its top ``depth`` positions.
+
+    Returns:
+        A Plan (masked) or a WipeOut (restart needed), each with a one-line reason.
+
+    Raises:
+        ValueError: depth outside [1, r] or a live mask of the wrong shape.
+    """
+    n, r = layout.groups, layout.redundancy
+    if not 1 <= depth <= r:
+        raise ValueError(f"depth {depth} outside [1, {r}]")
+    live = _live_mask(layout, live)
+    live_ids = np.flatnonzero(live)
+    stacks = np.asarray(stacks)
+
+    lost = np.flatnonzero(~live[layout.hosts_of].any(axis=1))
+    if lost.size:
+        shown = ", ".join(str(int(t)) for t in lost[:8]) + (" ..." if lost.size > 8 else "")
+        return WipeOut(tuple(int(t) for t in lost),
+                       f"wipe-out: {lost.size} shard type(s) lost all {r} hosts ({shown}); "
+                       f"{live_ids.size}/{n} groups live")
+
+    comp_at = _computed_at(stacks, depth, computed)
+    if _covered(stacks, live_ids, depth, n):
+        return _in_place(stacks, live_ids, depth, comp_at, FIXED,
+                         f"fixed: survivors' top {depth} cover all {n} types")
+
+    # Phase 1: the smallest feasible depth. Below ceil(N / live) there are too few slots; a
+    # depth whose current top positions already cover every type needs no matching at all.
+    s_star = -1
+    for s in range(max(depth, -(-n // live_ids.size)), r + 1):
+        if _covered(stacks, live_ids, s, n):
+            return _in_place(stacks, live_ids, s, comp_at, FREE,
+                             f"free: depth {depth} -> {s} without reordering")
+        if _feasible(layout, live, live_ids, s):
+            s_star = s
+            break
+    # With no type wiped out, depth r is always feasible, so s_star is set here.
+
+    # Phase 2: minimum-movement assignment at s_star.
+    indptr, cols, rows, w, p = _slot_graph(layout, live, live_ids, s_star)
+    inv = _position_table(layout, stacks)
+    offsets = np.asarray(layout.offsets)
+    q = inv[w, np.searchsorted(offsets, (rows - w) % n)]   # where w holds the type now
+    moved = q != p
+    redo = ~comp_at[w, q]
+    # Lexicographic cost: fewest moves first, then fewest recomputes. The +1 keeps every
+    # stored weight nonzero; a full matching has exactly N edges, so the shift is harmless.
+    weight = 1.0 + moved * float(n + 1) + redo
+    g = csr_matrix((weight, cols, indptr), shape=(n, live_ids.size * s_star))
+    _, col_of_row = min_weight_full_bipartite_matching(g)
+    assign_w = live_ids[col_of_row // s_star]
+    assign_p = col_of_row % s_star
+    moved_t = stacks[assign_w, assign_p] != np.arange(n)
+    new_stacks = _apply(stacks, assign_w, assign_p, s_star, np.unique(assign_w[moved_t]))
+    types = np.arange(n)
+    needs = ~comp_at[assign_w, inv[assign_w, np.searchsorted(offsets, (types - assign_w) % n)]]
+    n_moved = int(moved_t.sum())
+    return Plan(s_star, new_stacks, assign_w, assign_p, MCMF, n_moved, _patch(assign_w, needs),
+                f"mcmf: depth {depth} -> {s_star}, {n_moved} shard(s) moved; "
+                f"{live_ids.size}/{n} groups live, {int(needs.sum())} shard(s) to patch")
