@@ -152,14 +152,9 @@ def _slot_graph(layout: Layout, live: np.ndarray, live_ids: np.ndarray, depth: i
     return indptr, cols, rows, w, pos
 
 
-def _feasible(layout: Layout, live: np.ndarray, live_ids: np.ndarray, depth: int) -> bool:
-    """Hopcroft-Karp: can every type get its own (live host, position < depth) slot?"""
-    n = layout.groups
-    if live_ids.size * depth < n:
-        return False
-    indptr, cols, _, _, _ = _slot_graph(layout, live, live_ids, depth)
-    g = csr_matrix((np.ones(cols.size, dtype=np.int8), cols, indptr),
-                   shape=(n, live_ids.size * depth))
+def _perfect(n: int, n_cols: int, indptr: np.ndarray, cols: np.ndarray) -> bool:
+    """Hopcroft-Karp: does every type get its own slot?"""
+    g = csr_matrix((np.ones(cols.size, dtype=np.int8), cols, indptr), shape=(n, n_cols))
     return bool(np.all(maximum_bipartite_matching(g, perm_type="column") >= 0))
 
 
@@ -247,18 +242,19 @@ def decide(layout: Layout, live: Sequence[int] | np.ndarray, stacks: np.ndarray,
 
     # Phase 1: the smallest feasible depth. Below ceil(N / live) there are too few slots; a
     # depth whose current top positions already cover every type needs no matching at all.
-    s_star = -1
+    graph = None
     for s in range(max(depth, -(-n // live_ids.size)), r + 1):
         if _covered(stacks, live_ids, s, n):
             return _in_place(stacks, live_ids, s, comp_at, FREE,
                              f"free: depth {depth} -> {s} without reordering")
-        if _feasible(layout, live, live_ids, s):
+        graph = _slot_graph(layout, live, live_ids, s)
+        if _perfect(n, live_ids.size * s, graph[0], graph[1]):
             s_star = s
             break
-    # With no type wiped out, depth r is always feasible, so s_star is set here.
+    # With no type wiped out, depth r is always feasible, so s_star and graph are set here.
 
     # Phase 2: minimum-movement assignment at s_star.
-    indptr, cols, rows, w, p = _slot_graph(layout, live, live_ids, s_star)
+    indptr, cols, rows, w, p = graph
     inv = _position_table(layout, stacks)
     offsets = np.asarray(layout.offsets)
     q = inv[w, np.searchsorted(offsets, (rows - w) % n)]   # where w holds the type now

@@ -1,0 +1,93 @@
+"""The cluster a plan is made for: one immutable record shared by theory and simulator.
+
+Why one record
+--------------
+The closed forms and the discrete-event simulator must describe the *same* cluster, or their
+side-by-side numbers mean nothing. Both read this dataclass; nothing else carries parameters.
+Defaults are the SPARe paper's scenario: 600k GPUs in N = 600 data-parallel groups, a system
+MTBF of 5 minutes (Weibull shape 0.78), a 60-minute global restart, a 60 s checkpoint save,
+64 s of compute per stack, an all-reduce of N/100 s and 10,000 steps.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+FAILURE_DISTS = ("weibull", "exponential")
+
+
+class ScenarioError(ValueError):
+    """A parameter outside its domain; the message names the value."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    groups: int = 600                 # N data-parallel groups
+    gpus: int = 600_000               # total GPUs (M = gpus / N per group)
+    steps: int = 10_000
+    t_compute: float = 64.0           # seconds per stack (one shard's forward + backward)
+    t_allreduce: float | None = None  # seconds; None means N / 100 as in the paper
+    mtbf: float = 300.0               # system MTBF in seconds (every group together)
+    t_restart: float = 3600.0         # global restart
+    t_save: float = 60.0              # checkpoint save
+    t_shrink: float = 0.1             # communicator shrink after a masked failure
+    allreduce_fail_scale: float = 0.5 # a failed step's all-reduce costs this share of T_a
+    jitter: float = 0.05              # compute time x N(1, jitter^2) per stack
+    fail_dist: str = "weibull"
+    weibull_shape: float = 0.78
+
+    def __post_init__(self) -> None:
+        ints = {"groups": self.groups, "gpus": self.gpus, "steps": self.steps}
+        for name, v in ints.items():
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ScenarioError(f"{name} must be a positive integer, got {v!r}")
+        positive = {"t_compute": self.t_compute, "mtbf": self.mtbf,
+                    "weibull_shape": self.weibull_shape}
+        if self.t_allreduce is not None:
+            positive["t_allreduce"] = self.t_allreduce
+        nonneg = {"t_restart": self.t_restart, "t_save": self.t_save,
+                  "t_shrink": self.t_shrink, "jitter": self.jitter,
+                  "allreduce_fail_scale": self.allreduce_fail_scale}
+        for name, v in positive.items():
+            if not _finite(v) or v <= 0:
+                raise ScenarioError(f"{name} must be a positive number, got {v!r}")
+        for name, v in nonneg.items():
+            if not _finite(v) or v < 0:
+                raise ScenarioError(f"{name} must be a non-negative number, got {v!r}")
+        if self.allreduce_fail_scale > 1:
+            raise ScenarioError(
+                f"allreduce_fail_scale must be in [0, 1], got {self.allreduce_fail_scale!r}")
+        if self.fail_dist not in FAILURE_DISTS:
+            raise ScenarioError(f"unknown failure distribution {self.fail_dist!r} "
+                                f"(choose from {', '.join(FAILURE_DISTS)})")
+        if self.gpus < self.groups:
+            raise ScenarioError(f"gpus {self.gpus} is fewer than groups {self.groups}: "
+                                "each group needs at least one GPU")
+
+    @property
+    def allreduce(self) -> float:
+        """All-reduce seconds: given, or N / 100 (2, 6, 10 s at N = 200, 600, 1000)."""
+        return self.groups / 100.0 if self.t_allreduce is None else self.t_allreduce
+
+    @property
+    def group_mtbf(self) -> float:
+        """Mean time between failures of one group: the system MTBF times N."""
+        return self.mtbf * self.groups
+
+    @property
+    def weibull_scale(self) -> float:
+        """Weibull lambda giving the per-group mean: 155,937 s at N = 600, k = 0.78."""
+        return self.group_mtbf / math.gamma(1.0 + 1.0 / self.weibull_shape)
+
+    @property
+    def t0(self) -> float:
+        """Failure-free, jitter-free time to train: steps x (T_compute + T_a)."""
+        return self.steps * (self.t_compute + self.allreduce)
+
+    def with_(self, **changes) -> "Scenario":
+        return replace(self, **changes)
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)

@@ -1,0 +1,228 @@
+"""Closed forms for SPARe and replication: how many failures are masked, at what compute
+overhead, how often to checkpoint, and what time-to-train follows.
+
+Why closed forms next to a simulator
+------------------------------------
+A planner must answer "which redundancy and which checkpoint interval" in milliseconds, for
+any N; the simulator then checks the answer on the chosen point. The formulas follow the SPARe
+paper (spare.md §4–§5):
+
+* mu(N, r) = Gamma(1 + 1/r) * N^(1 - 1/r): expected failures until some shard type has lost all
+  r hosts (a wipe-out), for failures hitting distinct groups uniformly at random.
+* S(N, r): mean stack depth, i.e. compute per step in stacks. The lower bound averages
+  c(k) = ceil(N / (N - k)) over the masked failures k = 0 .. floor(mu) - 1; the estimate adds
+  the excess the real controller needs beyond c(k), measured by Monte-Carlo over
+  ``core.rectlr.decide`` itself.
+* T_c* = T_s + sqrt(T_s^2 + 2 T_s (T_f + T_r)) (Saxena et al. 2024), with T_f = mu * MTBF the
+  mean time between restarts, and the availability A(T_c) = (1 - T_s/T_c) * T_f / (T_f + T_r +
+  T_c / 2), whose maximiser is exactly T_c*.
+* J(r) = step(r) / ((T_compute + T_a) * A*): time-to-train over the failure-free T0, where
+  step(r) is the expected synchronous step time including the barrier's wait for the slowest
+  of N jittered groups (the term that makes the simulated step longer than S * T_compute).
+* r* = argmin J(r), and the paper's closed form floor(log2 N + 0.833).
+
+Replication (Rep+CKPT) uses the same model with r-fold compute per step and
+mu_rep = Gamma(1 + 1/r) * N^(1 - 1/r) * r^(1/r) (N/r replica sets of r groups each).
+
+Everything here is pure: numbers in, numbers out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+from scipy.special import ndtr
+
+from unbroken.core import placement
+from unbroken.core.rectlr import Plan, decide, initial_stacks
+from unbroken.core.scenario import Scenario
+
+R_STAR_OFFSET = 0.5772156649015329 / math.log(2)   # gamma / ln 2 = 0.8327
+
+
+def mu(groups: int, redundancy: int) -> float:
+    """Expected failures until a wipe-out under SPARe's stacked layout."""
+    r = redundancy
+    return math.gamma(1.0 + 1.0 / r) * groups ** (1.0 - 1.0 / r)
+
+
+def mu_replication(groups: int, redundancy: int) -> float:
+    """Expected failures until some replica set of r groups has lost all of its members."""
+    r = redundancy
+    return math.gamma(1.0 + 1.0 / r) * groups ** (1.0 - 1.0 / r) * r ** (1.0 / r)
+
+
+def depth_bound(groups: int, failed: int) -> int:
+    """c(k) = ceil(N / (N - k)): the fewest stacks per survivor that can cover N types."""
+    return -(-groups // (groups - failed))
+
+
+def overhead_lower_bound(groups: int, redundancy: int) -> float:
+    """Mean of c(k) over k = 0 .. floor(mu) - 1."""
+    m = max(1, int(math.floor(mu(groups, redundancy))))
+    k = np.arange(m)
+    return float(np.mean(-(-groups // (groups - k))))
+
+
+@dataclass(frozen=True)
+class ControllerMC:
+    """Monte-Carlo over the real controller: random distinct failures until a wipe-out."""
+
+    failures_to_wipeout: float          # mean number of failures including the fatal one
+    depth_after: tuple[float, ...]      # mean depth in force after k failures (k = 0, 1, ...)
+    excess_over_bound: float            # mean of depth_after - c(k) over k < floor(mu)
+    trials: int
+
+
+@lru_cache(maxsize=256)
+def controller_montecarlo(groups: int, redundancy: int, trials: int = 8,
+                          seed: int = 0) -> ControllerMC:
+    """Drive ``rectlr.decide`` through ``trials`` seeded failure sequences until wipe-out."""
+    layout = placement.make_layout(groups, redundancy)
+    rng = np.random.default_rng(seed)
+    sums = np.zeros(groups + 1)
+    counts = np.zeros(groups + 1)
+    fatal = []
+    for _ in range(trials):
+        live = np.ones(groups, dtype=bool)
+        stacks, depth = initial_stacks(layout), 1
+        sums[0] += 1
+        counts[0] += 1
+        for k, g in enumerate(rng.permutation(groups), start=1):
+            live[g] = False
+            d = decide(layout, live, stacks, depth)
+            if not isinstance(d, Plan):
+                fatal.append(k)
+                break
+            stacks, depth = d.stacks, d.depth
+            sums[k] += depth
+            counts[k] += 1
+    seen = counts > 0
+    depth_after = sums[seen] / counts[seen]
+    m = min(len(depth_after), max(1, int(math.floor(mu(groups, redundancy)))))
+    bound = np.array([depth_bound(groups, k) for k in range(m)])
+    excess = float(np.mean(depth_after[:m] - bound))
+    return ControllerMC(float(np.mean(fatal)), tuple(float(x) for x in depth_after), excess,
+                        trials)
+
+
+def overhead(groups: int, redundancy: int, trials: int = 8, seed: int = 0) -> float:
+    """Lower bound plus the excess measured over the real controller (mean stacks/step)."""
+    return overhead_lower_bound(groups, redundancy) + controller_montecarlo(
+        groups, redundancy, trials, seed).excess_over_bound
+
+
+def ckpt_period(t_save: float, t_fail: float, t_restart: float) -> float:
+    """Saxena's optimal checkpoint period T_c* (seconds of wall clock between saves)."""
+    return t_save + math.sqrt(t_save ** 2 + 2.0 * t_save * (t_fail + t_restart))
+
+
+def availability(t_ckpt: float, t_save: float, t_fail: float, t_restart: float) -> float:
+    """Useful fraction of wall clock with a checkpoint every t_ckpt seconds."""
+    if t_ckpt <= t_save:
+        return 0.0
+    return (1.0 - t_save / t_ckpt) * t_fail / (t_fail + t_restart + t_ckpt / 2.0)
+
+
+def best_availability(t_save: float, t_fail: float, t_restart: float) -> float:
+    """A*: availability at the optimal period T_c*."""
+    return availability(ckpt_period(t_save, t_fail, t_restart), t_save, t_fail, t_restart)
+
+
+def young(t_save: float, mtbf: float) -> float:
+    """Young's first-order checkpoint interval sqrt(2 * delta * M)."""
+    return math.sqrt(2.0 * t_save * mtbf)
+
+
+def daly(t_save: float, mtbf: float, t_restart: float = 0.0) -> float:
+    """Daly's higher-order interval (2006), with the restart time added to the MTBF."""
+    m = mtbf + t_restart
+    if t_save >= 2.0 * m:
+        return m
+    x = t_save / (2.0 * m)
+    return math.sqrt(2.0 * t_save * m) * (1.0 + math.sqrt(x) / 3.0 + x / 9.0) - t_save
+
+
+@lru_cache(maxsize=4096)
+def expected_max_normal(n: int) -> float:
+    """E[max of n i.i.d. standard normals], by quadrature (0 for n = 1)."""
+    if n <= 1:
+        return 0.0
+    x = np.linspace(-8.0, 8.0, 16001)
+    cdf = ndtr(x)
+    pdf = np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+    dens = n * pdf * cdf ** (n - 1)
+    return float(np.sum(x * dens) * (x[1] - x[0]))
+
+
+def step_time(sc: Scenario, stacks: float, jitter_scale: float | None = None) -> float:
+    """Expected synchronous step: the slowest of N groups computing ``stacks`` stacks, then
+    the all-reduce. Each stack's time is T_compute x N(1, jitter^2); ``jitter_scale`` is the
+    standard deviation of one group's total in units of T_compute (sqrt(stacks) when each
+    stack jitters on its own, as in SPARe; stacks when one draw scales r-fold work, as in
+    replication)."""
+    sd = math.sqrt(stacks) if jitter_scale is None else jitter_scale
+    em = expected_max_normal(sc.groups)
+    return sc.t_compute * (stacks + sc.jitter * sd * em) + sc.allreduce
+
+
+@dataclass(frozen=True)
+class StrategyTheory:
+    """Everything the closed forms say about one strategy at one redundancy."""
+
+    redundancy: int
+    mu: float
+    overhead_lower_bound: float
+    overhead: float
+    ckpt_period_s: float
+    ckpt_every_steps: int
+    availability: float
+    ttt_over_t0: float
+
+
+def _finish(sc: Scenario, r: int, m: float, lb: float, ov: float, step: float) -> StrategyTheory:
+    t_fail = m * sc.mtbf
+    tc = ckpt_period(sc.t_save, t_fail, sc.t_restart)
+    a = best_availability(sc.t_save, t_fail, sc.t_restart)
+    j = step / ((sc.t_compute + sc.allreduce) * a) if a > 0 else math.inf
+    return StrategyTheory(r, m, lb, ov, tc, max(1, int(tc // step)), a, j)
+
+
+def spare(sc: Scenario, redundancy: int, mc_trials: int = 8, seed: int = 0) -> StrategyTheory:
+    """SPARe + checkpointing at redundancy r (mc_trials = 0 skips the Monte-Carlo excess)."""
+    placement.check(sc.groups, redundancy)
+    lb = overhead_lower_bound(sc.groups, redundancy)
+    ov = overhead(sc.groups, redundancy, mc_trials, seed) if mc_trials > 0 else lb
+    return _finish(sc, redundancy, mu(sc.groups, redundancy), lb, ov, step_time(sc, ov))
+
+
+def replication(sc: Scenario, redundancy: int) -> StrategyTheory:
+    """Replication (N/r replica sets, r-fold compute) + checkpointing."""
+    if not 1 <= redundancy <= sc.groups:
+        raise placement.PlacementError(
+            f"redundancy {redundancy} outside [1, {sc.groups}] for replication")
+    r = float(redundancy)
+    return _finish(sc, redundancy, mu_replication(sc.groups, redundancy), r, r,
+                   step_time(sc, r, jitter_scale=r))
+
+
+def r_star_closed_form(groups: int) -> int:
+    """floor(log2 N + gamma / ln 2): where mu(N, r) reaches N/2 with S ~ 2."""
+    return int(math.floor(math.log2(groups) + R_STAR_OFFSET))
+
+
+def spare_sweep(sc: Scenario, mc_trials: int = 0) -> list[StrategyTheory]:
+    """SPARe theory at every redundancy the layout supports (r >= 2)."""
+    return [spare(sc, r, mc_trials) for r in range(2, placement.max_redundancy(sc.groups) + 1)]
+
+
+def replication_sweep(sc: Scenario, r_max: int = 20) -> list[StrategyTheory]:
+    return [replication(sc, r) for r in range(2, min(r_max, sc.groups) + 1)]
+
+
+def best(points: list[StrategyTheory]) -> StrategyTheory:
+    """The exact minimiser of J over the given redundancies."""
+    return min(points, key=lambda p: p.ttt_over_t0)

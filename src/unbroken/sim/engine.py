@@ -1,0 +1,323 @@
+"""Discrete-event simulation of synchronous data-parallel training at cluster scale.
+
+Why this shape
+--------------
+The SPARe authors validated their closed forms with a SimGrid simulator that takes minutes to
+build and runs one actor per group. Their semantics fit in a loop over step attempts, because a
+synchronous step is one barrier: what matters is *when* each group's renewal process fires
+relative to the step's check points, and what the controller decides then. So the simulator
+keeps one next-failure time per group and jumps from step to step, touching Python only where
+something happens (a failure, a checkpoint, a restart). The slowest of n jittered groups is
+drawn exactly, by inverting the CDF of the maximum of n normals.
+
+Semantics (spare.md §6–§7, and the authors' ``spare``/``dpr``/``dp`` programs):
+
+* Each group has its own renewal process (Weibull or exponential, per-group MTBF = MTBF x N).
+  A failure is noticed at the next check point: before each stack's compute, at the
+  all-reduce, and (leader only) at the checkpoint; the next interval is drawn from then.
+* A failed group stays inactive (and stops failing) until the next global restart.
+* A step that saw a failure pays ``allreduce_fail_scale`` x T_a for its all-reduce; a masked
+  failure costs a communicator shrink (0.1 s). For SPARe the controller is
+  ``core.rectlr.decide`` — the same function the runtime calls. Phase ``fixed`` commits the
+  step; ``free``/``mcmf`` patch-compute the reassigned shards and retry the all-reduce.
+* A wipe-out (or any failure, for ``ckpt``; an emptied replica set, for ``rep``) starts a
+  global restart: every group recovers for T_r, a failure during its recovery restarts its
+  timer, the restart ends with the slowest group, and training resumes from the last
+  checkpoint with the original layout and depth 1.
+* A checkpoint every k committed steps (and at the end) costs T_s; a leader failure at that
+  point skips the save and counts as a failure at the next all-reduce.
+* Availability = 1 - (restart time + shrink time) / wall clock; rework and checkpoints count
+  as up time. TTT/T0 = wall clock / (steps x (T_compute + T_a)).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from scipy.special import ndtri
+
+from unbroken.core import placement, theory
+from unbroken.core.rectlr import FIXED, Plan, decide, initial_stacks
+from unbroken.core.scenario import Scenario
+
+STRATEGIES = ("ckpt", "rep", "spare")
+_CHUNK = 4096
+
+
+@dataclass(frozen=True)
+class RunResult:
+    strategy: str
+    redundancy: int
+    seed: int
+    ckpt_every: int
+    ttt_over_t0: float
+    availability: float
+    wipeouts: int
+    masked_failures: int
+    mean_stack_depth: float
+    failures_per_wipeout: float | None   # simulated mu (failures in epochs ended by a wipe-out)
+    wall_clock_s: float
+    restart_s: float
+    committed_steps: int                 # including steps later rolled back
+    controller_phases: dict[str, int]
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class _Draws:
+    """Buffered random draws: failure intervals and maxima of n standard normals."""
+
+    def __init__(self, sc: Scenario, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.sc = sc
+        self._iv = np.empty(0)
+        self._iv_i = 0
+        self._u = np.empty(0)
+        self._u_i = 0
+
+    def _refill_intervals(self) -> None:
+        sc = self.sc
+        if sc.fail_dist == "weibull":
+            self._iv = self.rng.weibull(sc.weibull_shape, _CHUNK) * sc.weibull_scale
+        else:
+            self._iv = self.rng.exponential(sc.group_mtbf, _CHUNK)
+        self._iv_i = 0
+
+    def interval(self) -> float:
+        if self._iv_i >= self._iv.size:
+            self._refill_intervals()
+        v = self._iv[self._iv_i]
+        self._iv_i += 1
+        return float(v)
+
+    def intervals(self, k: int) -> np.ndarray:
+        return np.fromiter((self.interval() for _ in range(k)), dtype=float, count=k)
+
+    def max_normal(self, n: int) -> float:
+        """One draw of max(Z_1..Z_n), Z standard normal: Phi^-1(U^(1/n))."""
+        if self._u_i >= self._u.size:
+            self._u = self.rng.random(_CHUNK)
+            self._u_i = 0
+        u = self._u[self._u_i]
+        self._u_i += 1
+        return float(ndtri(u ** (1.0 / n))) if n > 1 else float(ndtri(u))
+
+
+def default_ckpt_every(sc: Scenario, strategy: str, redundancy: int) -> int:
+    """Checkpoint interval in steps from T_c* (Saxena) and the expected step time."""
+    if strategy == "spare":
+        return theory.spare(sc, redundancy, mc_trials=0).ckpt_every_steps
+    if strategy == "rep":
+        return theory.replication(sc, redundancy).ckpt_every_steps
+    t_fail = sc.mtbf
+    tc = theory.ckpt_period(sc.t_save, t_fail, sc.t_restart)
+    return max(1, int(tc // theory.step_time(sc, 1.0)))
+
+
+def validate(sc: Scenario, strategy: str, redundancy: int) -> None:
+    """Raise ValueError naming the bad value for an unknown strategy or impossible r."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r} (choose from {', '.join(STRATEGIES)})")
+    if strategy == "spare":
+        placement.check(sc.groups, redundancy)
+    elif strategy == "rep" and not 1 <= redundancy <= sc.groups:
+        raise ValueError(f"redundancy {redundancy} outside [1, {sc.groups}] for replication")
+
+
+def simulate(sc: Scenario, strategy: str, redundancy: int = 1, seed: int = 0,
+             ckpt_every: int | None = None) -> RunResult:
+    """Run one seeded simulation to ``sc.steps`` committed steps and return its metrics."""
+    validate(sc, strategy, redundancy)
+    if strategy == "ckpt":
+        redundancy = 1
+    k_ckpt = ckpt_every or default_ckpt_every(sc, strategy, redundancy)
+    return _Run(sc, strategy, redundancy, seed, k_ckpt).run()
+
+
+class _Run:
+    def __init__(self, sc: Scenario, strategy: str, r: int, seed: int, k_ckpt: int) -> None:
+        self.sc, self.strategy, self.r, self.seed, self.k_ckpt = sc, strategy, r, seed, k_ckpt
+        self.n = sc.groups
+        self.draws = _Draws(sc, seed)
+        self.t = 0.0
+        first = self.draws.intervals(self.n)
+        self.next_fail = first.copy()            # every group's next failure time
+        self.nf_active = first.copy()            # the same, inf where inactive or pending
+        self.active = np.ones(self.n, dtype=bool)
+        self.pending: list[int] = []             # leader that failed at a checkpoint
+        self.layout = placement.make_layout(self.n, r) if strategy == "spare" else None
+        self.reset_layout()
+        self.step = 0
+        self.last_ckpt = 0
+        # metrics
+        self.restart_s = 0.0
+        self.shrinks = 0
+        self.wipeouts = 0
+        self.masked = 0
+        self.depth_sum = 0.0
+        self.committed = 0
+        self.epoch_failures = 0
+        self.fatal_failures = 0
+        self.phases: dict[str, int] = {}
+
+    # -- state helpers ---------------------------------------------------------------------
+    def reset_layout(self) -> None:
+        if self.layout is not None:
+            self.stacks = initial_stacks(self.layout)
+        self.depth = 1
+
+    def fail_due(self, checks: list[float]) -> list[int]:
+        """Active groups whose failure time has passed by the last check point; each is noticed
+        at the first check point at or after its failure time and rescheduled from there."""
+        t_last = checks[-1]
+        if self.nf_active.min() > t_last:
+            return []
+        due = np.flatnonzero(self.nf_active <= t_last)
+        for g in due:
+            f = self.next_fail[g]
+            seen = next(c for c in checks if c >= f)
+            self.next_fail[g] = seen + self.draws.interval()
+            self.nf_active[g] = math.inf
+        return [int(g) for g in due]
+
+    def deactivate(self, groups: list[int]) -> None:
+        for g in groups:
+            self.active[g] = False
+            self.nf_active[g] = math.inf
+
+    def compute_time(self, stacks_per_group: float, n: int, scale: float) -> float:
+        """Slowest of n groups, each computing ``stacks_per_group`` stacks (sd ``scale``)."""
+        if n <= 0 or stacks_per_group <= 0:
+            return 0.0
+        return self.sc.t_compute * (stacks_per_group
+                                    + self.sc.jitter * scale * self.draws.max_normal(n))
+
+    # -- restart ---------------------------------------------------------------------------
+    def restart(self) -> None:
+        t_r = self.sc.t_restart
+        start = self.t
+        now = np.full(self.n, start)
+        nf = self.next_fail
+        while True:
+            hit = np.flatnonzero(nf < now + t_r)
+            if hit.size == 0:
+                break
+            now[hit] = np.maximum(now[hit], nf[hit])
+            nf[hit] = nf[hit] + self.draws.intervals(hit.size)
+        self.t = float(np.max(now + t_r))
+        self.restart_s += self.t - start
+        self.wipeouts += 1
+        self.fatal_failures += self.epoch_failures
+        self.epoch_failures = 0
+        self.active[:] = True
+        self.nf_active = nf.copy()
+        self.pending = []
+        self.reset_layout()
+        self.step = self.last_ckpt
+
+    # -- one step --------------------------------------------------------------------------
+    def take_pending(self, failed: list[int]) -> list[int]:
+        if self.pending:
+            failed = sorted(set(failed) | set(self.pending))
+            self.pending = []
+        return failed
+
+    def step_ckpt_or_rep(self) -> bool:
+        """One step for ckpt / rep. Returns True if it committed."""
+        sc, r = self.sc, self.r
+        n_act = int(self.active.sum())
+        t0 = self.t
+        t_ar = t0 + self.compute_time(r, n_act, r)
+        failed = self.take_pending(self.fail_due([t0, t_ar]))
+        if not failed:
+            self.t = t_ar + sc.allreduce
+            return True
+        self.t = t_ar + sc.allreduce_fail_scale * sc.allreduce
+        self.epoch_failures += len(failed)
+        if self.strategy == "rep":
+            live = self.active.copy()
+            live[failed] = False
+            sets = np.arange(self.n) // r
+            n_sets = -(-self.n // r)
+            if np.count_nonzero(np.bincount(sets[live], minlength=n_sets)) == n_sets:
+                self.deactivate(failed)
+                self.masked += len(failed)
+                self.shrinks += 1
+                self.t += sc.t_shrink
+                return True
+        self.restart()
+        return False
+
+    def step_spare(self) -> bool:
+        sc = self.sc
+        t0 = self.t
+        n_act = int(self.active.sum())
+        s = self.depth
+        checks = [t0 + i * sc.t_compute for i in range(s)]
+        t_ar = t0 + self.compute_time(s, n_act, math.sqrt(s))
+        checks.append(t_ar)
+        failed = self.take_pending(self.fail_due(checks))
+        while failed:
+            self.t = t_ar + sc.allreduce_fail_scale * sc.allreduce
+            self.epoch_failures += len(failed)
+            live = self.active.copy()
+            live[failed] = False
+            d = decide(self.layout, live, self.stacks, self.depth)
+            if not isinstance(d, Plan):
+                self.phases["wipeout"] = self.phases.get("wipeout", 0) + 1
+                self.restart()
+                return False
+            self.phases[d.phase] = self.phases.get(d.phase, 0) + 1
+            self.deactivate(failed)
+            self.masked += len(failed)
+            self.shrinks += 1
+            self.t += sc.t_shrink
+            self.stacks, self.depth = d.stacks, d.depth
+            if d.phase == FIXED:
+                break
+            # Patch compute, then retry the all-reduce.
+            sizes = [len(v) for v in d.patch.values()]
+            most = max(sizes, default=0)
+            n_most = sizes.count(most)
+            t1 = self.t
+            t_ar = t1 + self.compute_time(most, n_most, math.sqrt(most))
+            failed = self.fail_due([t1, t_ar])
+        else:
+            self.t = t_ar + sc.allreduce
+        return True
+
+    def maybe_checkpoint(self) -> None:
+        if self.step % self.k_ckpt and self.step != self.sc.steps:
+            return
+        leader = int(np.argmax(self.active))
+        if self.nf_active[leader] <= self.t:
+            self.next_fail[leader] = self.t + self.draws.interval()
+            self.nf_active[leader] = math.inf
+            self.pending = [leader]
+            return
+        self.t += self.sc.t_save
+        self.last_ckpt = self.step
+
+    def run(self) -> RunResult:
+        sc = self.sc
+        one_step = self.step_spare if self.strategy == "spare" else self.step_ckpt_or_rep
+        depth_of = (lambda: self.depth) if self.strategy == "spare" else (lambda: self.r)
+        while self.step < sc.steps:
+            d = depth_of()
+            if one_step():
+                self.depth_sum += d
+                self.committed += 1
+                self.step += 1
+                self.maybe_checkpoint()
+        down = self.restart_s + self.shrinks * sc.t_shrink
+        mu_sim = self.fatal_failures / self.wipeouts if self.wipeouts else None
+        return RunResult(
+            strategy=self.strategy, redundancy=self.r, seed=self.seed, ckpt_every=self.k_ckpt,
+            ttt_over_t0=self.t / sc.t0, availability=1.0 - down / self.t,
+            wipeouts=self.wipeouts, masked_failures=self.masked,
+            mean_stack_depth=self.depth_sum / max(1, self.committed),
+            failures_per_wipeout=mu_sim, wall_clock_s=self.t, restart_s=self.restart_s,
+            committed_steps=self.committed, controller_phases=dict(self.phases))
