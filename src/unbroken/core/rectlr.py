@@ -114,15 +114,16 @@ def _covered(stacks: np.ndarray, live_ids: np.ndarray, depth: int, n: int) -> bo
     return np.count_nonzero(np.bincount(top.ravel(), minlength=n)) == n
 
 
-def _first_slot_assignment(stacks: np.ndarray, live_ids: np.ndarray, depth: int,
-                           comp_at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Give each type a live slot within the top ``depth`` that already holds it.
+def _first_slots(stacks: np.ndarray, live_ids: np.ndarray, depth: int,
+                 comp_at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Give each type the best live slot within the top ``depth`` that already holds it.
 
     Preference: a slot whose group already computed the type, then the shallowest position,
-    then the lowest group id. The caller guarantees that the top ``depth`` cover every type.
+    then the lowest group id; that is each type's cheapest zero-move slot. Types that no such
+    slot holds get group and position -1.
     """
-    # Slots in preference order: computed first, then position-major, then group id.
-    types = stacks[live_ids, :depth].T.ravel()
+    n = stacks.shape[0]
+    types = stacks[live_ids, :depth].T.ravel()          # slots, position-major
     pos = np.repeat(np.arange(depth), live_ids.size)
     grp = np.tile(live_ids, depth)
     done = comp_at[grp, pos]
@@ -131,7 +132,41 @@ def _first_slot_assignment(stacks: np.ndarray, live_ids: np.ndarray, depth: int,
     order = np.argsort(t_pref, kind="stable")
     t_sorted = t_pref[order]
     first = pref[order[np.flatnonzero(np.r_[True, t_sorted[1:] != t_sorted[:-1]])]]
-    return grp[first], pos[first]
+    w_of = np.full(n, -1, dtype=np.int64)
+    p_of = np.full(n, -1, dtype=np.int64)
+    w_of[types[first]] = grp[first]
+    p_of[types[first]] = pos[first]
+    return w_of, p_of
+
+
+def _repair(layout: Layout, live: np.ndarray, stacks: np.ndarray, depth: int,
+            comp_at: np.ndarray, w_of: np.ndarray, p_of: np.ndarray):
+    """Try to reach the cost lower bound directly: every covered type keeps its cheapest
+    zero-move slot, and each uncovered type takes a free slot (one no covered type keeps) at
+    a host that computed it if any host did. Every type then sits on its cheapest edge, so
+    the assignment is a minimum-cost perfect matching and ``depth`` is feasible. Returns None
+    when some uncovered type finds no such slot (the caller then solves the full problem).
+    """
+    uncovered = np.flatnonzero(w_of < 0)
+    used = np.zeros((layout.groups, depth), dtype=bool)
+    kept = w_of >= 0
+    used[w_of[kept], p_of[kept]] = True
+    w_of, p_of = w_of.copy(), p_of.copy()
+    for u in uncovered:
+        hosts = layout.hosts_of[u]
+        hosts = hosts[live[hosts]]
+        cur = np.argmax(stacks[hosts] == u, axis=1)
+        done = comp_at[hosts, cur]
+        cands = np.sort(hosts[done] if done.any() else hosts)
+        for w in cands:
+            free = np.flatnonzero(~used[w])
+            if free.size:
+                used[w, free[0]] = True
+                w_of[u], p_of[u] = w, free[0]
+                break
+        else:
+            return None
+    return w_of, p_of
 
 
 def _slot_graph(layout: Layout, live: np.ndarray, live_ids: np.ndarray, depth: int):
@@ -196,7 +231,7 @@ def _patch(assign_w: np.ndarray, needs: np.ndarray) -> dict[int, tuple[int, ...]
 
 def _in_place(stacks: np.ndarray, live_ids: np.ndarray, depth: int, comp_at: np.ndarray,
               phase: str, reason: str) -> Plan:
-    w, p = _first_slot_assignment(stacks, live_ids, depth, comp_at)
+    w, p = _first_slots(stacks, live_ids, depth, comp_at)
     needs = ~comp_at[w, p]
     return Plan(depth, stacks.copy(), w, p, phase, 0, _patch(w, needs),
                 f"{reason}; {live_ids.size}/{stacks.shape[0]} groups live, "
@@ -241,37 +276,48 @@ def decide(layout: Layout, live: Sequence[int] | np.ndarray, stacks: np.ndarray,
                          f"fixed: survivors' top {depth} cover all {n} types")
 
     # Phase 1: the smallest feasible depth. Below ceil(N / live) there are too few slots; a
-    # depth whose current top positions already cover every type needs no matching at all.
+    # depth whose current top positions cover every type needs no matching; a depth at which
+    # the lower-bound repair succeeds is feasible by construction; otherwise Hopcroft-Karp.
     graph = None
     for s in range(max(depth, -(-n // live_ids.size)), r + 1):
         if _covered(stacks, live_ids, s, n):
             return _in_place(stacks, live_ids, s, comp_at, FREE,
                              f"free: depth {depth} -> {s} without reordering")
+        w_of, p_of = _first_slots(stacks, live_ids, s, comp_at)
+        fast = _repair(layout, live, stacks, s, comp_at, w_of, p_of)
+        if fast is not None:
+            return _reordered(stacks, live_ids, depth, s, comp_at, *fast, "at the bound")
         graph = _slot_graph(layout, live, live_ids, s)
         if _perfect(n, live_ids.size * s, graph[0], graph[1]):
-            s_star = s
             break
-    # With no type wiped out, depth r is always feasible, so s_star and graph are set here.
+    # With no type wiped out, depth r is always feasible, so s and graph are set here.
 
-    # Phase 2: minimum-movement assignment at s_star.
+    # Phase 2: minimum-movement assignment at s (LAPJVsp over the whole slot graph).
     indptr, cols, rows, w, p = graph
     inv = _position_table(layout, stacks)
-    offsets = np.asarray(layout.offsets)
-    q = inv[w, np.searchsorted(offsets, (rows - w) % n)]   # where w holds the type now
+    q = inv[w, np.searchsorted(layout.offsets, (rows - w) % n)]   # where w holds it now
     moved = q != p
     redo = ~comp_at[w, q]
     # Lexicographic cost: fewest moves first, then fewest recomputes. The +1 keeps every
     # stored weight nonzero; a full matching has exactly N edges, so the shift is harmless.
     weight = 1.0 + moved * float(n + 1) + redo
-    g = csr_matrix((weight, cols, indptr), shape=(n, live_ids.size * s_star))
+    g = csr_matrix((weight, cols, indptr), shape=(n, live_ids.size * s))
     _, col_of_row = min_weight_full_bipartite_matching(g)
-    assign_w = live_ids[col_of_row // s_star]
-    assign_p = col_of_row % s_star
-    moved_t = stacks[assign_w, assign_p] != np.arange(n)
+    return _reordered(stacks, live_ids, depth, s, comp_at, live_ids[col_of_row // s],
+                      col_of_row % s, "by LAPJVsp")
+
+
+def _reordered(stacks: np.ndarray, live_ids: np.ndarray, depth: int, s_star: int,
+               comp_at: np.ndarray, assign_w: np.ndarray, assign_p: np.ndarray,
+               how: str) -> Plan:
+    n = stacks.shape[0]
+    moved_t = np.flatnonzero(stacks[assign_w, assign_p] != np.arange(n))
     new_stacks = _apply(stacks, assign_w, assign_p, s_star, np.unique(assign_w[moved_t]))
-    types = np.arange(n)
-    needs = ~comp_at[assign_w, inv[assign_w, np.searchsorted(offsets, (types - assign_w) % n)]]
-    n_moved = int(moved_t.sum())
-    return Plan(s_star, new_stacks, assign_w, assign_p, MCMF, n_moved, _patch(assign_w, needs),
-                f"mcmf: depth {depth} -> {s_star}, {n_moved} shard(s) moved; "
+    cur = assign_p.copy()                       # where the assigned group held each type
+    for t in moved_t:
+        cur[t] = int(np.argmax(stacks[assign_w[t]] == t))
+    needs = ~comp_at[assign_w, cur]
+    return Plan(s_star, new_stacks, assign_w, assign_p, MCMF, int(moved_t.size),
+                _patch(assign_w, needs),
+                f"mcmf: depth {depth} -> {s_star}, {moved_t.size} shard(s) moved ({how}); "
                 f"{live_ids.size}/{n} groups live, {int(needs.sum())} shard(s) to patch")

@@ -61,6 +61,7 @@ class RunResult:
     wall_clock_s: float
     restart_s: float
     committed_steps: int                 # including steps later rolled back
+    completed: bool                      # False: stopped at the wall-clock cap (TTT is a floor)
     controller_phases: dict[str, int]
 
     def as_dict(self) -> dict:
@@ -127,14 +128,24 @@ def validate(sc: Scenario, strategy: str, redundancy: int) -> None:
         raise ValueError(f"redundancy {redundancy} outside [1, {sc.groups}] for replication")
 
 
+#: A run that has not finished by this multiple of T0 is stopped (checkpoint/restart alone at
+#: a 5-minute MTBF and a 60-minute restart "barely progresses": it would take centuries).
+MAX_TTT_OVER_T0 = 100.0
+
+
 def simulate(sc: Scenario, strategy: str, redundancy: int = 1, seed: int = 0,
-             ckpt_every: int | None = None) -> RunResult:
-    """Run one seeded simulation to ``sc.steps`` committed steps and return its metrics."""
+             ckpt_every: int | None = None,
+             max_ttt_over_t0: float = MAX_TTT_OVER_T0) -> RunResult:
+    """Run one seeded simulation to ``sc.steps`` committed steps and return its metrics.
+
+    A run still unfinished at ``max_ttt_over_t0`` x T0 stops there with ``completed=False``;
+    its TTT/T0 is then a lower bound.
+    """
     validate(sc, strategy, redundancy)
     if strategy == "ckpt":
         redundancy = 1
     k_ckpt = ckpt_every or default_ckpt_every(sc, strategy, redundancy)
-    return _Run(sc, strategy, redundancy, seed, k_ckpt).run()
+    return _Run(sc, strategy, redundancy, seed, k_ckpt).run(max_ttt_over_t0 * sc.t0)
 
 
 class _Run:
@@ -301,11 +312,11 @@ class _Run:
         self.t += self.sc.t_save
         self.last_ckpt = self.step
 
-    def run(self) -> RunResult:
+    def run(self, t_cap: float) -> RunResult:
         sc = self.sc
         one_step = self.step_spare if self.strategy == "spare" else self.step_ckpt_or_rep
         depth_of = (lambda: self.depth) if self.strategy == "spare" else (lambda: self.r)
-        while self.step < sc.steps:
+        while self.step < sc.steps and self.t < t_cap:
             d = depth_of()
             if one_step():
                 self.depth_sum += d
@@ -320,4 +331,5 @@ class _Run:
             wipeouts=self.wipeouts, masked_failures=self.masked,
             mean_stack_depth=self.depth_sum / max(1, self.committed),
             failures_per_wipeout=mu_sim, wall_clock_s=self.t, restart_s=self.restart_s,
-            committed_steps=self.committed, controller_phases=dict(self.phases))
+            committed_steps=self.committed, completed=self.step >= sc.steps,
+            controller_phases=dict(self.phases))

@@ -1,0 +1,253 @@
+"""The ``unbroken`` command: parse, call, print. Decisions live in unbroken.core.
+
+Exit codes: 0 success, 2 bad input (one line on stderr naming the bad value, no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from unbroken.core.units import parse_duration
+
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """Bad input found after parsing (a conflict, a value out of range)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, no usage dump
+        sys.stderr.write(f"unbroken: error: {message}\n")
+        sys.exit(EXIT_USAGE)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return v
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return v
+
+
+def _fraction(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= v < 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not v > 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return v
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _duration0(text: str) -> float:
+    try:
+        return parse_duration(text, allow_zero=True)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _ckpt_every(text: str) -> int | None:
+    if text == "auto":
+        return None
+    try:
+        return _positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected a positive integer or 'auto', got {text!r}") from None
+
+
+def _scenario_args(p: argparse.ArgumentParser, groups_default: int | None) -> None:
+    g = p.add_argument_group("cluster")
+    g.add_argument("--groups", type=_positive_int, default=groups_default,
+                   required=groups_default is None, help="data-parallel groups N")
+    g.add_argument("--gpus", type=_positive_int, default=600_000, help="total GPUs")
+    g.add_argument("--mtbf", type=_duration, help="system MTBF (default 5m)")
+    g.add_argument("--gpu-mtbf", type=_duration,
+                   help="MTBF of one GPU instead of --mtbf (system MTBF = this / gpus)")
+    g.add_argument("--restart", type=_duration0, default=3600.0, help="global restart (60m)")
+    g.add_argument("--ckpt-save", type=_duration0, default=60.0, help="checkpoint save (60s)")
+    g.add_argument("--steps", type=_positive_int, default=10_000)
+    g.add_argument("--step-time", type=_duration, default=64.0,
+                   help="compute per stack (64s)")
+    g.add_argument("--allreduce", type=_duration, help="all-reduce time (default N/100 s)")
+    g.add_argument("--fail", choices=("weibull", "exponential"), default="weibull")
+    g.add_argument("--weibull-shape", type=_positive_float, help="Weibull k (default 0.78)")
+    g.add_argument("--jitter", type=_fraction, default=0.05,
+                   help="compute jitter (std of the N(1, s^2) factor)")
+
+
+def _scenario(a: argparse.Namespace):
+    from unbroken.core.scenario import Scenario
+
+    if a.mtbf is not None and a.gpu_mtbf is not None:
+        raise UsageError("--mtbf and --gpu-mtbf conflict: give the system MTBF or the "
+                         "per-GPU MTBF, not both")
+    if a.fail == "exponential" and a.weibull_shape is not None:
+        raise UsageError("--weibull-shape conflicts with --fail exponential")
+    mtbf = a.mtbf if a.mtbf is not None else (
+        a.gpu_mtbf / a.gpus if a.gpu_mtbf is not None else 300.0)
+    return Scenario(groups=a.groups, gpus=a.gpus, steps=a.steps, t_compute=a.step_time,
+                    t_allreduce=a.allreduce, mtbf=mtbf, t_restart=a.restart, t_save=a.ckpt_save,
+                    jitter=a.jitter, fail_dist=a.fail,
+                    weibull_shape=a.weibull_shape if a.weibull_shape is not None else 0.78)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="unbroken", description="Keep LLM pretraining running through failures.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    th = sub.add_parser("theory", help="closed forms for SPARe and replication")
+    _scenario_args(th, None)
+    th.add_argument("--redundancy", type=_positive_int, required=True)
+    th.add_argument("--mc-trials", type=_nonneg_int, default=8,
+                    help="Monte-Carlo runs of the real controller for the overhead excess")
+    th.add_argument("--json", action="store_true")
+
+    sim = sub.add_parser("simulate", help="discrete-event simulation of one configuration")
+    _scenario_args(sim, None)
+    sim.add_argument("--strategy", choices=("ckpt", "rep", "spare"), required=True)
+    sim.add_argument("--redundancy", type=_positive_int)
+    sim.add_argument("--seeds", type=_positive_int, default=1, help="number of seeds")
+    sim.add_argument("--seed", type=_nonneg_int, default=0, help="first seed")
+    sim.add_argument("--ckpt-every", type=_ckpt_every, default=None,
+                     help="checkpoint every K steps, or 'auto' (from T_c*, the default)")
+    sim.add_argument("--json", action="store_true")
+
+    pl = sub.add_parser("plan", help="best redundancy and checkpoint interval per strategy")
+    _scenario_args(pl, 600)
+    pl.add_argument("--seeds", type=_positive_int, default=5)
+    pl.add_argument("--seed", type=_nonneg_int, default=0)
+    pl.add_argument("--r-max", type=_positive_int, default=20)
+    pl.add_argument("--jobs", type=_positive_int, help="worker processes (default: all cores)")
+    pl.add_argument("--png", default="out/plan.png", help="where to write the figure")
+    pl.add_argument("--json", action="store_true")
+    return p
+
+
+def cmd_theory(a: argparse.Namespace) -> dict:
+    from unbroken.core import placement, theory
+
+    sc = _scenario(a)
+    placement.check(sc.groups, a.redundancy)
+    sp = theory.spare(sc, a.redundancy, mc_trials=a.mc_trials)
+    rep = theory.replication(sc, min(a.redundancy, sc.groups))
+    sp_best = theory.best(theory.spare_sweep(sc))
+    rep_best = theory.best(theory.replication_sweep(sc))
+
+    def keys(x, r_star, closed):
+        return {"mu": x.mu, "overhead_lower_bound": x.overhead_lower_bound,
+                "overhead": x.overhead, "r_star": r_star, "r_star_closed_form": closed,
+                "ckpt_period_s": x.ckpt_period_s, "ckpt_every_steps": x.ckpt_every_steps,
+                "availability": x.availability, "ttt_over_t0": x.ttt_over_t0}
+
+    out = {"groups": sc.groups, "redundancy": a.redundancy,
+           **keys(sp, sp_best.redundancy, theory.r_star_closed_form(sc.groups)),
+           "young_s": theory.young(sc.t_save, sp.mu * sc.mtbf),
+           "daly_s": theory.daly(sc.t_save, sp.mu * sc.mtbf, sc.t_restart),
+           "mc_trials": a.mc_trials,
+           "replication": keys(rep, rep_best.redundancy, None)}
+    return out
+
+
+def cmd_simulate(a: argparse.Namespace) -> dict:
+    from unbroken.sim import engine
+    from unbroken.sim.sweep import Job, run_jobs, summarize
+
+    sc = _scenario(a)
+    if a.strategy == "ckpt":
+        if a.redundancy not in (None, 1):
+            raise UsageError(f"--redundancy {a.redundancy} conflicts with --strategy ckpt "
+                             "(checkpoint/restart has no redundancy)")
+        r = 1
+    elif a.redundancy is None:
+        raise UsageError(f"--redundancy is required for --strategy {a.strategy}")
+    else:
+        r = a.redundancy
+    engine.validate(sc, a.strategy, r)
+    t0 = time.perf_counter()
+    jobs = [Job(a.strategy, r, s, a.ckpt_every) for s in range(a.seed, a.seed + a.seeds)]
+    results = run_jobs(sc, jobs, workers=1)
+    out = {"strategy": a.strategy, "groups": sc.groups, "redundancy": r, **summarize(results),
+           "completed": all(x.completed for x in results)}
+    out["wall_s"] = time.perf_counter() - t0
+    return out
+
+
+def cmd_plan(a: argparse.Namespace) -> dict:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from unbroken.plan import PlanRequest, jobs_for, make_plan
+    from unbroken.plot import plan_figure
+
+    req = PlanRequest(_scenario(a), seeds=a.seeds, seed=a.seed, r_max=a.r_max, workers=a.jobs)
+    if req.r_max < 2:
+        raise UsageError(f"--r-max {a.r_max} leaves nothing to sweep (need at least 2)")
+    err = Console(stderr=True)
+    with Progress("[progress.description]{task.description}", BarColumn(),
+                  MofNCompleteColumn(), TimeElapsedColumn(), console=err,
+                  transient=a.json) as prog:
+        task = prog.add_task("simulating", total=len(jobs_for(req)))
+        plan = make_plan(req, on_done=lambda _res: prog.advance(task))
+    plan["png"] = str(plan_figure(plan, a.png))
+    return plan
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rich.console import Console
+
+    from unbroken.core.placement import PlacementError
+    from unbroken.core.scenario import ScenarioError
+
+    a = build_parser().parse_args(argv)
+    try:
+        data = {"theory": cmd_theory, "simulate": cmd_simulate, "plan": cmd_plan}[a.command](a)
+    except (UsageError, PlacementError, ScenarioError, ValueError) as e:
+        sys.stderr.write(f"unbroken: error: {e}\n")
+        return EXIT_USAGE
+    if a.json:
+        print(json.dumps(data, indent=None, default=float))
+        return 0
+    from unbroken import console as view
+
+    con = Console()
+    {"theory": view.theory_table, "simulate": view.simulate_table,
+     "plan": view.plan_tables}[a.command](data, con)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

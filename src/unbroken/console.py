@@ -1,0 +1,95 @@
+"""Terminal rendering (rich) of theory, simulation and plan results. Presentation only."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from unbroken.core.units import format_duration
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.2f}%"
+
+
+def theory_table(data: dict, console: Console) -> None:
+    t = Table(title=f"Closed forms at N={data['groups']}, r={data['redundancy']}")
+    t.add_column("quantity")
+    t.add_column("SPARe+CKPT", justify="right")
+    t.add_column("Rep+CKPT", justify="right")
+    s, rep = data, data["replication"]
+    rows = [
+        ("mu (failures to wipe-out)", f"{s['mu']:.1f}", f"{rep['mu']:.1f}"),
+        ("overhead lower bound (stacks/step)", f"{s['overhead_lower_bound']:.3f}",
+         f"{rep['overhead_lower_bound']:.3f}"),
+        ("overhead incl. controller excess", f"{s['overhead']:.3f}", f"{rep['overhead']:.3f}"),
+        ("checkpoint period T_c*", format_duration(round(s["ckpt_period_s"])),
+         format_duration(round(rep["ckpt_period_s"]))),
+        ("checkpoint every (steps)", str(s["ckpt_every_steps"]), str(rep["ckpt_every_steps"])),
+        ("availability A*", _pct(s["availability"]), _pct(rep["availability"])),
+        ("TTT / T0", f"{s['ttt_over_t0']:.3f}", f"{rep['ttt_over_t0']:.3f}"),
+        ("r* (exact minimiser of J)", str(s["r_star"]), str(rep["r_star"])),
+        ("r* closed form floor(log2 N + 0.833)", str(s["r_star_closed_form"]), "-"),
+    ]
+    for row in rows:
+        t.add_row(*row)
+    console.print(t)
+
+
+def simulate_table(data: dict, console: Console) -> None:
+    t = Table(title=f"{data['strategy']} at N={data['groups']}, r={data['redundancy']}, "
+                    f"checkpoint every {data['ckpt_every']} steps")
+    for col in ("seed", "TTT/T0", "availability", "wipe-outs", "masked", "mean depth"):
+        t.add_column(col, justify="right")
+    for p in data["per_seed"]:
+        t.add_row(str(p["seed"]), f"{p['ttt_over_t0']:.3f}", _pct(p["availability"]),
+                  str(p["wipeouts"]), str(p["masked_failures"]),
+                  f"{p['mean_stack_depth']:.3f}")
+    t.add_row("mean", f"{data['ttt_over_t0']:.3f}", _pct(data["availability"]),
+              f"{data['wipeouts']:.1f}", f"{data['masked_failures']:.1f}",
+              f"{data['mean_stack_depth']:.3f}", style="bold")
+    console.print(t)
+    console.print(f"wall time {data['wall_s']:.2f} s")
+
+
+def plan_tables(plan: dict, console: Console) -> None:
+    sc = plan["scenario"]
+    console.print(
+        f"[bold]Plan[/] for {sc['gpus']:,} GPUs in {sc['groups']} groups "
+        f"({sc['gpus_per_group']:g} GPUs each): MTBF {format_duration(sc['mtbf'])}, restart "
+        f"{format_duration(sc['t_restart'])}, checkpoint save {format_duration(sc['t_save'])}, "
+        f"{sc['steps']:,} steps, {plan['seeds']} seeds per point")
+    t = Table(title="Best configuration per strategy (simulation | theory)")
+    for col in ("strategy", "r", "ckpt every", "TTT/T0 sim", "TTT/T0 theory", "avail. sim",
+                "avail. theory", "theory's own r*"):
+        t.add_column(col, justify="right")
+    for strategy in ("spare", "rep"):
+        b, tb = plan[strategy]["best"], plan[strategy]["theory_best"]
+        t.add_row(plan[strategy]["name"], str(b["redundancy"]), str(b["ckpt_every"]),
+                  f"{b['ttt_over_t0']:.2f}", f"{b['theory_ttt_over_t0']:.2f}",
+                  _pct(b["availability"]), _pct(b["theory_availability"]),
+                  f"{tb['redundancy']} ({tb['ttt_over_t0']:.2f})")
+    ck = plan["ckpt"]
+    t.add_row(ck["name"], "-", "-",
+              (f"{ck['sim_ttt_over_t0']:.2f}" if ck["sim_completed"]
+               else f"> {ck['sim_ttt_over_t0']:.0f}"),
+              "-", _pct(ck["sim_availability"]), _pct(ck["theory_availability"]), "-")
+    console.print(t)
+    sw = Table(title="Sweep: TTT/T0 (simulated mean ± std | theory)")
+    sw.add_column("r", justify="right")
+    for strategy in ("spare", "rep"):
+        sw.add_column(plan[strategy]["name"], justify="right")
+    rows = {s: {row["redundancy"]: row for row in plan[s]["sweep"]} for s in ("spare", "rep")}
+    for r in sorted(set(rows["spare"]) | set(rows["rep"])):
+        cells = []
+        for s in ("spare", "rep"):
+            row = rows[s].get(r)
+            cells.append("-" if row is None else
+                         f"{row['sim']['ttt_over_t0']:.2f} ± {row['sim']['ttt_over_t0_std']:.2f}"
+                         f" | {row['theory']['ttt_over_t0']:.2f}")
+        sw.add_row(str(r), *cells)
+    console.print(sw)
+    rec = plan["recommendation"]
+    console.print(f"[bold green]Recommendation:[/] {rec['reason']}")
+    console.print(f"closed-form r* = floor(log2 N + 0.833) = {plan['r_star_closed_form']}; "
+                  f"figure: {plan.get('png', '-')}; wall time {plan['wall_s']:.1f} s")
