@@ -1,0 +1,116 @@
+"""The command line, run as a user runs it: a real subprocess, its exit code and its output."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def run(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "unbroken", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+THEORY_KEYS = {"mu", "overhead_lower_bound", "overhead", "r_star", "r_star_closed_form",
+               "ckpt_period_s", "availability", "ttt_over_t0"}
+
+
+def test_theory_json_has_every_key_for_both_strategies():
+    p = run("theory", "--groups", "600", "--redundancy", "8", "--mc-trials", "1", "--json")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert THEORY_KEYS <= out.keys()
+    assert THEORY_KEYS <= out["replication"].keys()
+    assert out["r_star"] == out["r_star_closed_form"] == 10
+    assert out["mu"] == pytest.approx(254.0, abs=0.1)
+
+
+def test_theory_accepts_durations_in_every_form():
+    a = json.loads(run("theory", "--groups", "600", "--redundancy", "8", "--mtbf", "5m",
+                       "--restart", "1h", "--ckpt-save", "60s", "--mc-trials", "0",
+                       "--json").stdout)
+    b = json.loads(run("theory", "--groups", "600", "--redundancy", "8", "--mtbf", "300",
+                       "--restart", "3600", "--ckpt-save", "1m", "--mc-trials", "0",
+                       "--json").stdout)
+    assert a == b
+
+
+def test_simulate_json_is_deterministic_per_seed():
+    args = ("simulate", "--strategy", "spare", "--groups", "200", "--redundancy", "6",
+            "--steps", "1500", "--seeds", "2", "--seed", "7", "--json")
+    first, second = json.loads(run(*args).stdout), json.loads(run(*args).stdout)
+    for key in ("ttt_over_t0", "availability", "wipeouts", "masked_failures",
+                "mean_stack_depth", "per_seed", "wall_s"):
+        assert key in first
+    first.pop("wall_s"), second.pop("wall_s")
+    assert first == second
+    assert [p["seed"] for p in first["per_seed"]] == [7, 8]
+    assert 0 < first["availability"] <= 1
+
+
+def test_simulate_checkpoint_interval_auto_and_fixed():
+    base = ("simulate", "--strategy", "rep", "--groups", "200", "--redundancy", "3",
+            "--steps", "500", "--json")
+    fixed = json.loads(run(*base, "--ckpt-every", "7").stdout)
+    auto = json.loads(run(*base, "--ckpt-every", "auto").stdout)
+    assert fixed["ckpt_every"] == 7
+    assert auto["ckpt_every"] >= 1
+
+
+def test_plan_small_cluster_writes_png_and_recommends(tmp_path):
+    png = tmp_path / "plan.png"
+    p = run("plan", "--groups", "60", "--gpus", "6000", "--steps", "300", "--seeds", "2",
+            "--r-max", "4", "--png", str(png), "--json")
+    assert p.returncode == 0, p.stderr
+    plan = json.loads(p.stdout)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rec = plan["recommendation"]
+    assert rec["strategy"] in ("spare", "rep") and 2 <= rec["redundancy"] <= 4
+    assert rec["reason"]
+    for s in ("spare", "rep"):
+        assert [row["redundancy"] for row in plan[s]["sweep"]] == [2, 3, 4]
+        best = plan[s]["best"]
+        assert best["ttt_over_t0"] == min(row["sim"]["ttt_over_t0"] for row in plan[s]["sweep"])
+
+
+def test_plan_terminal_view_shows_the_tables(tmp_path):
+    p = run("plan", "--groups", "60", "--gpus", "6000", "--steps", "200", "--seeds", "1",
+            "--r-max", "3", "--png", str(tmp_path / "p.png"))
+    assert p.returncode == 0, p.stderr
+    assert "Recommendation" in p.stdout and "SPARe+CKPT" in p.stdout
+
+
+BAD = [
+    (["theory", "--groups", "0", "--redundancy", "3"], "--groups"),
+    (["theory", "--groups", "abc", "--redundancy", "3"], "'abc'"),
+    (["theory", "--groups", "600", "--redundancy", "-1"], "'-1'"),
+    (["theory", "--groups", "200", "--redundancy", "13"], "213"),
+    (["theory", "--groups", "600", "--redundancy", "28"], "27"),
+    (["theory", "--groups", "5", "--redundancy", "6"], "groups"),
+    (["simulate", "--strategy", "magic", "--groups", "600", "--redundancy", "3"], "'magic'"),
+    (["theory", "--groups", "600", "--redundancy", "3", "--mtbf", "5 minutes"], "5 minutes"),
+    (["theory", "--groups", "600", "--redundancy", "3", "--restart=-1h"], "-1h"),
+    (["theory", "--groups", "600", "--redundancy", "3", "--mtbf", "5m", "--gpu-mtbf", "9h"],
+     "conflict"),
+    (["simulate", "--strategy", "ckpt", "--groups", "600", "--redundancy", "3"], "conflicts"),
+    (["simulate", "--strategy", "rep", "--groups", "600", "--redundancy", "3", "--fail",
+      "exponential", "--weibull-shape", "0.7"], "conflicts"),
+    (["simulate", "--strategy", "spare", "--groups", "600"], "--redundancy"),
+    (["simulate", "--strategy", "rep", "--groups", "600", "--redundancy", "3",
+      "--ckpt-every", "often"], "'often'"),
+    (["plan", "--gpus", "100"], "fewer than groups"),
+    (["plan", "--steps", "0"], "'0'"),
+    (["plan", "--r-max", "1"], "--r-max"),
+]
+
+
+@pytest.mark.parametrize("args,named", BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_bad_input_is_one_line_exit_2_no_traceback(args, named):
+    p = run(*args)
+    assert p.returncode == 2
+    assert p.stdout == ""
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr
+    assert "Traceback" not in p.stderr
+    assert named in lines[0]
