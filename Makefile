@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -c requirements.lock -e '.[test]'
+	$(VENV)/bin/pip install -q -c requirements.lock -e '.[test,bench]'
 	touch $(STAMP)
 
 plan: $(STAMP)
@@ -21,6 +21,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(VENV)/bin/python bench/rectlr_latency.py
 	$(VENV)/bin/python bench/sim_sweep.py
+	$(VENV)/bin/python bench/sim_vs_simpy.py
 
 clean:
 	rm -rf $(VENV) out
