@@ -11,6 +11,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator, ScalarFormatter  # noqa: E402
 
 _COLORS = {"spare": "tab:blue", "rep": "tab:orange"}
 
@@ -44,6 +45,10 @@ def plan_figure(plan: dict, path: str | os.PathLike) -> Path:
     title = (f"N={sc['groups']} groups, {sc['gpus']:,} GPUs, MTBF {sc['mtbf']:g}s, "
              f"restart {sc['t_restart']:g}s, save {sc['t_save']:g}s")
     ax_t.set_yscale("log")
+    ax_t.yaxis.set_major_formatter(ScalarFormatter())
+    ax_t.yaxis.set_minor_formatter(ScalarFormatter())
+    for ax in (ax_t, ax_a):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax_t.set_xlabel("redundancy r")
     ax_t.set_ylabel("time-to-train / T0")
     ax_t.set_title("Time-to-train")
