@@ -19,9 +19,17 @@ A type whose r hosts have all failed cannot be served at any depth (and converse
 every survivor can serve all of its types), so that case is reported as a wipe-out, which the
 caller answers with a restart.
 
-The matchings run in C (``scipy.sparse.csgraph``): Hopcroft–Karp for feasibility and LAPJVsp
-for the minimum-movement assignment. This module is pure: no I/O, no clock, no torch, so the
-simulator and the runtime call the very same ``decide``.
+The graph work runs in C (``scipy.sparse.csgraph``). Most decisions at scale never need a
+matching: an assignment in which every type sits on its own cheapest edge meets the cost lower
+bound, so it is optimal and proves its depth feasible. Otherwise the minimum-cost perfect
+matching is completed by successive shortest augmenting paths, each one a C Dijkstra over
+reduced costs; a depth with no augmenting path left is infeasible (Berge), which is phase 1's
+answer. scipy's own Hopcroft-Karp and LAPJVsp are not used: in scipy <= 1.17 they share a DFS
+that is exponential on layered graphs (scipy#26147), and the stacked layout near its tight
+regime is one (seconds per decision at N = 10,000).
+
+This module is pure: no I/O, no clock, no torch, so the simulator and the runtime call the
+very same ``decide``.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 from scipy.sparse import csr_matrix
-from scipy.sparse.csgraph import maximum_bipartite_matching, min_weight_full_bipartite_matching
+from scipy.sparse.csgraph import dijkstra
 
 from unbroken.core.placement import Layout
 
@@ -141,17 +149,20 @@ def _first_slots(stacks: np.ndarray, live_ids: np.ndarray, depth: int,
 
 def _repair(layout: Layout, live: np.ndarray, stacks: np.ndarray, depth: int,
             comp_at: np.ndarray, w_of: np.ndarray, p_of: np.ndarray):
-    """Try to reach the cost lower bound directly: every covered type keeps its cheapest
-    zero-move slot, and each uncovered type takes a free slot (one no covered type keeps) at
-    a host that computed it if any host did. Every type then sits on its cheapest edge, so
-    the assignment is a minimum-cost perfect matching and ``depth`` is feasible. Returns None
-    when some uncovered type finds no such slot (the caller then solves the full problem).
+    """Place uncovered types on their cheapest edges where that is free to do.
+
+    Covered types keep their cheapest zero-move slot; each uncovered type takes a free slot
+    (one no placed type uses) at a host that computed it if any host did. Every placed type
+    then sits on its own cheapest edge, so the partial assignment has the least cost for its
+    size; when it is complete it meets the lower bound and is optimal. Returns (w_of, p_of,
+    complete); unplaced types keep -1.
     """
     uncovered = np.flatnonzero(w_of < 0)
     used = np.zeros((layout.groups, depth), dtype=bool)
     kept = w_of >= 0
     used[w_of[kept], p_of[kept]] = True
     w_of, p_of = w_of.copy(), p_of.copy()
+    complete = True
     for u in uncovered:
         hosts = layout.hosts_of[u]
         hosts = hosts[live[hosts]]
@@ -165,8 +176,8 @@ def _repair(layout: Layout, live: np.ndarray, stacks: np.ndarray, depth: int,
                 w_of[u], p_of[u] = w, free[0]
                 break
         else:
-            return None
-    return w_of, p_of
+            complete = False
+    return w_of, p_of, complete
 
 
 def _slot_graph(layout: Layout, live: np.ndarray, live_ids: np.ndarray, depth: int):
@@ -187,10 +198,83 @@ def _slot_graph(layout: Layout, live: np.ndarray, live_ids: np.ndarray, depth: i
     return indptr, cols, rows, w, pos
 
 
-def _perfect(n: int, n_cols: int, indptr: np.ndarray, cols: np.ndarray) -> bool:
-    """Hopcroft-Karp: does every type get its own slot?"""
-    g = csr_matrix((np.ones(cols.size, dtype=np.int8), cols, indptr), shape=(n, n_cols))
-    return bool(np.all(maximum_bipartite_matching(g, perm_type="column") >= 0))
+def _min_cost_completion(layout: Layout, live: np.ndarray, live_ids: np.ndarray,
+                         stacks: np.ndarray, depth: int, comp_at: np.ndarray,
+                         w_of: np.ndarray, p_of: np.ndarray):
+    """Minimum-cost perfect matching at ``depth`` by successive shortest augmenting paths.
+
+    Starts from the partial matching in which every covered type sits on its cheapest
+    (zero-move) edge, the minimum cost for its size, with potentials 0 on types and the
+    matched edge's cost on slots; then routes each unmatched type along a shortest augmenting
+    path of the residual graph. Reduced costs (Johnson potentials) stay non-negative, so each
+    path is one C Dijkstra (``scipy.sparse.csgraph.dijkstra``). No augmenting path means no
+    perfect matching: ``depth`` is infeasible and None is returned.
+
+    Why not scipy's Hopcroft-Karp / LAPJVsp: in scipy <= 1.17 both run a Hopcroft-Karp whose
+    DFS never marks dead ends (scipy#26147), which is exponential on layered graphs; the
+    stacked layout near the tight regime (about half the groups dead at depth 2) is one.
+    """
+    n = layout.groups
+    indptr, cols, rows, w, p = _slot_graph(layout, live, live_ids, depth)
+    m = live_ids.size * depth
+    offsets = np.asarray(layout.offsets)
+    j_of = np.searchsorted(offsets, (rows - w) % n)      # original position of type in w
+    inv = _position_table(layout, stacks)
+    q = inv[w, j_of]                                       # where w holds the type now
+    cost = 1.0 + (q != p) * float(n + 1) + ~comp_at[w, q]
+    # Edge (t, w, p) sits at indptr[t] + (rank of w among t's live hosts) * depth + p.
+    rank = np.cumsum(live[layout.hosts_of], axis=1) - 1
+
+    def edge(t, w_, p_):
+        return indptr[t] + rank[t, np.searchsorted(offsets, (t - w_) % n)] * depth + p_
+
+    match_e = np.full(n, -1, dtype=np.int64)      # type -> index of its matched edge
+    slot_t = np.full(m, -1, dtype=np.int64)       # slot -> matched type
+    kept = np.flatnonzero(w_of >= 0)
+    match_e[kept] = edge(kept, w_of[kept], p_of[kept])
+    slot_t[cols[match_e[kept]]] = kept
+    src_node, sink = n + m, n + m + 1
+    pi = np.zeros(n + m + 2)
+    pi[n + cols[match_e[kept]]] = cost[match_e[kept]]
+    deg = np.diff(indptr)
+
+    while True:
+        free_t = np.flatnonzero(match_e < 0)
+        if free_t.size == 0:
+            break
+        matched = match_e[match_e >= 0]
+        fwd = np.ones(rows.size, dtype=bool)
+        fwd[matched] = False
+        # CSR rows in node order: types (their unmatched edges, already grouped by type),
+        # then slots (exactly one edge each: back to its type, or on to T when free),
+        # then the source (to every unmatched type), then T (none).
+        slot_dst = np.where(slot_t >= 0, slot_t, sink)
+        slot_w = np.where(slot_t >= 0,
+                          -cost[match_e[np.maximum(slot_t, 0)]] + pi[n:n + m]
+                          - pi[np.maximum(slot_t, 0)],
+                          pi[n:n + m] - pi[sink])
+        out_deg = np.concatenate([deg - (match_e >= 0), np.ones(m, dtype=np.int64),
+                                  [free_t.size, 0]])
+        data = np.concatenate([cost[fwd] + pi[rows[fwd]] - pi[n + cols[fwd]], slot_w,
+                               pi[src_node] - pi[free_t]])
+        idx = np.concatenate([n + cols[fwd], slot_dst, free_t])
+        g = csr_matrix((np.maximum(data, 0.0), idx, np.r_[0, np.cumsum(out_deg)]),
+                       shape=(n + m + 2, n + m + 2))
+        dist, pred = dijkstra(g, directed=True, indices=src_node, return_predecessors=True)
+        if not np.isfinite(dist[sink]):
+            return None
+        # Walk back S -> u -> slot -> type -> slot ... -> free slot -> T and flip the path:
+        # each type on it takes the slot that follows it.
+        v = int(pred[sink])
+        while v != src_node:
+            t = int(pred[v])
+            col = v - n
+            match_e[t] = edge(t, live_ids[col // depth], col % depth)
+            slot_t[col] = t
+            v = int(pred[t])
+        pi += np.minimum(dist, dist[sink])
+    cols_of = cols[match_e]
+    return live_ids[cols_of // depth], cols_of % depth
 
 
 def _position_table(layout: Layout, stacks: np.ndarray) -> np.ndarray:
@@ -275,36 +359,27 @@ def decide(layout: Layout, live: Sequence[int] | np.ndarray, stacks: np.ndarray,
         return _in_place(stacks, live_ids, depth, comp_at, FIXED,
                          f"fixed: survivors' top {depth} cover all {n} types")
 
-    # Phase 1: the smallest feasible depth. Below ceil(N / live) there are too few slots; a
-    # depth whose current top positions cover every type needs no matching; a depth at which
-    # the lower-bound repair succeeds is feasible by construction; otherwise Hopcroft-Karp.
-    graph = None
+    # Phase 1: the smallest feasible depth S*. Below ceil(N / live) there are too few slots;
+    # a depth whose current top positions cover every type needs no reordering (free).
+    # Phase 2 at that depth: the minimum-movement assignment. Where every orphaned type finds
+    # a free slot on its cheapest edge the lower bound is met directly; otherwise successive
+    # shortest augmenting paths either complete a minimum-cost matching or prove the depth
+    # infeasible, and the search moves one level deeper.
     for s in range(max(depth, -(-n // live_ids.size)), r + 1):
         if _covered(stacks, live_ids, s, n):
             return _in_place(stacks, live_ids, s, comp_at, FREE,
                              f"free: depth {depth} -> {s} without reordering")
         w_of, p_of = _first_slots(stacks, live_ids, s, comp_at)
-        fast = _repair(layout, live, stacks, s, comp_at, w_of, p_of)
-        if fast is not None:
-            return _reordered(stacks, live_ids, depth, s, comp_at, *fast, "at the bound")
-        graph = _slot_graph(layout, live, live_ids, s)
-        if _perfect(n, live_ids.size * s, graph[0], graph[1]):
-            break
-    # With no type wiped out, depth r is always feasible, so s and graph are set here.
-
-    # Phase 2: minimum-movement assignment at s (LAPJVsp over the whole slot graph).
-    indptr, cols, rows, w, p = graph
-    inv = _position_table(layout, stacks)
-    q = inv[w, np.searchsorted(layout.offsets, (rows - w) % n)]   # where w holds it now
-    moved = q != p
-    redo = ~comp_at[w, q]
-    # Lexicographic cost: fewest moves first, then fewest recomputes. The +1 keeps every
-    # stored weight nonzero; a full matching has exactly N edges, so the shift is harmless.
-    weight = 1.0 + moved * float(n + 1) + redo
-    g = csr_matrix((weight, cols, indptr), shape=(n, live_ids.size * s))
-    _, col_of_row = min_weight_full_bipartite_matching(g)
-    return _reordered(stacks, live_ids, depth, s, comp_at, live_ids[col_of_row // s],
-                      col_of_row % s, "by LAPJVsp")
+        rep_w, rep_p, complete = _repair(layout, live, stacks, s, comp_at, w_of, p_of)
+        if complete:
+            return _reordered(stacks, live_ids, depth, s, comp_at, rep_w, rep_p, "at the bound")
+        # The search starts again from the covered types alone: their zero-move edges admit
+        # simple potentials, which a partial repair (displacing zero-move occupants) breaks.
+        full = _min_cost_completion(layout, live, live_ids, stacks, s, comp_at, w_of, p_of)
+        if full is not None:
+            return _reordered(stacks, live_ids, depth, s, comp_at, *full,
+                              "by shortest augmenting paths")
+    raise AssertionError("unreachable: with no type wiped out, depth r is feasible")
 
 
 def _reordered(stacks: np.ndarray, live_ids: np.ndarray, depth: int, s_star: int,
