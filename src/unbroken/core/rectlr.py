@@ -273,8 +273,33 @@ def _min_cost_completion(layout: Layout, live: np.ndarray, live_ids: np.ndarray,
             slot_t[col] = t
             v = int(pred[t])
         pi += np.minimum(dist, dist[sink])
+        _augment_direct(match_e, slot_t, pi, indptr, rows, cols, cost, n, src_node, sink)
     cols_of = cols[match_e]
     return live_ids[cols_of // depth], cols_of % depth
+
+
+def _augment_direct(match_e, slot_t, pi, indptr, rows, cols, cost, n, src_node, sink):
+    """Within one primal-dual phase, also augment every one-edge path S -> u -> free slot -> T
+    whose reduced costs are all zero under the updated potentials (vertex-disjoint, greedy).
+    Such paths are shortest too, and flipping zero-reduced-cost edges keeps the potentials
+    valid, so this saves a Dijkstra per orphan that has a free cheapest slot."""
+    free_t = np.flatnonzero(match_e < 0)
+    if free_t.size == 0:
+        return
+    free_t = free_t[pi[src_node] - pi[free_t] == 0]
+    lengths = indptr[free_t + 1] - indptr[free_t]
+    if lengths.sum() == 0:
+        return
+    starts = np.repeat(indptr[free_t], lengths)
+    idx = starts + np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    c = cols[idx]
+    ok = (slot_t[c] < 0) & (cost[idx] + pi[rows[idx]] - pi[n + c] == 0) & \
+        (pi[n + c] - pi[sink] == 0)
+    for e in idx[ok]:
+        t, col = rows[e], cols[e]
+        if match_e[t] < 0 and slot_t[col] < 0:
+            match_e[t] = e
+            slot_t[col] = t
 
 
 def _position_table(layout: Layout, stacks: np.ndarray) -> np.ndarray:
