@@ -63,6 +63,7 @@ except ImportError as e:  # pragma: no cover - the bench extra is missing
                      "(pinned in requirements.lock)") from e
 
 from unbroken.core.scenario import Scenario
+from unbroken.sim import engine
 from unbroken.sim.engine import MAX_TTT_OVER_T0, simulate
 
 _CHUNK = 4096
@@ -70,26 +71,13 @@ COMMIT, MASKED, RESTART = "commit", "masked", "restart"
 FIG6_RUNS = 190
 
 
-class _Draws:
-    """Buffered draws (so SimPy is not charged for per-call NumPy overhead)."""
+class _Draws(engine._Draws):
+    """The engine's buffered draws plus one standard normal per group and stack (so SimPy is
+    charged neither for per-call NumPy overhead nor for a different failure stream)."""
 
     def __init__(self, sc: Scenario, seed: int) -> None:
-        self.rng = np.random.default_rng(seed)
-        self.sc = sc
-        self._iv, self._iv_i = np.empty(0), 0
+        super().__init__(sc, seed)
         self._z, self._z_i = np.empty(0), 0
-
-    def interval(self) -> float:
-        if self._iv_i >= self._iv.size:
-            sc = self.sc
-            if sc.fail_dist == "weibull":
-                self._iv = self.rng.weibull(sc.weibull_shape, _CHUNK) * sc.weibull_scale
-            else:
-                self._iv = self.rng.exponential(sc.group_mtbf, _CHUNK)
-            self._iv_i = 0
-        v = self._iv[self._iv_i]
-        self._iv_i += 1
-        return float(v)
 
     def normal(self) -> float:
         if self._z_i >= self._z.size:
