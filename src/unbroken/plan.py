@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Callable
 
 from unbroken.core import placement, theory
-from unbroken.core.recommend import Candidate, recommend
+from unbroken.core.recommend import Candidate, best_in_theory, best_simulated, recommend
 from unbroken.core.scenario import Scenario
 from unbroken.sim.engine import RunResult
 from unbroken.sim.sweep import Job, run_jobs, summarize
@@ -64,31 +64,30 @@ def make_plan(req: PlanRequest,
     out: dict = {"scenario": _scenario_dict(sc)}
     candidates: list[Candidate] = []
     for strategy in ("spare", "rep"):
-        rows = []
+        rows, mine = {}, []
         for r in redundancies(req, strategy):
             th = _theory_point(sc, strategy, r)
             sim = summarize(by_key[(strategy, r)])
-            rows.append({"redundancy": r, "theory": asdict(th), "sim": sim})
-            candidates.append(Candidate(strategy, r, sim["ckpt_every"], sim["ttt_over_t0"],
-                                        sim["availability"], th.ttt_over_t0))
-        best_sim = min(rows, key=lambda row: row["sim"]["ttt_over_t0"])
-        best_th = min(rows, key=lambda row: row["theory"]["ttt_over_t0"])
+            rows[r] = {"redundancy": r, "theory": asdict(th), "sim": sim}
+            mine.append(Candidate(strategy, r, sim["ckpt_every"], sim["ttt_over_t0"],
+                                  sim["availability"], th.ttt_over_t0))
+        candidates += mine
+        b, tb = rows[best_simulated(mine).redundancy], rows[best_in_theory(mine).redundancy]
         out[strategy] = {
             "name": STRATEGY_NAMES[strategy],
-            "best": {"redundancy": best_sim["redundancy"],
-                     "ckpt_every": best_sim["sim"]["ckpt_every"],
-                     "ttt_over_t0": best_sim["sim"]["ttt_over_t0"],
-                     "availability": best_sim["sim"]["availability"],
-                     "theory_ttt_over_t0": best_sim["theory"]["ttt_over_t0"],
-                     "theory_availability": best_sim["theory"]["availability"]},
-            "theory_best": {"redundancy": best_th["redundancy"],
-                            "ckpt_every": best_th["theory"]["ckpt_every_steps"],
-                            "ttt_over_t0": best_th["theory"]["ttt_over_t0"],
-                            "availability": best_th["theory"]["availability"]},
-            "sweep": rows,
+            "best": {"redundancy": b["redundancy"], "ckpt_every": b["sim"]["ckpt_every"],
+                     "ttt_over_t0": b["sim"]["ttt_over_t0"],
+                     "availability": b["sim"]["availability"],
+                     "theory_ttt_over_t0": b["theory"]["ttt_over_t0"],
+                     "theory_availability": b["theory"]["availability"]},
+            "theory_best": {"redundancy": tb["redundancy"],
+                            "ckpt_every": tb["theory"]["ckpt_every_steps"],
+                            "ttt_over_t0": tb["theory"]["ttt_over_t0"],
+                            "availability": tb["theory"]["availability"]},
+            "sweep": list(rows.values()),
         }
     ck = by_key[("ckpt", 1)][0]
-    ck_theory = theory.best_availability(sc.t_save, sc.mtbf, sc.t_restart)
+    ck_theory = theory.checkpoint_only(sc).availability
     out["ckpt"] = {"name": STRATEGY_NAMES["ckpt"], "sim_ttt_over_t0": ck.ttt_over_t0,
                    "sim_completed": ck.completed, "sim_availability": ck.availability,
                    "theory_availability": ck_theory}

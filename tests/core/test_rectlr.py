@@ -449,3 +449,12 @@ def test_tiny_layouts(n):
     assert isinstance(dec, WipeOut) and dec.lost_types == tuple(range(n))
     dec = decide(layout, [], initial_stacks(layout), 1)
     assert isinstance(dec, WipeOut) and dec.lost_types == tuple(range(n))
+
+
+def test_live_ids_outside_the_layout_are_rejected():
+    layout = make_layout(7, 3)
+    stacks = initial_stacks(layout)
+    with pytest.raises(ValueError, match="-1"):
+        decide(layout, [0, 1, -1], stacks, 1)
+    with pytest.raises(ValueError, match="7"):
+        decide(layout, [0, 7], stacks, 1)

@@ -100,8 +100,12 @@ def _live_mask(layout: Layout, live: Sequence[int] | np.ndarray) -> np.ndarray:
         if arr.shape != (layout.groups,):
             raise ValueError(f"live mask has shape {arr.shape}, expected ({layout.groups},)")
         return arr
+    ids = arr.astype(np.int64).ravel()
+    bad = ids[(ids < 0) | (ids >= layout.groups)]
+    if bad.size:
+        raise ValueError(f"live group id {int(bad[0])} outside [0, {layout.groups})")
     mask = np.zeros(layout.groups, dtype=bool)
-    mask[arr.astype(np.int64)] = True
+    mask[ids] = True
     return mask
 
 

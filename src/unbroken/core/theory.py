@@ -209,6 +209,20 @@ def replication(sc: Scenario, redundancy: int) -> StrategyTheory:
                    step_time(sc, r, jitter_scale=r))
 
 
+def checkpoint_only(sc: Scenario) -> StrategyTheory:
+    """Checkpoint/restart alone: every failure is a restart (mu = 1, one stack per step)."""
+    return _finish(sc, 1, 1.0, 1.0, 1.0, step_time(sc, 1.0))
+
+
+def ckpt_every(sc: Scenario, strategy: str, redundancy: int) -> int:
+    """Checkpoint interval in steps: T_c* over the expected step time of the strategy."""
+    if strategy == "spare":
+        return spare(sc, redundancy, mc_trials=0).ckpt_every_steps
+    if strategy == "rep":
+        return replication(sc, redundancy).ckpt_every_steps
+    return checkpoint_only(sc).ckpt_every_steps
+
+
 def r_star_closed_form(groups: int) -> int:
     """floor(log2 N + gamma / ln 2): where mu(N, r) reaches N/2 with S ~ 2."""
     return int(math.floor(math.log2(groups) + R_STAR_OFFSET))

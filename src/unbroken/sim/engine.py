@@ -107,17 +107,6 @@ class _Draws:
         return float(ndtri(u ** (1.0 / n))) if n > 1 else float(ndtri(u))
 
 
-def default_ckpt_every(sc: Scenario, strategy: str, redundancy: int) -> int:
-    """Checkpoint interval in steps from T_c* (Saxena) and the expected step time."""
-    if strategy == "spare":
-        return theory.spare(sc, redundancy, mc_trials=0).ckpt_every_steps
-    if strategy == "rep":
-        return theory.replication(sc, redundancy).ckpt_every_steps
-    t_fail = sc.mtbf
-    tc = theory.ckpt_period(sc.t_save, t_fail, sc.t_restart)
-    return max(1, int(tc // theory.step_time(sc, 1.0)))
-
-
 def validate(sc: Scenario, strategy: str, redundancy: int) -> None:
     """Raise ValueError naming the bad value for an unknown strategy or impossible r."""
     if strategy not in STRATEGIES:
@@ -144,7 +133,7 @@ def simulate(sc: Scenario, strategy: str, redundancy: int = 1, seed: int = 0,
     validate(sc, strategy, redundancy)
     if strategy == "ckpt":
         redundancy = 1
-    k_ckpt = ckpt_every or default_ckpt_every(sc, strategy, redundancy)
+    k_ckpt = ckpt_every or theory.ckpt_every(sc, strategy, redundancy)
     return _Run(sc, strategy, redundancy, seed, k_ckpt).run(max_ttt_over_t0 * sc.t0)
 
 
