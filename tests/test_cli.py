@@ -102,6 +102,7 @@ BAD = [
     (["plan", "--gpus", "100"], "fewer than groups"),
     (["plan", "--steps", "0"], "'0'"),
     (["plan", "--r-max", "1"], "--r-max"),
+    (["plan", "--groups", "2", "--gpus", "100"], "groups 2 too small"),
 ]
 
 

@@ -189,12 +189,13 @@ def cmd_plan(a: argparse.Namespace) -> dict:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from unbroken.plan import PlanRequest, jobs_for, make_plan
+    from unbroken.plan import PlanRequest, check, jobs_for, make_plan
     from unbroken.plot import plan_figure
 
     req = PlanRequest(_scenario(a), seeds=a.seeds, seed=a.seed, r_max=a.r_max, workers=a.jobs)
     if req.r_max < 2:
         raise UsageError(f"--r-max {a.r_max} leaves nothing to sweep (need at least 2)")
+    check(req)
     err = Console(stderr=True)
     with Progress("[progress.description]{task.description}", BarColumn(),
                   MofNCompleteColumn(), TimeElapsedColumn(), console=err,

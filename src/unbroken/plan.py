@@ -38,6 +38,15 @@ def redundancies(req: PlanRequest, strategy: str) -> list[int]:
     return list(range(2, min(req.r_max, top) + 1))
 
 
+def check(req: PlanRequest) -> None:
+    """Raise ValueError when there is nothing to sweep for some strategy."""
+    for strategy in ("spare", "rep"):
+        if not redundancies(req, strategy):
+            raise ValueError(
+                f"groups {req.scenario.groups} too small to plan {STRATEGY_NAMES[strategy]}: "
+                f"redundancy 2 needs at least {placement.min_groups(2)} groups")
+
+
 def jobs_for(req: PlanRequest) -> list[Job]:
     seeds = range(req.seed, req.seed + req.seeds)
     jobs = [Job(s, r, sd) for s in ("spare", "rep") for r in redundancies(req, s) for sd in seeds]
@@ -54,6 +63,7 @@ def make_plan(req: PlanRequest,
               on_done: Callable[[RunResult], None] | None = None) -> dict:
     """Run the sweep and return the plan as plain data (what ``--json`` prints)."""
     sc = req.scenario
+    check(req)
     t_start = time.perf_counter()
     jobs = jobs_for(req)
     results = run_jobs(sc, jobs, req.workers, on_done)
