@@ -115,3 +115,16 @@ def test_bad_input_is_one_line_exit_2_no_traceback(args, named):
     assert len(lines) == 1, p.stderr
     assert "Traceback" not in p.stderr
     assert named in lines[0]
+
+
+def test_the_planner_never_imports_torch(tmp_path):
+    code = ("import sys; from unbroken.cli import main; "
+            f"rc = main(['plan', '--groups', '60', '--gpus', '600', '--steps', '100', "
+            f"'--seeds', '1', '--r-max', '3', '--jobs', '1', '--png', r'{tmp_path / 'p.png'}', "
+            "'--json']); assert rc == 0; "
+            "main(['theory', '--groups', '600', '--redundancy', '8', '--mc-trials', '1', "
+            "'--json']); "
+            "print('torch' in sys.modules)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip().splitlines()[-1] == "False"
