@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -c requirements.lock -e '.[test,bench]'
+	$(VENV)/bin/pip install -q -c requirements.lock -e '.[test,bench,train]'
 	touch $(STAMP)
 
 plan: $(STAMP)

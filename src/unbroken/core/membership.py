@@ -1,0 +1,98 @@
+"""Who is alive: the pure decisions behind the fault-tolerant communicator.
+
+`unbroken.runtime.ftcomm` keeps one heartbeat counter per worker in a store. Each observer
+remembers, per peer, the last counter value it saw and *its own* clock reading when that value
+last changed. Judging liveness from "when did I last see it move" (rather than from a timestamp
+the peer wrote) makes the decision immune to clock skew between machines.
+
+Everything here is pure: no torch, no I/O, no clock. Time is passed in, so every rule can be
+unit-tested without processes.
+
+Rules
+-----
+* A peer whose counter has never moved past 0 has not started yet; it is *not* stale (start-up
+  is bounded by the process-group init timeout instead, which needs every initial member).
+* A peer is stale when ``now - last_change > staleness`` (strictly greater).
+* A peer that a coordinator declared dead (for example a launcher that saw the process exit) is
+  not live, whatever its heartbeat says: a SIGKILLed process keeps a fresh-looking heartbeat for
+  up to ``staleness`` seconds, and a death notice removes that wait.
+* The members of a new generation are the joiners, in a deterministic order (sorted), so rank
+  ``i`` of the new process group is ``members[i]`` on every survivor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Mapping
+
+__all__ = [
+    "Observation",
+    "observe",
+    "stale_members",
+    "live_members",
+    "rendezvous_ready",
+    "next_members",
+]
+
+#: (last counter value seen, observer's clock when that value was first seen)
+Observation = tuple[int, float]
+
+
+def observe(
+    prev: Mapping[Hashable, Observation],
+    counters: Mapping[Hashable, int],
+    now: float,
+) -> dict[Hashable, Observation]:
+    """Fold freshly read heartbeat counters into the observation table.
+
+    A counter that changed (or a peer seen for the first time) gets ``now`` as its last-change
+    time; an unchanged counter keeps its old time. Peers absent from ``counters`` keep their
+    previous observation.
+    """
+    out = dict(prev)
+    for uid, value in counters.items():
+        value = int(value)
+        old = prev.get(uid)
+        if old is None or old[0] != value:
+            out[uid] = (value, float(now))
+    return out
+
+
+def stale_members(
+    heartbeats: Mapping[Hashable, float],
+    now: float,
+    staleness: float,
+) -> list:
+    """Peers whose last heartbeat change is more than ``staleness`` seconds before ``now``.
+
+    ``heartbeats`` maps uid -> observer-clock time of the last change. Result is sorted.
+    """
+    if staleness <= 0:
+        raise ValueError(f"staleness must be > 0, got {staleness}")
+    return sorted(uid for uid, t in heartbeats.items() if now - t > staleness)
+
+
+def live_members(
+    members: Iterable[Hashable],
+    observations: Mapping[Hashable, Observation],
+    now: float,
+    staleness: float,
+    dead: Iterable[Hashable] = (),
+) -> list:
+    """Members that are live: not declared dead, and not stale (never-started counts as live).
+
+    Keeps the order of ``members``.
+    """
+    dead = set(dead)
+    started = {u: t for u, (c, t) in observations.items() if c > 0}
+    stale = set(stale_members(started, now, staleness))
+    return [u for u in members if u not in dead and u not in stale]
+
+
+def rendezvous_ready(joined: Iterable[Hashable], live: Iterable[Hashable]) -> bool:
+    """The leader may publish once every live member has joined."""
+    return set(live) <= set(joined)
+
+
+def next_members(joined: Iterable[Hashable]) -> list:
+    """Member list of the next generation: the distinct joiners, sorted (rank = index)."""
+    return sorted(set(joined))

@@ -1,0 +1,408 @@
+"""Fault-tolerant all-reduce over gloo: abandon the broken op, re-form a numbered group.
+
+Why this exists
+---------------
+On torch 2.13 with the gloo backend (CPU) a process group cannot be repaired in place:
+
+* ``dist.shrink_group`` raises ``TypeError`` for gloo (``supports_shrinking == False``);
+* ``ProcessGroupGloo.abort()`` does not unblock an op that is already in flight;
+* when a peer is SIGKILLed, only the ranks that talk to it directly get a ``RuntimeError``
+  (12-22 ms); the others keep waiting on survivors that already left the collective, until the
+  PG timeout. When a peer hangs (SIGSTOP), *every* survivor waits for the full PG timeout.
+
+(Measured on this machine: ``shared/reference/gloo-failures.md`` sections 2-3.)
+
+So survivors do not try to fix the old group. They *abandon* it and build a new one:
+
+1. Every collective is issued with ``async_op=True`` and polled with ``work.is_completed()``
+   while watching an abort flag in the store (``abort/<gen>``), so no thread ever blocks in gloo.
+2. A heartbeat thread (own store client) bumps ``hb/<uid>`` every ``heartbeat_period`` seconds
+   and watches the other members. A member whose counter has not moved for ``staleness``
+   seconds, or that a coordinator declared dead (``declare_dead``), makes it set
+   ``abort/<gen>``. A gloo error does the same, so all survivors stop within milliseconds.
+3. On abort the in-flight ``Work``, its process group and the buffer are moved to a
+   *graveyard*: kept referenced forever, never waited on and never freed, because the gloo
+   threads may still touch them. The caller's tensor is untouched (we reduce into a copy).
+4. ``reform()`` runs a rendezvous for generation ``g+1`` in the store (first joiner leads; it
+   publishes the member list once every member with a fresh heartbeat has joined, or at a
+   deadline), destroys the old default group and calls ``init_process_group("gloo",
+   store=PrefixStore(f"pg/{g+1}", store), ...)`` with the new, smaller world.
+
+The store must be hosted by a long-lived process that is not a worker (a launcher /
+coordinator), so any worker, PG rank 0 included, may die. The store itself is a single point of
+failure, as torchft's lighthouse is.
+
+Decisions (who is stale, who is live, when the rendezvous is complete) are pure functions in
+:mod:`unbroken.core.membership`.
+
+Known limits (by design of this building block)
+-----------------------------------------------
+* ``allreduce`` returning True means *this* rank received every contribution. A peer can still
+  have failed in the same op (it died after sending). Step-level agreement on commit, and the
+  state broadcast after a re-form, belong to the training loop.
+* A second failure *during* ``reform`` (e.g. the leader dying mid-rendezvous) is surfaced as
+  :class:`RendezvousError` after ``rendezvous_timeout``, not masked.
+* No scale-up: a new process cannot join an existing generation yet.
+* Processes that used this class should leave with ``os._exit`` (in the entry point, not in the
+  library): interpreter shutdown may otherwise wait on threads of abandoned groups.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from unbroken.core.membership import (
+    Observation,
+    live_members,
+    next_members,
+    observe,
+    rendezvous_ready,
+)
+
+__all__ = ["FTComm", "RendezvousError", "declare_dead"]
+
+
+class RendezvousError(RuntimeError):
+    """The next generation could not be formed (timeout, or this worker was left out)."""
+
+
+def declare_dead(store: dist.Store, uid: int) -> None:
+    """Coordinator hook: announce that worker ``uid`` is gone (e.g. its process exited).
+
+    Survivors drop it at once instead of waiting ``staleness`` seconds for its heartbeat to go
+    stale. Safe to call more than once.
+    """
+    store.add(f"dead/{uid}", 1)
+    store.add("dead/epoch", 1)
+
+
+def _clone(store: dist.TCPStore) -> dist.TCPStore:
+    """A second client connection to the same TCPStore (a client is not shared across threads)."""
+    try:
+        return store.clone()
+    except (AttributeError, RuntimeError):  # pragma: no cover - older torch
+        return dist.TCPStore(store.host, store.port, is_master=False, wait_for_workers=False)
+
+
+class FTComm:
+    """A generation-numbered gloo communicator that survives dead and hung members.
+
+    Parameters
+    ----------
+    uid:
+        This worker's stable id (an int; unique across the job, unlike a PG rank).
+    members:
+        Initial member uids (all must construct an FTComm; generation 0 waits for all of them).
+    store / host, port:
+        A ``TCPStore`` client, or the address of the coordinator-hosted TCPStore.
+    heartbeat_period, staleness:
+        Heartbeat interval and how long a silent member is tolerated (seconds).
+    pg_timeout:
+        gloo timeout of each generation's process group; only a safety net here, since ops are
+        abandoned on the abort flag long before it.
+    rendezvous_timeout:
+        Leader's deadline to wait for live members; followers wait a little longer.
+    poll_interval, store_poll_interval:
+        How often ``allreduce`` checks the op and the store's abort flag while waiting.
+    """
+
+    def __init__(
+        self,
+        uid: int,
+        members: list[int],
+        *,
+        store: dist.TCPStore | None = None,
+        host: str | None = None,
+        port: int | None = None,
+        heartbeat_period: float = 0.1,
+        staleness: float = 1.0,
+        pg_timeout: float = 60.0,
+        rendezvous_timeout: float = 10.0,
+        store_timeout: float = 60.0,
+        poll_interval: float = 0.001,
+        store_poll_interval: float = 0.01,
+    ) -> None:
+        members = next_members(int(m) for m in members)
+        if uid not in members:
+            raise ValueError(f"uid {uid} is not among the members {members}")
+        if not 0 < heartbeat_period < staleness:
+            raise ValueError("need 0 < heartbeat_period < staleness")
+        if store is None:
+            if host is None or port is None:
+                raise ValueError("give either store= or host= and port=")
+            store = dist.TCPStore(
+                host, int(port), is_master=False, wait_for_workers=False,
+                timeout=timedelta(seconds=store_timeout),
+            )
+        self.uid = int(uid)
+        self.store = store
+        self.heartbeat_period = float(heartbeat_period)
+        self.staleness = float(staleness)
+        self.pg_timeout = float(pg_timeout)
+        self.rendezvous_timeout = float(rendezvous_timeout)
+        self.poll_interval = float(poll_interval)
+        self.store_poll_interval = float(store_poll_interval)
+
+        self._gen = 0
+        self._members = members
+        self._lock = threading.Lock()
+        self._obs: dict[Any, Observation] = {}
+        self._dead: set[int] = set()
+        self._dead_epoch = 0
+        self._aborted_gen = -1  # highest generation known to be aborted
+        self._abort_reason: str | None = None
+        self._detected_at: float | None = None  # wall time this worker noticed the abort
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._closed = False
+        self.graveyard: list[tuple[Any, Any, Any]] = []
+        self.journal: list[dict[str, Any]] = []
+        self.monitor_errors = 0
+
+        self._hb_store = _clone(store)
+        self._hb_store.add(f"hb/{self.uid}", 1)  # first beat before anyone can judge us
+        self._thread = threading.Thread(target=self._monitor, name=f"ftcomm-hb-{uid}", daemon=True)
+        self._thread.start()
+
+        t0 = time.monotonic()
+        self._init_pg(0, members)
+        self.journal.append({"event": "init", "gen": 0, "members": list(members),
+                             "pg_init_s": round(time.monotonic() - t0, 4), "t": time.time()})
+
+    # ------------------------------------------------------------------ public state
+    @property
+    def generation(self) -> int:
+        return self._gen
+
+    @property
+    def members(self) -> list[int]:
+        return list(self._members)
+
+    @property
+    def rank(self) -> int:
+        return self._members.index(self.uid)
+
+    @property
+    def aborted(self) -> bool:
+        """True when the current generation is known to be broken (call ``reform``)."""
+        return self._aborted_gen >= self._gen
+
+    # ------------------------------------------------------------------ collective
+    def allreduce(self, tensor: torch.Tensor) -> bool:
+        """Sum ``tensor`` in place across the current members.
+
+        Returns True when the op completed on this rank (the tensor then holds the sum).
+        Returns False when the generation broke (gloo error, abort flag, stale or dead member):
+        the op is abandoned to the graveyard, ``tensor`` keeps its input values, and the caller
+        should ``reform()`` and retry.
+        """
+        gen = self._gen
+        if self._check_abort(gen, poll_store=True):
+            self._note_detect(self._abort_reason or "abort flag")
+            return False
+        buf = tensor.detach().clone()
+        try:
+            work = dist.all_reduce(buf, op=dist.ReduceOp.SUM, async_op=True)
+        except RuntimeError as exc:  # broken PG: fails at once
+            self._abandon(gen, None, buf, f"gloo error at issue: {_short(exc)}")
+            return False
+        next_store_poll = time.monotonic() + self.store_poll_interval
+        while True:
+            if work.is_completed():
+                try:
+                    work.wait()
+                except RuntimeError as exc:
+                    self._abandon(gen, work, buf, f"gloo error: {_short(exc)}")
+                    return False
+                tensor.copy_(buf)
+                return True
+            poll_store = time.monotonic() >= next_store_poll
+            if poll_store:
+                next_store_poll = time.monotonic() + self.store_poll_interval
+            if self._check_abort(gen, poll_store=poll_store):
+                self._abandon(gen, work, buf, None)
+                return False
+            self._wake.wait(self.poll_interval)
+
+    # ------------------------------------------------------------------ re-form
+    def reform(self) -> list[int]:
+        """Form generation g+1 among the live members and return its member list.
+
+        Raises :class:`RendezvousError` when the rendezvous times out or this worker was left
+        out of the new generation.
+        """
+        old = self._gen
+        old_members = list(self._members)
+        gen = old + 1
+        t_start = time.monotonic()
+        self._set_abort(old, self._abort_reason or "reform requested")
+        detected_at = self._detected_at or time.time()
+
+        st = self.store
+        n = st.add(f"rdzv/{gen}/count", 1)
+        st.set(f"rdzv/{gen}/joined/{n}", str(self.uid))
+        leader = n == 1
+        key = f"rdzv/{gen}/members"
+        if leader:
+            deadline = t_start + self.rendezvous_timeout
+            while True:
+                count = st.add(f"rdzv/{gen}/count", 0)
+                joined = [int(st.get(f"rdzv/{gen}/joined/{i}")) for i in range(1, count + 1)]
+                live = self.live_now()
+                if rendezvous_ready(joined, live) or time.monotonic() > deadline:
+                    break
+                self._stop.wait(0.005)
+            new = next_members(j for j in joined if j in live or j == self.uid)
+            st.set(key, json.dumps(new))
+        else:
+            wait_s = self.rendezvous_timeout + self.staleness + 5.0
+            try:
+                st.wait([key], timedelta(seconds=wait_s))
+            except Exception as exc:  # DistStoreError subclasses RuntimeError; be broad
+                raise RendezvousError(f"gen {gen}: no member list after {wait_s:.1f}s") from exc
+            new = [int(u) for u in json.loads(st.get(key))]
+        if self.uid not in new:
+            raise RendezvousError(f"gen {gen}: uid {self.uid} was left out of {new}")
+        t_rdzv = time.monotonic()
+
+        self._bury_default_pg()
+        self._init_pg(gen, new)
+        t_pg = time.monotonic()
+        with self._lock:
+            self._gen = gen
+            self._members = new
+            self._wake.clear()
+            self._abort_reason = None
+            self._detected_at = None
+        if self._aborted_gen >= gen:  # raced: the new generation already broke
+            self._wake.set()
+        ev = {
+            "event": "reform", "gen": gen, "members": new, "leader": leader,
+            "dropped": [u for u in old_members if u not in new],
+            "detected_at": detected_at,
+            "rendezvous_s": round(t_rdzv - t_start, 4),
+            "pg_init_s": round(t_pg - t_rdzv, 4),
+            "ready_at": time.time(),
+        }
+        ev["recovery_s"] = round(ev["ready_at"] - detected_at, 4)
+        self.journal.append(ev)
+        return list(new)
+
+    def live_now(self) -> list[int]:
+        """Current members judged live from this worker's heartbeat observations."""
+        with self._lock:
+            obs, dead, members = dict(self._obs), set(self._dead), list(self._members)
+        obs.pop(self.uid, None)
+        return live_members(members, obs, time.monotonic(), self.staleness, dead - {self.uid})
+
+    def close(self) -> None:
+        """Stop the heartbeat. Does not exit the process (use ``os._exit`` in entry points)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=2 * self.heartbeat_period + 1.0)
+
+    def __enter__(self) -> FTComm:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ internals
+    def _init_pg(self, gen: int, members: list[int]) -> None:
+        dist.init_process_group(
+            "gloo",
+            store=dist.PrefixStore(f"pg/{gen}", self.store),
+            rank=members.index(self.uid),
+            world_size=len(members),
+            timeout=timedelta(seconds=self.pg_timeout),
+        )
+
+    def _bury_default_pg(self) -> None:
+        if dist.is_initialized():
+            pg = dist.group.WORLD
+            self.graveyard.append((None, pg, None))
+            dist.destroy_process_group()
+
+    def _abandon(self, gen: int, work: Any, buf: Any, error: str | None) -> None:
+        if error is not None:
+            self._set_abort(gen, error)
+        self._note_detect(self._abort_reason or error or "abort flag")
+        self.graveyard.append((work, dist.group.WORLD if dist.is_initialized() else None, buf))
+
+    def _note_detect(self, reason: str) -> None:
+        if self._detected_at is None:
+            self._detected_at = time.time()
+            self.journal.append({"event": "abort", "gen": self._gen, "reason": reason,
+                                 "t": self._detected_at})
+
+    def _set_abort(self, gen: int, reason: str, store: Any = None) -> None:
+        """Mark ``gen`` aborted locally and in the store (``store``: the caller thread's client)."""
+        with self._lock:
+            if self._abort_reason is None and gen == self._gen:
+                self._abort_reason = reason
+            first = self._aborted_gen < gen
+            self._aborted_gen = max(self._aborted_gen, gen)
+        if first:
+            (store or self.store).add(f"abort/{gen}", 1)
+        self._wake.set()
+
+    def _check_abort(self, gen: int, *, poll_store: bool) -> bool:
+        if self._aborted_gen >= gen:
+            return True
+        if poll_store and self.store.add(f"abort/{gen}", 0) > 0:
+            with self._lock:
+                self._aborted_gen = max(self._aborted_gen, gen)
+                if self._abort_reason is None:
+                    self._abort_reason = "abort flag set by a peer"
+            return True
+        return False
+
+    def _monitor(self) -> None:
+        """Heartbeat thread: beat, watch peers, raise and relay the abort flag."""
+        st = self._hb_store
+        me = self.uid
+        while not self._stop.wait(self.heartbeat_period):
+            try:
+                st.add(f"hb/{me}", 1)
+                with self._lock:
+                    gen, members = self._gen, list(self._members)
+                counters = {m: st.add(f"hb/{m}", 0) for m in members if m != me}
+                epoch = st.add("dead/epoch", 0)
+                dead: set[int] = set()
+                if epoch != self._dead_epoch:
+                    dead = {m for m in members if st.add(f"dead/{m}", 0) > 0}
+                now = time.monotonic()
+                with self._lock:
+                    self._obs = observe(self._obs, counters, now)
+                    self._dead |= dead
+                    self._dead_epoch = epoch
+                    obs, all_dead = dict(self._obs), set(self._dead)
+                live = live_members(members, obs, now, self.staleness, all_dead - {me})
+                lost = [m for m in members if m not in live and m != me]
+                if lost and self._aborted_gen < gen:
+                    why = "declared dead" if set(lost) & all_dead else "stale heartbeat"
+                    self._set_abort(gen, f"{why}: {lost}", st)
+                elif self._aborted_gen < gen and st.add(f"abort/{gen}", 0) > 0:
+                    with self._lock:
+                        if self._gen == gen:
+                            self._aborted_gen = max(self._aborted_gen, gen)
+                            if self._abort_reason is None:
+                                self._abort_reason = "abort flag set by a peer"
+                    self._wake.set()
+            except Exception:  # store hiccup: keep beating; repeated failures show in the count
+                self.monitor_errors += 1
+
+
+def _short(exc: BaseException, n: int = 160) -> str:
+    s = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return s[:n]

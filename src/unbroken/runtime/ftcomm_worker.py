@@ -1,0 +1,196 @@
+"""A probe worker for :class:`~unbroken.runtime.ftcomm.FTComm` and a local coordinator.
+
+The worker (``python -m unbroken.runtime.ftcomm_worker --uid U --members 0,1,2,3 --port P``)
+all-reduces ``full(n, uid + 1)`` in a loop; a failed op is retried after ``reform()``, so every
+step index completes exactly once per survivor. It reports through the store that the
+coordinator hosts:
+
+* ``result/<uid>/<step>``: ``{"gen", "members", "value", "uniform", "t"}`` (value = element 0 of
+  the sum, which must equal ``sum(m + 1 for m in members)``);
+* ``first/<uid>/<gen>``: the first result completed in generation ``gen`` (>= 1);
+* ``done/<uid>``: ``{"steps", "journal"}`` when it stops (key ``stop`` set; the first worker
+  to see it fixes ``stop_at`` a few steps ahead so all stop at the same step), or
+  ``error/<uid>`` with a traceback. It leaves with ``os._exit``.
+
+``LocalCluster`` is the coordinator: it hosts the TCPStore (so any worker may die), starts the
+workers as real processes, and waits on store keys or process exits, never on sleeps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from datetime import timedelta
+from typing import Any
+
+
+def worker_main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--uid", type=int, required=True)
+    ap.add_argument("--members", required=True, help="comma-separated uids")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--numel", type=int, default=1024)
+    ap.add_argument("--pace", type=float, default=0.005, help="simulated compute per step (s)")
+    ap.add_argument("--max-steps", type=int, default=100_000)
+    ap.add_argument("--heartbeat", type=float, default=0.1)
+    ap.add_argument("--staleness", type=float, default=1.0)
+    ap.add_argument("--pg-timeout", type=float, default=30.0)
+    a = ap.parse_args(argv)
+
+    import torch
+
+    from unbroken.runtime.ftcomm import FTComm
+
+    torch.set_num_threads(1)
+    members = [int(x) for x in a.members.split(",")]
+    comm = None
+    code = 0
+    try:
+        comm = FTComm(a.uid, members, host=a.host, port=a.port, heartbeat_period=a.heartbeat,
+                      staleness=a.staleness, pg_timeout=a.pg_timeout)
+        st = comm.store
+        step = 0
+        seen_gen = 0
+        stop_at = a.max_steps
+        while step < stop_at:
+            if stop_at == a.max_steps and st.add("stop", 0) > 0:
+                # agree on a common last step so nobody leaves a peer inside a collective
+                stop_at = int(st.compare_set("stop_at", "", str(step + 3)))
+                if step >= stop_at:
+                    break
+            t = torch.full((a.numel,), float(a.uid + 1))
+            if not comm.allreduce(t):
+                comm.reform()
+                continue  # retry the same step in the new generation
+            res = {"gen": comm.generation, "members": comm.members, "value": float(t[0]),
+                   "uniform": bool((t == t[0]).all()), "t": time.time()}
+            blob = json.dumps(res)
+            st.set(f"result/{a.uid}/{step}", blob)
+            if comm.generation != seen_gen:
+                seen_gen = comm.generation
+                st.set(f"first/{a.uid}/{seen_gen}", blob)
+            step += 1
+            if a.pace > 0:
+                time.sleep(a.pace)  # stands in for the compute of a training step
+        st.set(f"done/{a.uid}", json.dumps({"steps": step, "journal": comm.journal,
+                                           "graveyard": len(comm.graveyard)}))
+    except BaseException:
+        code = 3
+        try:
+            if comm is not None:
+                comm.store.set(f"error/{a.uid}", traceback.format_exc())
+        finally:
+            traceback.print_exc()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # never wait on gloo threads of abandoned groups
+
+
+class LocalCluster:
+    """Coordinator for ``n`` local workers: hosts the store, starts, signals and reaps them."""
+
+    def __init__(self, n: int = 4, *, numel: int = 1024, pace: float = 0.005,
+                 heartbeat: float = 0.1, staleness: float = 1.0, pg_timeout: float = 30.0,
+                 python: str | None = None) -> None:
+        import torch.distributed as dist
+
+        self.uids = list(range(n))
+        self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                                   timeout=timedelta(seconds=60))
+        self.port = self.store.port
+        env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+        members = ",".join(map(str, self.uids))
+        self.procs: dict[int, subprocess.Popen] = {}
+        self._errs: dict[int, Any] = {}
+        for u in self.uids:
+            cmd = [python or sys.executable, "-m", "unbroken.runtime.ftcomm_worker",
+                   "--uid", str(u), "--members", members, "--port", str(self.port),
+                   "--numel", str(numel), "--pace", str(pace), "--heartbeat", str(heartbeat),
+                   "--staleness", str(staleness), "--pg-timeout", str(pg_timeout)]
+            err = tempfile.TemporaryFile()  # a file, not a pipe: a chatty worker never blocks
+            self.procs[u] = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
+            self._errs[u] = err
+
+    # -- waiting (on store keys and process exits only)
+    def wait_key(self, key: str, timeout: float, alive: list[int] | None = None) -> Any:
+        """Wait for ``key``; fail fast if an expected-alive worker exited or reported an error."""
+        deadline = time.monotonic() + timeout
+        watch = self.uids if alive is None else alive
+        while True:
+            if self.store.check([key]):
+                return json.loads(self.store.get(key))
+            for u in watch:
+                if self.store.check([f"error/{u}"]):
+                    raise AssertionError(f"worker {u} failed:\n{self.store.get(f'error/{u}').decode()}")
+                if self.procs[u].poll() is not None and not self.store.check([f"done/{u}"]):
+                    raise AssertionError(f"worker {u} exited rc={self.procs[u].returncode}:\n"
+                                         f"{self.stderr(u)[-3000:]}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no {key!r} within {timeout}s")
+            try:  # pause by waiting on a worker's exit (an event we care about), not a sleep
+                self.procs[watch[0]].wait(timeout=0.005)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def stderr(self, uid: int) -> str:
+        f = self._errs[uid]
+        f.seek(0)
+        return f.read().decode(errors="replace")
+
+    def result(self, uid: int, step: int) -> dict:
+        return json.loads(self.store.get(f"result/{uid}/{step}"))
+
+    # -- faults
+    def kill(self, uid: int, *, notify: bool = False) -> float:
+        """SIGKILL ``uid``; with ``notify`` wait for its exit and post a death notice."""
+        t = time.time()
+        self.procs[uid].send_signal(signal.SIGKILL)
+        if notify:
+            from unbroken.runtime.ftcomm import declare_dead
+
+            self.procs[uid].wait(timeout=10)
+            declare_dead(self.store, uid)
+        return t
+
+    def hang(self, uid: int) -> float:
+        t = time.time()
+        self.procs[uid].send_signal(signal.SIGSTOP)
+        return t
+
+    # -- shutdown
+    def stop(self, survivors: list[int], timeout: float = 30.0) -> dict[int, dict]:
+        self.store.add("stop", 1)
+        out = {u: self.wait_key(f"done/{u}", timeout, alive=survivors) for u in survivors}
+        for u in survivors:
+            self.procs[u].wait(timeout=timeout)
+        return out
+
+    def close(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.kill()  # works on SIGSTOPped processes too
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # pragma: no cover
+                pass
+        for f in self._errs.values():
+            f.close()
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+if __name__ == "__main__":
+    worker_main()

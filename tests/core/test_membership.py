@@ -1,0 +1,54 @@
+"""Pure liveness rules behind the fault-tolerant communicator (no processes, no clock)."""
+
+import pytest
+
+from unbroken.core.membership import (
+    live_members,
+    next_members,
+    observe,
+    rendezvous_ready,
+    stale_members,
+)
+
+
+def test_stale_members_strictly_older_than_staleness():
+    hb = {0: 10.0, 1: 9.0, 2: 8.9, 3: 10.5}
+    assert stale_members(hb, now=10.0, staleness=1.0) == [2]  # 1 is exactly 1.0 old: not stale
+    assert stale_members(hb, now=20.0, staleness=1.0) == [0, 1, 2, 3]
+    assert stale_members({}, now=5.0, staleness=1.0) == []
+
+
+def test_stale_members_rejects_nonpositive_staleness():
+    with pytest.raises(ValueError):
+        stale_members({0: 1.0}, now=1.0, staleness=0)
+
+
+def test_observe_records_time_of_last_change_only():
+    obs = observe({}, {0: 1, 1: 1}, now=1.0)
+    assert obs == {0: (1, 1.0), 1: (1, 1.0)}
+    obs = observe(obs, {0: 2, 1: 1}, now=1.5)  # 0 moved, 1 did not
+    assert obs == {0: (2, 1.5), 1: (1, 1.0)}
+    obs = observe(obs, {0: 2}, now=3.0)  # absent peers keep their entry
+    assert obs == {0: (2, 1.5), 1: (1, 1.0)}
+
+
+def test_live_members_uses_observer_clock_not_peer_clock():
+    obs = {0: (5, 100.0), 1: (7, 99.5), 2: (3, 98.0)}
+    assert live_members([0, 1, 2], obs, now=100.2, staleness=1.0) == [0, 1]
+
+
+def test_never_started_member_is_not_stale_and_order_is_kept():
+    obs = {3: (0, 0.0), 1: (4, 50.0)}
+    assert live_members([3, 1, 2], obs, now=100.0, staleness=1.0) == [3, 2]
+
+
+def test_declared_dead_is_dropped_even_with_fresh_heartbeat():
+    obs = {0: (9, 10.0), 1: (9, 10.0)}
+    assert live_members([0, 1], obs, now=10.1, staleness=1.0, dead=[1]) == [0]
+
+
+def test_rendezvous_ready_and_next_members():
+    assert not rendezvous_ready(joined=[3, 0], live=[0, 1, 3])
+    assert rendezvous_ready(joined=[3, 0, 1], live=[0, 1, 3])
+    assert rendezvous_ready(joined=[3, 0, 1], live=[0, 3])  # extra joiners are fine
+    assert next_members([3, 0, 1, 3]) == [0, 1, 3]
