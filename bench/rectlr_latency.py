@@ -23,8 +23,9 @@ Reported per (N, r):
   trajectory was cut short (no bar at (600, 8)); ``all_bars_pass`` needs every verdict "pass";
 * ``baseline``: phase-1 feasibility (does every type get its own (live host, position < S)
   slot?) on a sample of the same states, at the depth S the controller chose, solved twice:
-  by scipy's C Hopcroft-Karp (``maximum_bipartite_matching``, graph built with numpy, as the
-  controller does) and by a pure-Python Hopcroft-Karp written here (graph built with Python
+  by scipy's C Hopcroft-Karp (``maximum_bipartite_matching``, graph built with numpy; the
+  controller's first version used it, the current one completes its matchings with C Dijkstra
+  instead, see below) and by a pure-Python Hopcroft-Karp written here (graph built with Python
   lists). Both include building the graph; the static layout tables are prepared once per
   layout for both. ``ratio_median`` = median over samples of python_ms / scipy_ms, which is
   what the C-backed routine buys. ``scipy_sorted_ms`` times scipy once more with each row's
