@@ -1,0 +1,127 @@
+"""Worker entry point for stacked data-parallel training, and its local launcher.
+
+``python -m unbroken.runtime.stacked_worker --uid U --port P --config JSON --journal DIR``
+runs :class:`~unbroken.runtime.stacked.StackedRunner` for group ``U`` over an ``FTComm`` whose
+store the launcher hosts. It writes ``DIR/group-U.jsonl`` (one line per event, flushed at once,
+so a SIGKILLed group's committed steps survive it) and reports through the store:
+
+* ``done/<uid>``: ``{"params": [...], "steps"}`` at the end (then waits for the other
+  members' ``done`` so nobody leaves a peer inside the last collective);
+* ``wipeout/<uid>``: the reason (a JSON string), exit code 4 (no masking possible; the
+  restart from the snapshot comes next);
+* ``error/<uid>``: a traceback, exit code 3;
+* ``killed/<uid>``: wall time just before a ``--die-at STEP`` self-SIGKILL (fault injection at
+  a deterministic point: after the step's gradients, before its all-reduce).
+
+``StackedCluster`` reuses :class:`~unbroken.runtime.ftcomm_worker.LocalCluster` (store hosting,
+waiting on keys and process exits, kill, close) and only starts this worker instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from datetime import timedelta
+
+from unbroken.runtime.ftcomm_worker import LocalCluster
+
+
+def worker_main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--uid", type=int, required=True)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--config", required=True, help="TrainConfig as JSON")
+    ap.add_argument("--journal", required=True, help="directory for group-<uid>.jsonl")
+    ap.add_argument("--die-at", type=int, default=None)
+    ap.add_argument("--heartbeat", type=float, default=0.1)
+    ap.add_argument("--staleness", type=float, default=1.0)
+    ap.add_argument("--pg-timeout", type=float, default=30.0)
+    a = ap.parse_args(argv)
+
+    import torch
+
+    from unbroken.runtime.ftcomm import FTComm
+    from unbroken.runtime.stacked import StackedRunner, TrainConfig, WipeOutError
+
+    torch.set_num_threads(1)
+    cfg = TrainConfig.from_json(a.config)
+    comm = None
+    code = 0
+    jf = open(os.path.join(a.journal, f"group-{a.uid}.jsonl"), "a", buffering=1)
+
+    def journal(ev: dict) -> None:
+        jf.write(json.dumps(ev) + "\n")  # line-buffered: in the kernel before the next step
+
+    try:
+        comm = FTComm(a.uid, list(range(cfg.groups)), host=a.host, port=a.port,
+                      heartbeat_period=a.heartbeat, staleness=a.staleness,
+                      pg_timeout=a.pg_timeout)
+        st = comm.store
+        runner = StackedRunner(cfg, a.uid, comm, journal, die_at=a.die_at,
+                               on_die=lambda: st.set(f"killed/{a.uid}", repr(time.time())))
+        params = runner.run()
+        st.set(f"done/{a.uid}", json.dumps({"params": params.tolist(), "steps": runner.step,
+                                            "journal": comm.journal}))
+        try:
+            st.wait([f"done/{m}" for m in comm.members], timedelta(seconds=10))
+        except Exception:
+            pass  # a peer died after the last commit: nothing left to protect
+    except WipeOutError as exc:
+        code = 4
+        if comm is not None:
+            comm.store.set(f"wipeout/{a.uid}", json.dumps(str(exc)))
+    except BaseException:
+        code = 3
+        try:
+            if comm is not None:
+                comm.store.set(f"error/{a.uid}", traceback.format_exc())
+        finally:
+            traceback.print_exc()
+    jf.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # never wait on gloo threads of abandoned groups
+
+
+class StackedCluster(LocalCluster):
+    """``LocalCluster`` that starts stacked training workers (``die_at``: uid -> step)."""
+
+    def __init__(self, cfg, journal_dir: str, *, die_at: dict[int, int] | None = None,
+                 heartbeat: float = 0.1, staleness: float = 1.0, pg_timeout: float = 30.0,
+                 python: str | None = None) -> None:
+        import torch.distributed as dist
+
+        self.uids = list(range(cfg.groups))
+        self.journal_dir = journal_dir
+        self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                                   timeout=timedelta(seconds=60))
+        self.port = self.store.port
+        env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+        self.procs = {}
+        self._errs = {}
+        for u in self.uids:
+            cmd = [python or sys.executable, "-m", "unbroken.runtime.stacked_worker",
+                   "--uid", str(u), "--port", str(self.port), "--config", cfg.to_json(),
+                   "--journal", journal_dir, "--heartbeat", str(heartbeat),
+                   "--staleness", str(staleness), "--pg-timeout", str(pg_timeout)]
+            if die_at and u in die_at:
+                cmd += ["--die-at", str(die_at[u])]
+            err = tempfile.TemporaryFile()
+            self.procs[u] = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
+            self._errs[u] = err
+
+    def journal(self, uid: int) -> list[dict]:
+        path = os.path.join(self.journal_dir, f"group-{uid}.jsonl")
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+
+
+if __name__ == "__main__":
+    worker_main()

@@ -1,0 +1,108 @@
+"""Stacked data-parallel training on real processes: 4 gloo groups, r = 2, real SIGKILL.
+
+The test process is the coordinator (it hosts the store, so any group may die). Faults are
+injected at a deterministic point: ``--die-at K`` makes a group SIGKILL itself after computing
+step K's gradients and before its all-reduce; the test waits for that (store key + process exit),
+then posts the death notice a launcher would. Synchronisation is by store keys and process
+exits only.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from unbroken.core.shards import exactly_once  # noqa: E402
+from unbroken.runtime.ftcomm import declare_dead  # noqa: E402
+from unbroken.runtime.stacked import TrainConfig, ledger_records, reference_run  # noqa: E402
+from unbroken.runtime.stacked_worker import StackedCluster  # noqa: E402
+
+CFG = TrainConfig(groups=4, redundancy=2, steps=30, seed=3)
+UIDS = list(range(CFG.groups))
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return reference_run(CFG)
+
+
+def params_of(done: dict) -> torch.Tensor:
+    return torch.tensor(done["params"], dtype=torch.float64)
+
+
+def kill_and_notify(c: StackedCluster, victims: list[int], survivors: list[int]) -> dict:
+    """Wait until each victim has killed itself (key, then process exit); post death notices."""
+    t = {}
+    for v in victims:
+        t[v] = c.wait_key(f"killed/{v}", 60, alive=survivors)
+        assert c.procs[v].wait(timeout=10) == -9  # really SIGKILLed
+        declare_dead(c.store, v)
+    return t
+
+
+@pytest.mark.timeout(120)
+def test_no_faults_equals_single_process_reference(reference, tmp_path):
+    with StackedCluster(CFG, str(tmp_path)) as c:
+        done = {u: c.wait_key(f"done/{u}", 90) for u in UIDS}
+        for u in UIDS:
+            assert c.procs[u].wait(timeout=30) == 0
+            assert done[u]["steps"] == CFG.steps
+            diff = (params_of(done[u]) - reference).abs().max().item()
+            assert diff < 1e-9, (u, diff)
+        journals = {u: c.journal(u) for u in UIDS}
+    rep = exactly_once(ledger_records(journals), CFG.steps, CFG.groups)
+    assert rep.ok and rep.records == CFG.steps * CFG.groups, rep
+    # plain data parallelism: each group contributed exactly its own type, one generation
+    for u in UIDS:
+        commits = [e for e in journals[u] if e["event"] == "commit"]
+        assert [e["mine"] for e in commits] == [[u]] * CFG.steps
+        assert {e["gen"] for e in commits} == {0}
+
+
+@pytest.mark.timeout(120)
+def test_sigkill_one_group_is_masked_exactly_once(reference, tmp_path):
+    victim, at = 1, 10
+    survivors = [0, 2, 3]
+    with StackedCluster(CFG, str(tmp_path), die_at={victim: at}) as c:
+        t_kill = kill_and_notify(c, [victim], survivors)[victim]
+        done = {u: c.wait_key(f"done/{u}", 90, alive=survivors) for u in survivors}
+        for u in survivors:
+            assert c.procs[u].wait(timeout=30) == 0
+            assert done[u]["steps"] == CFG.steps
+            diff = (params_of(done[u]) - reference).abs().max().item()
+            assert diff < 1e-6, (u, diff)
+        journals = {u: c.journal(u) for u in UIDS}  # the dead group's journal included
+    # the victim committed steps 0..9, nothing after
+    assert [e["step"] for e in journals[victim] if e["event"] == "commit"] == list(range(at))
+    rep = exactly_once(ledger_records(journals), CFG.steps, CFG.groups)
+    assert rep.ok and rep.records == CFG.steps * CFG.groups, rep
+    for u in survivors:
+        replans = [e for e in journals[u] if e["event"] == "replan"]
+        assert len(replans) == 1 and replans[0]["step"] == at
+        assert replans[0]["members"] == survivors
+        # type 1's other host is group 0 (stacks are (w, w+1)): it patches type 1 at depth 2
+        assert replans[0]["patch"] == {"0": [1]} and replans[0]["depth"] == 2
+        commits = {e["step"]: e for e in journals[u] if e["event"] == "commit"}
+        assert commits[at]["gen"] == 1 and commits[at]["members"] == survivors
+        assert commits[CFG.steps - 1]["mine"] == ([0, 1] if u == 0 else [u])
+    # kill -> next committed step (step `at` committed by every survivor)
+    lat = max(next(e["t"] for e in journals[u] if e["event"] == "commit" and e["step"] == at)
+              for u in survivors) - t_kill
+    print(f"kill -> next committed step on all survivors: {lat * 1000:.0f} ms")
+    assert lat < 5.0
+
+
+@pytest.mark.timeout(120)
+def test_two_groups_sharing_a_type_killed_together_is_a_wipeout(tmp_path):
+    # group 1 holds types (1, 2), group 2 holds (2, 3): type 2 loses both of its hosts
+    victims, survivors = [1, 2], [0, 3]
+    with StackedCluster(CFG, str(tmp_path), die_at={1: 10, 2: 10}) as c:
+        kill_and_notify(c, victims, survivors)
+        for u in survivors:
+            reason = c.wait_key(f"wipeout/{u}", 60, alive=[u])
+            assert "wipe-out" in reason and "(2)" in reason and "snapshot" in reason, reason
+            assert c.procs[u].wait(timeout=30) == 4
+        for u in survivors:
+            (ev,) = [e for e in c.journal(u) if e["event"] == "wipeout"]
+            assert ev["step"] == 10 and ev["lost_types"] == [2] and ev["members"] == survivors
