@@ -22,6 +22,8 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/rectlr_latency.py
 	$(VENV)/bin/python bench/sim_sweep.py
 	$(VENV)/bin/python bench/sim_vs_simpy.py
+	$(VENV)/bin/python bench/ftcomm_recovery.py
+	$(VENV)/bin/python bench/train_bars.py
 
 clean:
 	rm -rf $(VENV) out
