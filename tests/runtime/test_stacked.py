@@ -106,3 +106,82 @@ def test_two_groups_sharing_a_type_killed_together_is_a_wipeout(tmp_path):
         for u in survivors:
             (ev,) = [e for e in c.journal(u) if e["event"] == "wipeout"]
             assert ev["step"] == 10 and ev["lost_types"] == [2] and ev["members"] == survivors
+
+
+@pytest.mark.timeout(120)
+def test_sigstop_hang_detected_by_heartbeat_is_masked_exactly_once(reference, tmp_path):
+    # group 1 SIGSTOPs itself at step 10 (heartbeat thread frozen too) and nobody posts a death
+    # notice: the survivors must find it by heartbeat staleness alone
+    victim, at = 1, 10
+    survivors = [0, 2, 3]
+    with StackedCluster(CFG, str(tmp_path), stop_at={victim: at}) as c:
+        try:
+            t_stop = c.wait_key(f"stopped/{victim}", 60, alive=survivors)
+            done = {u: c.wait_key(f"done/{u}", 90, alive=survivors) for u in survivors}
+            for u in survivors:
+                assert c.procs[u].wait(timeout=30) == 0
+                assert done[u]["steps"] == CFG.steps
+                diff = (params_of(done[u]) - reference).abs().max().item()
+                assert diff < 1e-6, (u, diff)
+            assert c.procs[victim].poll() is None  # still there, stopped: a hang, not a death
+            assert not c.store.check([f"dead/{victim}"])
+            journals = {u: c.journal(u) for u in UIDS}
+            ft = {u: done[u]["journal"] for u in survivors}  # FTComm's own journal
+        finally:
+            c.procs[victim].kill()  # SIGKILL works on a stopped process
+            assert c.procs[victim].wait(timeout=10) == -9
+    assert [e["step"] for e in journals[victim] if e["event"] == "commit"] == list(range(at))
+    rep = exactly_once(ledger_records(journals), CFG.steps, CFG.groups)
+    assert rep.ok and rep.records == CFG.steps * CFG.groups, rep
+    for u in survivors:
+        replans = [e for e in journals[u] if e["event"] == "replan"]
+        assert len(replans) == 1 and replans[0]["step"] == at
+        assert replans[0]["members"] == survivors and replans[0]["patch"] == {"0": [1]}
+        commits = {e["step"]: e for e in journals[u] if e["event"] == "commit"}
+        assert commits[at]["gen"] == 1 and commits[CFG.steps - 1]["members"] == survivors
+        # detection came from the heartbeat (or a peer's abort flag), never a death notice
+        aborts = [e["reason"] for e in ft[u] if e["event"] == "abort"]
+        assert aborts and not any("declared dead" in r for r in aborts), aborts
+    assert any("stale heartbeat" in e["reason"] for u in survivors for e in ft[u]
+               if e["event"] == "abort")
+    lat = max(next(e["t"] for e in journals[u] if e["event"] == "commit" and e["step"] == at)
+              for u in survivors) - t_stop
+    print(f"stop -> next committed step on all survivors: {lat * 1000:.0f} ms")
+    assert lat < 2.5
+
+
+@pytest.mark.timeout(120)
+def test_second_death_right_after_replan_is_masked_too(reference, tmp_path):
+    # group 1 dies at step 10; group 3 (types (3, 0): shares none with group 1's (1, 2)) dies
+    # right after its replan, in the new generation, before the retry all-reduce
+    first, second, at = 1, 3, 10
+    survivors = [0, 2]
+    with StackedCluster(CFG, str(tmp_path), die_at={first: at},
+                        die_after_replan=[second]) as c:
+        t_kill = kill_and_notify(c, [first], [0, 2, 3])[first]
+        kill_and_notify(c, [second], survivors)
+        done = {u: c.wait_key(f"done/{u}", 90, alive=survivors) for u in survivors}
+        for u in survivors:
+            assert c.procs[u].wait(timeout=30) == 0
+            assert done[u]["steps"] == CFG.steps
+            diff = (params_of(done[u]) - reference).abs().max().item()
+            assert diff < 1e-6, (u, diff)
+        journals = {u: c.journal(u) for u in UIDS}
+    assert [e["step"] for e in journals[first] if e["event"] == "commit"] == list(range(at))
+    assert [e["step"] for e in journals[second] if e["event"] == "commit"] == list(range(at))
+    (r3,) = [e for e in journals[second] if e["event"] == "replan"]
+    assert r3["step"] == at and r3["members"] == [0, 2, 3]
+    rep = exactly_once(ledger_records(journals), CFG.steps, CFG.groups)
+    assert rep.ok and rep.records == CFG.steps * CFG.groups, rep
+    for u in survivors:
+        replans = [e for e in journals[u] if e["event"] == "replan"]
+        assert [e["step"] for e in replans] == [at, at]
+        assert [e["members"] for e in replans] == [[0, 2, 3], survivors]
+        assert [e["patch"] for e in replans] == [{"0": [1]}, {"2": [3]}]
+        commits = {e["step"]: e for e in journals[u] if e["event"] == "commit"}
+        assert commits[at]["gen"] == 2 and commits[at]["members"] == survivors
+        assert commits[CFG.steps - 1]["mine"] == ([0, 1] if u == 0 else [2, 3])
+    lat = max(next(e["t"] for e in journals[u] if e["event"] == "commit" and e["step"] == at)
+              for u in survivors) - t_kill
+    print(f"first kill -> step {at} committed after two re-forms: {lat * 1000:.0f} ms")
+    assert lat < 5.0

@@ -11,7 +11,12 @@ so a SIGKILLed group's committed steps survive it) and reports through the store
   restart from the snapshot comes next);
 * ``error/<uid>``: a traceback, exit code 3;
 * ``killed/<uid>``: wall time just before a ``--die-at STEP`` self-SIGKILL (fault injection at
-  a deterministic point: after the step's gradients, before its all-reduce).
+  a deterministic point: after the step's gradients, before its all-reduce), or before a
+  ``--die-after-replan`` self-SIGKILL (right after this group journaled its first replan: the
+  new generation is formed and its patch computed, its retry all-reduce not yet issued);
+* ``stopped/<uid>``: wall time just before a ``--stop-at STEP`` self-SIGSTOP (a hang at the
+  same point as ``--die-at``; the group stays stopped, nobody posts a death notice; if it is
+  ever continued it SIGKILLs itself).
 
 ``StackedCluster`` reuses :class:`~unbroken.runtime.ftcomm_worker.LocalCluster` (store hosting,
 waiting on keys and process exits, kill, close) and only starts this worker instead.
@@ -22,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -40,6 +46,8 @@ def worker_main(argv: list[str] | None = None) -> None:
     ap.add_argument("--config", required=True, help="TrainConfig as JSON")
     ap.add_argument("--journal", required=True, help="directory for group-<uid>.jsonl")
     ap.add_argument("--die-at", type=int, default=None)
+    ap.add_argument("--stop-at", type=int, default=None)
+    ap.add_argument("--die-after-replan", action="store_true")
     ap.add_argument("--heartbeat", type=float, default=0.1)
     ap.add_argument("--staleness", type=float, default=1.0)
     ap.add_argument("--pg-timeout", type=float, default=30.0)
@@ -58,14 +66,24 @@ def worker_main(argv: list[str] | None = None) -> None:
 
     def journal(ev: dict) -> None:
         jf.write(json.dumps(ev) + "\n")  # line-buffered: in the kernel before the next step
+        if a.die_after_replan and ev.get("event") == "replan" and comm is not None:
+            comm.store.set(f"killed/{a.uid}", repr(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def on_fault() -> None:
+        if a.stop_at is not None:
+            st.set(f"stopped/{a.uid}", repr(time.time()))
+            os.kill(os.getpid(), signal.SIGSTOP)  # the whole process, heartbeat thread included
+        else:
+            st.set(f"killed/{a.uid}", repr(time.time()))
 
     try:
         comm = FTComm(a.uid, list(range(cfg.groups)), host=a.host, port=a.port,
                       heartbeat_period=a.heartbeat, staleness=a.staleness,
                       pg_timeout=a.pg_timeout)
         st = comm.store
-        runner = StackedRunner(cfg, a.uid, comm, journal, die_at=a.die_at,
-                               on_die=lambda: st.set(f"killed/{a.uid}", repr(time.time())))
+        fault_at = a.die_at if a.stop_at is None else a.stop_at
+        runner = StackedRunner(cfg, a.uid, comm, journal, die_at=fault_at, on_die=on_fault)
         params = runner.run()
         st.set(f"done/{a.uid}", json.dumps({"params": params.tolist(), "steps": runner.step,
                                             "journal": comm.journal}))
@@ -91,9 +109,15 @@ def worker_main(argv: list[str] | None = None) -> None:
 
 
 class StackedCluster(LocalCluster):
-    """``LocalCluster`` that starts stacked training workers (``die_at``: uid -> step)."""
+    """``LocalCluster`` that starts stacked training workers.
+
+    ``die_at`` / ``stop_at``: uid -> step of a self-SIGKILL / self-SIGSTOP; ``die_after_replan``:
+    uids that SIGKILL themselves right after their first replan.
+    """
 
     def __init__(self, cfg, journal_dir: str, *, die_at: dict[int, int] | None = None,
+                 stop_at: dict[int, int] | None = None,
+                 die_after_replan: tuple[int, ...] | list[int] = (),
                  heartbeat: float = 0.1, staleness: float = 1.0, pg_timeout: float = 30.0,
                  python: str | None = None) -> None:
         import torch.distributed as dist
@@ -113,6 +137,10 @@ class StackedCluster(LocalCluster):
                    "--staleness", str(staleness), "--pg-timeout", str(pg_timeout)]
             if die_at and u in die_at:
                 cmd += ["--die-at", str(die_at[u])]
+            if stop_at and u in stop_at:
+                cmd += ["--stop-at", str(stop_at[u])]
+            if u in die_after_replan:
+                cmd += ["--die-after-replan"]
             err = tempfile.TemporaryFile()
             self.procs[u] = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
             self._errs[u] = err
