@@ -82,6 +82,12 @@ def worker_main(argv: list[str] | None = None) -> None:
                 time.sleep(a.pace)  # stands in for the compute of a training step
         st.set(f"done/{a.uid}", json.dumps({"steps": step, "journal": comm.journal,
                                            "graveyard": len(comm.graveyard)}))
+        # Leave only when every member has finished its last all-reduce: a peer that exits
+        # early would break a slower peer's final op and cost it a needless reform.
+        try:
+            st.wait([f"done/{m}" for m in comm.members], timedelta(seconds=10))
+        except Exception:
+            pass  # a member died after the last step: nothing left to protect
     except BaseException:
         code = 3
         try:
