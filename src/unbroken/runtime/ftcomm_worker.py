@@ -80,21 +80,35 @@ def worker_main(argv: list[str] | None = None) -> None:
             step += 1
             if a.pace > 0:
                 time.sleep(a.pace)  # stands in for the compute of a training step
-        st.set(f"done/{a.uid}", json.dumps({"steps": step, "journal": comm.journal,
-                                           "graveyard": len(comm.graveyard)}))
-        # Leave only when every member has finished its last all-reduce: a peer that exits
-        # early would break a slower peer's final op and cost it a needless reform.
-        try:
-            st.wait([f"done/{m}" for m in comm.members], timedelta(seconds=10))
-        except Exception:
-            pass  # a member died after the last step: nothing left to protect
+        finish(comm, a.uid, {"steps": step, "journal": comm.journal,
+                             "graveyard": len(comm.graveyard)})
     except BaseException:
-        code = 3
-        try:
-            if comm is not None:
-                comm.store.set(f"error/{a.uid}", traceback.format_exc())
-        finally:
-            traceback.print_exc()
+        code = report_error(comm, a.uid)
+    hard_exit(code)
+
+
+def finish(comm, uid: int, payload: dict) -> None:
+    """Post ``done/<uid>``, then leave only when every member has finished its last
+    all-reduce: a peer that exits early would break a slower peer's final op and cost it a
+    needless reform."""
+    comm.store.set(f"done/{uid}", json.dumps(payload))
+    try:
+        comm.store.wait([f"done/{m}" for m in comm.members], timedelta(seconds=10))
+    except Exception:
+        pass  # a member died after the last step: nothing left to protect
+
+
+def report_error(comm, uid: int) -> int:
+    """Record the traceback in the store (``error/<uid>``) and on stderr; exit code 3."""
+    try:
+        if comm is not None:
+            comm.store.set(f"error/{uid}", traceback.format_exc())
+    finally:
+        traceback.print_exc()
+    return 3
+
+
+def hard_exit(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # never wait on gloo threads of abandoned groups

@@ -32,10 +32,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from datetime import timedelta
 
-from unbroken.runtime.ftcomm_worker import LocalCluster
+from unbroken.runtime.ftcomm_worker import LocalCluster, finish, hard_exit, report_error
 
 
 def worker_main(argv: list[str] | None = None) -> None:
@@ -85,27 +84,16 @@ def worker_main(argv: list[str] | None = None) -> None:
         fault_at = a.die_at if a.stop_at is None else a.stop_at
         runner = StackedRunner(cfg, a.uid, comm, journal, die_at=fault_at, on_die=on_fault)
         params = runner.run()
-        st.set(f"done/{a.uid}", json.dumps({"params": params.tolist(), "steps": runner.step,
-                                            "journal": comm.journal}))
-        try:
-            st.wait([f"done/{m}" for m in comm.members], timedelta(seconds=10))
-        except Exception:
-            pass  # a peer died after the last commit: nothing left to protect
+        finish(comm, a.uid, {"params": params.tolist(), "steps": runner.step,
+                             "journal": comm.journal})
     except WipeOutError as exc:
         code = 4
         if comm is not None:
             comm.store.set(f"wipeout/{a.uid}", json.dumps(str(exc)))
     except BaseException:
-        code = 3
-        try:
-            if comm is not None:
-                comm.store.set(f"error/{a.uid}", traceback.format_exc())
-        finally:
-            traceback.print_exc()
+        code = report_error(comm, a.uid)
     jf.close()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # never wait on gloo threads of abandoned groups
+    hard_exit(code)
 
 
 class StackedCluster(LocalCluster):
