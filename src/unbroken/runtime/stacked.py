@@ -37,7 +37,7 @@ import os
 import signal
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import numpy as np
 import torch
@@ -46,8 +46,8 @@ from unbroken.core.placement import make_layout
 from unbroken.core.rectlr import WipeOut, decide, initial_stacks
 from unbroken.core.shards import DataPlan
 
-__all__ = ["TrainConfig", "Trainer", "WipeOutError", "DivergenceError", "StackedRunner",
-           "reference_run", "ledger_records"]
+__all__ = ["TrainConfig", "Trainer", "TrainerLike", "make_trainer", "WipeOutError",
+           "DivergenceError", "StackedRunner", "reference_run", "ledger_records"]
 
 
 class WipeOutError(RuntimeError):
@@ -71,6 +71,12 @@ class TrainConfig:
     hidden: int = 16
     lr: float = 0.05
     momentum: float = 0.9
+    # "mlp" (this file) or "gpt" (unbroken.runtime.gpt: a byte-level GPT on stdlib sources)
+    model: str = "mlp"
+    seq_len: int = 64
+    d_model: int = 64
+    n_layer: int = 2
+    n_head: int = 4
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -78,6 +84,37 @@ class TrainConfig:
     @classmethod
     def from_json(cls, s: str) -> TrainConfig:
         return cls(**json.loads(s))
+
+
+class TrainerLike(Protocol):
+    """What the stacked step needs from a model + optimizer (an extension point).
+
+    ``grad(step, t)`` must depend only on the parameters and (seed, step, t), so any group can
+    patch-compute any shard type; ``apply(total)`` takes the *sum* of the N shard-type
+    gradients. ``state_tensors()`` lists every tensor of the training state (parameters, then
+    optimizer buffers) in a fixed order: snapshots and the state copy to a joining spare use it.
+    """
+
+    numel: int
+    last_loss: dict[int, float]
+
+    def grad(self, step: int, shard_type: int) -> torch.Tensor: ...
+
+    def apply(self, total: torch.Tensor) -> None: ...
+
+    def flat_params(self) -> torch.Tensor: ...
+
+    def state_tensors(self) -> list[torch.Tensor]: ...
+
+
+def make_trainer(cfg: TrainConfig) -> TrainerLike:
+    if cfg.model == "mlp":
+        return Trainer(cfg)
+    if cfg.model == "gpt":
+        from unbroken.runtime.gpt import GPTTrainer
+
+        return GPTTrainer(cfg)
+    raise ValueError(f"unknown model {cfg.model!r} (expected 'mlp' or 'gpt')")
 
 
 class Trainer:
@@ -103,10 +140,12 @@ class Trainer:
         self.params = list(self.model.parameters())
         self.numel = sum(p.numel() for p in self.params)
         self.opt = torch.optim.SGD(self.params, lr=cfg.lr, momentum=cfg.momentum)
+        self.last_loss: dict[int, float] = {}
 
     def grad(self, step: int, shard_type: int) -> torch.Tensor:
         idx = torch.tensor(self.data.shard(step, shard_type))
         loss = torch.nn.functional.mse_loss(self.model(self.x[idx]), self.y[idx])
+        self.last_loss[shard_type] = float(loss.detach())
         gs = torch.autograd.grad(loss, self.params)
         return torch.cat([g.reshape(-1) for g in gs])
 
@@ -123,10 +162,35 @@ class Trainer:
     def flat_params(self) -> torch.Tensor:
         return torch.cat([p.detach().reshape(-1) for p in self.params])
 
+    def state_tensors(self) -> list[torch.Tensor]:
+        return optimizer_state_tensors(self.params, self.opt)
+
+
+def optimizer_state_tensors(params: list[torch.Tensor], opt: torch.optim.Optimizer
+                            ) -> list[torch.Tensor]:
+    """Parameters, then each parameter's optimizer buffers sorted by name. The buffers are
+    created eagerly (zeros: the same first update as lazily created ones) so that a fresh
+    process lists the same tensors as one that has trained."""
+    out = [p.data for p in params]
+    for p in params:
+        st = opt.state[p]
+        if not st:
+            if isinstance(opt, torch.optim.SGD):
+                st["momentum_buffer"] = torch.zeros_like(p)
+            elif isinstance(opt, (torch.optim.Adam, torch.optim.AdamW)):
+                st["step"] = torch.tensor(0.0, dtype=torch.float32)
+                st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        for name in sorted(st):
+            v = st[name]
+            if isinstance(v, torch.Tensor):
+                out.append(v)
+    return out
+
 
 def reference_run(cfg: TrainConfig) -> torch.Tensor:
     """Single process: per step, sum the N shard-type gradients, divide by N, step."""
-    tr = Trainer(cfg)
+    tr = make_trainer(cfg)
     for k in range(cfg.steps):
         total = torch.zeros(tr.numel, dtype=torch.float64)
         for t in range(cfg.groups):
@@ -154,7 +218,7 @@ class StackedRunner:
         self.die_at = die_at
         self.on_die = on_die
         self.layout = make_layout(cfg.groups, cfg.redundancy)
-        self.trainer = Trainer(cfg)
+        self.trainer = make_trainer(cfg)
         self.stacks = initial_stacks(self.layout)
         self.depth = 1
         self.contrib: dict[int, tuple[int, ...]] = {w: (w,) for w in range(cfg.groups)}
