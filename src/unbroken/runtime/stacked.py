@@ -77,6 +77,8 @@ class TrainConfig:
     d_model: int = 64
     n_layer: int = 2
     n_head: int = 4
+    # every-step in-memory snapshot of the committed state (off: to measure its cost)
+    snapshot: bool = True
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -240,10 +242,11 @@ class StackedRunner:
             os.kill(os.getpid(), signal.SIGKILL)
         while True:
             mine = self.contrib.get(self.uid, ())
-            buf = torch.zeros(tr.numel + n + 1, dtype=torch.float64)
+            buf = torch.zeros(tr.numel + n + 2, dtype=torch.float64)
             for t in mine:
                 buf[:tr.numel] += grads[t]
                 buf[tr.numel + t] += 1.0
+                buf[-2] += tr.last_loss.get(t, float("nan"))
             buf[-1] = float(k)
             if self.comm.allreduce(buf):
                 break
@@ -282,7 +285,7 @@ class StackedRunner:
         self.journal({"event": "commit", "step": k, "gen": self.comm.generation,
                       "members": members, "mine": list(mine),
                       "plan": {str(t): w for w, ts in self.contrib.items() for t in ts},
-                      "t": time.time()})
+                      "loss": float(buf[-2]) / n, "t": time.time()})
         self.step += 1
 
 
