@@ -1,0 +1,287 @@
+"""ETTR accounting of a demo run from its journal events (pure: no I/O, no clock).
+
+ETTR (effective training time ratio, as in ByteRobust) is productive time over elapsed time.
+Definitions used here, all derived from the journal:
+
+* **Commit time of a step** -- the FIRST ``commit`` event of that step across groups (every live
+  group journals each committed step; the first one is when the step was done). After a
+  wipe-out ``restart`` the run resumes at an earlier step; commits of steps already committed
+  before are *redone* work and make no progress.
+* **Timeline** -- the commit times in time order: ``(t_0, step_0), (t_1, step_1), ...``;
+  interval ``i`` is ``(t_{i-1}, t_i]``.
+* **step_s** (failure-free step time) -- the median length of the *clean* intervals: from step
+  ``k-1`` to step ``k`` with no fault/detected/replan/wipeout/restart/join event inside. Only clean
+  intervals before the first failure are used when there are at least three of them: after a
+  masked failure a survivor computes a stack of several shard types per step, so later steps are
+  slower, and that degradation is a cost of the failure, not the failure-free baseline.
+* **Origin** -- ``t_0 - step_s``: step 0 is charged one failure-free step. Process start-up
+  (spawn, imports, rendezvous, model build) is not training time and is excluded.
+* **wall_s** -- ``t_last - origin`` (the ETTR denominator; the demo's whole wall time is larger).
+* **productive_s** -- distinct committed steps x ``step_s``. ``ettr = productive_s / wall_s``,
+  clipped to [0, 1] (steps faster than the median can push it a hair above 1).
+* **Excess of interval i** -- ``(t_i - t_{i-1}) - step_s`` when it commits a new step, the whole
+  interval when it redoes one. The excesses sum to ``wall_s - productive_s`` exactly.
+* **Time lost to a fault** (``lost_s``) -- the summed excess of the intervals from the one the
+  fault was injected in up to the one that next commits a new step after its resolution (the
+  replan that masked it, or the restart). An interval is charged to one fault only (the earlier),
+  so two failures resolved together are not counted twice. What no fault window covers
+  (degraded steps after masking, joins, jitter) is ``other_lost_s``.
+* **Breakdown** of a masked fault: ``detect_s = reform_at - t_fault`` (the first replan's reform
+  started when a peer's all-reduce failed), ``decide_s = replan.t - reform_at`` (reform + plan),
+  ``recompute_s = max(0, commit.t - replan.t - step_s)`` (patched gradients beyond a normal step).
+  Of a restarted one: ``detect_s`` up to the first of (wipeout.reform_at, driver ``detected``,
+  wipeout, restart), ``decide_s`` from there to the wipeout/restart decision, ``restart_s =
+  t_ready - wipeout.t`` (restore from the snapshot/checkpoint), ``recompute_s`` from ready to the
+  next new step minus ``step_s`` (redone steps included). Unknown parts are None.
+* **masked** -- the fault was resolved without a restart and training went on past its step.
+* **series** -- per timeline point ``(t - origin, cumulative ETTR, ETTR over the last W
+  intervals)``, for plotting.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+# events that mark an interval as not failure-free
+_DISRUPTIVE = frozenset({"fault", "detected", "replan", "wipeout", "restart", "join"})
+_FAILURE = frozenset({"fault", "detected", "replan", "wipeout", "restart"})
+MIN_BASELINE = 3  # pre-failure clean intervals needed before they alone define step_s
+
+
+@dataclass(frozen=True)
+class FaultCost:
+    kind: str
+    group: int
+    step: int
+    lost_s: float
+    detect_s: float | None
+    decide_s: float | None
+    recompute_s: float | None
+    restart_s: float | None
+    masked: bool
+    t_rel: float = 0.0  # injection time since the origin (for markers on a time axis)
+    how: str = ""       # how it was resolved, in words ("replan (phase fixed, depth 2)")
+
+
+@dataclass(frozen=True)
+class EttrReport:
+    ettr: float
+    wall_s: float
+    productive_s: float
+    step_s: float
+    faults: list[FaultCost]
+    series: list[tuple[float, float, float]]
+    steps: int = 0            # distinct committed steps
+    lost_s: float = 0.0       # wall_s - productive_s
+    other_lost_s: float = 0.0  # lost time in no fault's window
+    origin_t: float = 0.0     # absolute time of the origin
+    window: int = 20
+    restarts: int = 0
+    losses: dict[int, float] = field(default_factory=dict)  # step -> loss of its last commit
+
+
+def _num(x) -> float | None:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if v == v else None  # NaN counts as missing
+
+
+def _timed(events: list[dict]) -> list[dict]:
+    """Events with a numeric time, in time order (stable for ties)."""
+    out = [e for e in events if isinstance(e, dict) and _num(e.get("t")) is not None]
+    return sorted(out, key=lambda e: float(e["t"]))
+
+
+def timeline(events: list[dict]) -> list[tuple[float, int, bool]]:
+    """``(t, step, new)`` per first commit of a step since the last restart, in time order;
+    ``new`` is False for a step that had been committed before (redone after a restart)."""
+    # a restart starts a new epoch: both its line (written after the wipe-out) and t_ready come
+    # after every old commit, and t_ready precedes every new one, so the earlier of the two
+    # separates the epochs whenever the driver wrote the line
+    marks: list[tuple[float, int, int]] = []
+    for e in _timed(events):
+        ev = e.get("event")
+        if ev == "restart":
+            ready = _num(e.get("t_ready"))
+            marks.append((min(float(e["t"]), ready if ready is not None else float(e["t"])),
+                          0, -1))
+        elif ev == "commit" and isinstance(e.get("step"), int):
+            marks.append((float(e["t"]), 1, e["step"]))
+    marks.sort(key=lambda m: (m[0], m[1]))
+    out: list[tuple[float, int, bool]] = []
+    seen_epoch: set[int] = set()
+    done: set[int] = set()
+    for t, kind, k in marks:
+        if kind == 0:
+            seen_epoch = set()
+        elif k not in seen_epoch:
+            seen_epoch.add(k)
+            out.append((t, k, k not in done))
+            done.add(k)
+    return out
+
+
+def _median(xs: list[float]) -> float:
+    return float(statistics.median(xs)) if xs else 0.0
+
+
+def _step_time(tl: list[tuple[float, int, bool]],
+               disruptions: list[tuple[float, str]]) -> float:
+    first_failure = min((t for t, ev in disruptions if ev in _FAILURE), default=float("inf"))
+    times = sorted(t for t, _ in disruptions)
+    clean, clean_pre, stepwise = [], [], []
+    j = 0
+    for i in range(1, len(tl)):
+        (t0, k0, _), (t1, k1, _) = tl[i - 1], tl[i]
+        if k1 != k0 + 1:
+            continue
+        stepwise.append(t1 - t0)
+        while j < len(times) and times[j] <= t0:
+            j += 1
+        if j < len(times) and times[j] <= t1:
+            continue  # a disruption inside (t0, t1]
+        clean.append(t1 - t0)
+        if t1 <= first_failure:
+            clean_pre.append(t1 - t0)
+    for xs in (clean_pre if len(clean_pre) >= MIN_BASELINE else [], clean, stepwise):
+        if xs:
+            return _median(xs)
+    return 0.0
+
+
+def _first(events, pred, after: float):
+    for e in events:
+        if float(e["t"]) >= after and pred(e):
+            return e
+    return None
+
+
+def ettr_report(events: list[dict], *, window: int = 20) -> EttrReport:
+    """ETTR, time lost per fault and the ETTR series of a journal (see the module docstring)."""
+    evs = _timed(events)
+    tl = timeline(evs)
+    disruptions = [(float(e["t"]), e["event"]) for e in evs if e.get("event") in _DISRUPTIVE]
+    step_s = _step_time(tl, disruptions)
+    losses: dict[int, float] = {}
+    for e in evs:
+        if e.get("event") == "commit" and isinstance(e.get("step"), int):
+            loss = _num(e.get("loss"))
+            if loss is not None:
+                losses[e["step"]] = loss
+    restarts = sum(1 for e in evs if e.get("event") == "restart")
+    if not tl:
+        faults = [FaultCost(e.get("kind", "?"), e.get("group", -1), e.get("step", -1), 0.0,
+                            None, None, None, None, False)
+                  for e in evs if e.get("event") == "fault"]
+        return EttrReport(1.0 if not faults else 0.0, 0.0, 0.0, step_s, faults, [],
+                          restarts=restarts, window=window)
+    origin = tl[0][0] - step_s
+    times = [t for t, _, _ in tl]
+    excess = [0.0] + [(tl[i][0] - tl[i - 1][0]) - (step_s if tl[i][2] else 0.0)
+                      for i in range(1, len(tl))]
+    n_new = sum(1 for *_, new in tl if new)
+    wall = tl[-1][0] - origin
+    productive = n_new * step_s
+    ettr = min(1.0, max(0.0, productive / wall)) if wall > 0 else 1.0
+
+    # series: cumulative and sliding-window ETTR at every commit
+    series: list[tuple[float, float, float]] = []
+    new_prefix = [0]
+    for _, _, new in tl:
+        new_prefix.append(new_prefix[-1] + (1 if new else 0))
+    for i, (t, _, _) in enumerate(tl):
+        cum = (new_prefix[i + 1] * step_s) / (t - origin) if t > origin else 1.0
+        j = i - window
+        t_start, new_in = (times[j], new_prefix[i + 1] - new_prefix[j + 1]) if j >= 0 else \
+            (origin, new_prefix[i + 1])
+        win = new_in * step_s / (t - t_start) if t > t_start else 1.0
+        series.append((t - origin, min(1.0, max(0.0, cum)), min(1.0, max(0.0, win))))
+
+    # per-fault costs
+    claimed: set[int] = set()
+    costs: list[FaultCost] = []
+
+    def idx_after(t: float) -> int | None:
+        for i, ti in enumerate(times):
+            if ti >= t:
+                return i
+        return None
+
+    def first_new_after(t: float) -> int | None:
+        for i, (ti, _, new) in enumerate(tl):
+            if ti > t and new:
+                return i
+        return None
+
+    for f in (e for e in evs if e.get("event") == "fault"):
+        tf, g, kf = float(f["t"]), f.get("group"), f.get("step")
+        def resolves(e, g=g) -> bool:
+            # a replan/wipe-out whose members still include g answered something else (a
+            # momentarily starved heartbeat, an earlier fault): skip it
+            if e.get("event") == "restart":
+                return True
+            members = e.get("members")
+            return e.get("event") in ("replan", "wipeout") and not (
+                isinstance(members, list) and g in members)
+
+        res = _first(evs, resolves, tf)
+        detected = _first(evs, lambda e: e.get("event") == "detected" and e.get("group") == g,
+                          tf)
+        detect = decide = recompute = restart_s = None
+        end_t: float | None = None
+        masked, how = False, "unresolved"
+        if res is not None and res["event"] == "replan":
+            rt = float(res["t"])
+            # several groups journal the same replan: take the earliest reform start
+            same = [e for e in evs if e.get("event") == "replan" and e.get("step") ==
+                    res.get("step") and e.get("gen") == res.get("gen")]
+            reform = min((_num(e.get("reform_at")) for e in same
+                          if _num(e.get("reform_at")) is not None), default=None)
+            if reform is not None:
+                detect, decide = max(0.0, reform - tf), max(0.0, rt - reform)
+            end_t = rt
+            masked = True
+            how = f"replan (phase {res.get('phase', '?')}, depth {res.get('depth', '?')})"
+        elif res is not None:
+            wipe = res if res["event"] == "wipeout" else None
+            restart = res if res["event"] == "restart" else \
+                _first(evs, lambda e: e.get("event") == "restart", float(res["t"]))
+            marks = [x for x in (_num(wipe.get("reform_at")) if wipe else None,
+                                 float(detected["t"]) if detected else None,
+                                 float(res["t"])) if x is not None]
+            d_end = min(marks)
+            detect = max(0.0, d_end - tf)
+            decide = max(0.0, float(res["t"]) - d_end)
+            end_t = float(res["t"])
+            how = "wipe-out"
+            if restart is not None:
+                ready = _num(restart.get("t_ready"))
+                ready = ready if ready is not None else float(restart["t"])
+                restart_s = max(0.0, ready - float(res["t"]))
+                end_t = ready
+                how = (f"restart from {restart.get('source', 'snapshot')} "
+                       f"@ step {restart.get('step', '?')}")
+        i0 = idx_after(tf)
+        i1 = first_new_after(end_t) if end_t is not None else i0
+        if i1 is not None and end_t is not None:
+            rec = tl[i1][0] - end_t - step_s
+            recompute = max(0.0, rec)
+        if masked and (i1 is None or (isinstance(kf, int) and
+                                      max(k for _, k, _ in tl) < kf)):
+            masked = False  # training never went past the failing step
+        lost = 0.0
+        if i0 is not None:
+            for i in range(i0, (i1 if i1 is not None else len(tl) - 1) + 1):
+                if i not in claimed:
+                    claimed.add(i)
+                    lost += excess[i]
+        costs.append(FaultCost(f.get("kind", "?"), g if isinstance(g, int) else -1,
+                               kf if isinstance(kf, int) else -1, max(0.0, lost), detect,
+                               decide, recompute, restart_s, masked, tf - origin, how))
+    lost_total = wall - productive
+    return EttrReport(ettr, wall, productive, step_s, costs, series, steps=n_new,
+                      lost_s=lost_total, other_lost_s=lost_total - sum(c.lost_s for c in costs),
+                      origin_t=origin, window=window, restarts=restarts, losses=losses)

@@ -1,0 +1,173 @@
+"""ETTR accounting on synthetic journals whose intervals are known exactly."""
+
+import pytest
+
+from unbroken.core.ettr import ettr_report, timeline
+
+T0 = 1000.0
+
+
+def commits(step, t, members, loss=1.0):
+    # every live group journals the commit, a few ms apart: only the first one counts
+    return [{"event": "commit", "step": step, "t": t + 0.003 * i, "gen": 0, "members": members,
+             "mine": [m], "plan": {}, "loss": loss, "src": f"group-{m}"}
+            for i, m in enumerate(members)]
+
+
+def journal(steps=100, dt=0.1, fault_step=None, kind="kill", group=1, extra=1.0):
+    """A masked failure at ``fault_step`` making that step's interval ``extra`` s longer."""
+    ev = [{"event": "start", "t": T0 - 5.0, "src": "driver",
+           "config": {"groups": 4, "redundancy": 2, "steps": steps}}]
+    members, t = [0, 1, 2, 3], T0
+    for k in range(steps):
+        if k == fault_step:
+            tf = t + 0.01
+            ev.append({"event": "fault", "kind": kind, "group": group, "step": k, "t": tf,
+                       "src": "driver"})
+            members = [m for m in members if m != group]
+            for m in members:
+                ev.append({"event": "replan", "step": k, "gen": 1, "members": members,
+                           "phase": "fixed", "depth": 2, "patch": {"0": [group]},
+                           "reason": "x", "reform_at": tf + 0.3 + 0.01 * m,
+                           "t": tf + 0.5 + 0.01 * m, "src": f"group-{m}"})
+            t += extra
+        t += dt
+        ev += commits(k, t, members, loss=5.0 - k / steps)
+    ev.append({"event": "end", "wall_s": t - T0 + 5.0, "t": t + 0.5, "src": "driver"})
+    return ev
+
+
+def test_no_faults_gives_ettr_one():
+    r = ettr_report(journal())
+    assert r.step_s == pytest.approx(0.1)
+    assert r.ettr == pytest.approx(1.0)
+    assert r.wall_s == pytest.approx(10.0)  # origin = first commit - step_s: start-up excluded
+    assert r.steps == 100 and r.faults == [] and r.restarts == 0
+    assert r.losses[99] == pytest.approx(5.0 - 0.99)
+
+
+def test_one_masked_fault_costing_one_second():
+    r = ettr_report(journal(fault_step=50))
+    assert r.step_s == pytest.approx(0.1)
+    assert r.wall_s == pytest.approx(11.0)
+    assert r.productive_s == pytest.approx(10.0)
+    assert r.ettr == pytest.approx(10 / 11)
+    (f,) = r.faults
+    assert (f.kind, f.group, f.step, f.masked) == ("kill", 1, 50, True)
+    assert f.lost_s == pytest.approx(1.0)
+    assert f.detect_s == pytest.approx(0.3)    # earliest reform_at - fault
+    assert f.decide_s == pytest.approx(0.2)    # first replan - reform start
+    # commit at fault + 1.09, replan at fault + 0.5, one normal step 0.1
+    assert f.recompute_s == pytest.approx(0.49)
+    assert f.restart_s is None
+    assert "phase fixed" in f.how and "depth 2" in f.how
+    assert r.other_lost_s == pytest.approx(0.0, abs=1e-9)
+    # series: one point per step; cumulative ends at the ETTR; the window dips and recovers
+    assert len(r.series) == 100
+    assert r.series[-1][1] == pytest.approx(r.ettr)
+    assert min(w for _, _, w in r.series) < 0.7 and r.series[-1][2] == pytest.approx(1.0)
+
+
+def test_degraded_steps_after_masking_are_lost_but_not_in_the_fault_window():
+    ev = journal(fault_step=20)
+    # after the failure a survivor computes two types: steps 21.. take 0.15 s instead of 0.1
+    firsts = {}
+    shift = 0.0
+    for e in sorted((e for e in ev if e["event"] == "commit"), key=lambda e: e["t"]):
+        if e["step"] > 20 and e["step"] not in firsts:
+            shift += 0.05
+            firsts[e["step"]] = shift
+        if e["step"] > 20:
+            e["t"] += firsts[e["step"]]
+    r = ettr_report(ev)
+    assert r.step_s == pytest.approx(0.1)  # the pre-failure baseline, not the slower median
+    assert r.faults[0].lost_s == pytest.approx(1.0)
+    assert r.other_lost_s == pytest.approx(79 * 0.05)
+    assert r.ettr == pytest.approx(10 / (11 + 79 * 0.05))
+
+
+def test_hang_detected_only_by_heartbeat_is_masked():
+    ev = journal(fault_step=60, kind="hang", group=3, extra=2.0)
+    tf = next(e["t"] for e in ev if e["event"] == "fault")
+    ev.append({"event": "detected", "group": 3, "how": "heartbeat", "t": tf + 1.2,
+               "src": "driver"})
+    r = ettr_report(ev)
+    (f,) = r.faults
+    assert f.masked and f.kind == "hang" and f.lost_s == pytest.approx(2.0)
+    assert r.ettr == pytest.approx(10 / 12)
+
+
+def test_two_faults_resolved_by_one_replan_are_not_counted_twice():
+    ev = journal(fault_step=50)
+    tf = next(e["t"] for e in ev if e["event"] == "fault")
+    ev.append({"event": "fault", "kind": "kill", "group": 2, "step": 50, "t": tf + 0.001})
+    for e in ev:
+        if e["event"] in ("replan", "commit") and e["step"] >= 50:
+            e["members"] = [0, 3]
+    ev = [e for e in ev if not (e["event"] == "commit" and e["src"] == "group-2"
+                               and e["step"] >= 50)]
+    r = ettr_report(ev)
+    assert [f.group for f in r.faults] == [1, 2]
+    assert all(f.masked for f in r.faults)
+    assert sum(f.lost_s for f in r.faults) == pytest.approx(1.0)
+
+
+def wipeout_journal():
+    """Kill at step 60 wipes out; restart from the snapshot of step 55, ready 2 s later."""
+    ev, t, members = [], T0, [0, 1, 2, 3]
+    for k in range(60):
+        t += 0.1
+        ev += commits(k, t, members)
+    tf = t + 0.01
+    ev.append({"event": "fault", "kind": "kill", "group": 2, "step": 60, "t": tf})
+    ev.append({"event": "detected", "group": 2, "how": "exit", "t": tf + 0.2})
+    for m in (0, 1):
+        ev.append({"event": "wipeout", "step": 60, "members": [0, 1], "lost_types": [2],
+                   "reason": "no copy", "t": tf + 0.3})
+    ready = tf + 2.0
+    ev.append({"event": "restart", "step": 55, "reason": "wipe-out", "source": "snapshot",
+               "t_ready": ready, "t": tf + 0.5})
+    t = ready
+    for k in range(55, 100):
+        t += 0.1
+        ev += commits(k, t, [0, 1, 4, 5])
+    return ev
+
+
+def test_wipeout_restart_is_not_masked_and_redone_steps_are_lost():
+    ev = wipeout_journal()
+    tl = timeline(ev)
+    assert [k for _, k, new in tl if not new] == [55, 56, 57, 58, 59]
+    r = ettr_report(ev)
+    assert r.restarts == 1 and r.steps == 100
+    (f,) = r.faults
+    assert not f.masked and "snapshot" in f.how
+    # (commit 59 -> ready + 0.1) is redone step 55, then 56..59 redone, 60 on time
+    assert f.lost_s == pytest.approx(2.11 + 0.4)
+    assert f.detect_s == pytest.approx(0.2)  # the driver saw the exit first
+    assert f.decide_s == pytest.approx(0.1)
+    assert f.restart_s == pytest.approx(1.7)
+    assert f.recompute_s == pytest.approx(0.5)  # 6 steps from ready to step 60, less one
+    assert r.ettr == pytest.approx(10 / (10 + 2.51))
+
+
+def test_robust_to_junk_unknown_events_and_a_slow_first_step():
+    ev = journal()
+    ev[1]["t"] -= 0.5  # first commit late relative to the second: warm-up
+    ev += [{"event": "mystery", "t": T0 + 3}, {"event": "commit"}, {"t": "x"}, "garbage",
+           {"event": "commit", "step": "7", "t": T0}]
+    r = ettr_report(ev)
+    assert r.step_s == pytest.approx(0.1)
+    assert 0.0 <= r.ettr <= 1.0
+    empty = ettr_report([])
+    assert empty.ettr == 1.0 and empty.series == [] and empty.wall_s == 0.0
+
+
+def test_restart_line_written_late_still_separates_the_epochs():
+    ev = wipeout_journal()
+    restart = next(e for e in ev if e["event"] == "restart")
+    restart["t"] = restart["t_ready"] + 0.35  # after the replacements' first commits
+    r = ettr_report(ev)
+    assert [k for _, k, new in timeline(ev) if not new] == [55, 56, 57, 58, 59]
+    assert r.faults[0].lost_s == pytest.approx(2.51)
+    assert r.ettr == pytest.approx(10 / 12.51)

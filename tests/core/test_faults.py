@@ -1,0 +1,65 @@
+"""The demo's fault schedule: parsing, validation messages, the scaled default."""
+
+import pytest
+
+from unbroken.core.faults import (
+    KINDS,
+    Fault,
+    FaultSpecError,
+    default_faults,
+    format_faults,
+    parse_faults,
+)
+
+
+def test_parse_sorted_by_step_and_whitespace_tolerant():
+    got = parse_faults(" kill:2@61 , hang : 3 @ 60,kill:1@20 ", groups=4, steps=200)
+    assert got == [Fault("kill", 1, 20), Fault("hang", 3, 60), Fault("kill", 2, 61)]
+    assert parse_faults("none", 4, 200) == [] and parse_faults(" NONE ", 4, 200) == []
+    assert KINDS == ("kill", "hang")
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("kill:1@20,boom:2@30", ["'boom:2@30'", "unknown kind 'boom'"]),
+    ("kill:4@20", ["'kill:4@20'", "group 4", "0..3"]),
+    ("kill:-1@20", ["group -1", "0..3"]),
+    ("hang:1@0", ["'hang:1@0'", "step 0", "1..199"]),
+    ("hang:1@200", ["step 200", "1..199"]),
+    ("kill:1@20,hang:1@30", ["'hang:1@30'", "duplicate group 1", "step 20"]),
+    ("kill:1-20", ["'kill:1-20'", "malformed"]),
+    ("kill:1@20,", ["''", "malformed"]),
+    ("none,kill:1@20", ["'none'", "malformed"]),
+    ("", ["empty"]),
+])
+def test_parse_errors_name_the_token_and_why(spec, words):
+    with pytest.raises(FaultSpecError) as ei:
+        parse_faults(spec, groups=4, steps=200)
+    msg = str(ei.value)
+    assert "\n" not in msg
+    for w in words:
+        assert w in msg
+    assert isinstance(ei.value, ValueError)  # the CLI's one-line exit-2 path catches ValueError
+
+
+def test_default_for_four_groups_two_hundred_steps_is_exact():
+    assert format_faults(default_faults(4, 200)) == "kill:1@20,hang:3@60,kill:2@61"
+
+
+@pytest.mark.parametrize("groups", range(1, 9))
+@pytest.mark.parametrize("steps", [2, 3, 5, 10, 37, 100, 1000])
+def test_default_is_always_valid(groups, steps):
+    faults = default_faults(groups, steps)
+    assert parse_faults(format_faults(faults), groups, steps) == faults
+    assert len(faults) == len({f.group for f in faults}) <= 3
+
+
+def test_default_scales_and_drops_what_does_not_fit():
+    assert format_faults(default_faults(8, 1000)) == "kill:1@100,hang:7@300,kill:2@301"
+    assert format_faults(default_faults(3, 100)) == "kill:1@10,hang:2@30"
+    assert format_faults(default_faults(2, 100)) == "kill:1@10"
+
+
+def test_format_is_inverse_of_parse():
+    spec = "kill:0@1,hang:5@7,kill:2@7"
+    assert format_faults(parse_faults(spec, 6, 8)) == spec
+    assert format_faults([]) == "none"
