@@ -42,7 +42,9 @@ Known limits (by design of this building block)
   state broadcast after a re-form, belong to the training loop.
 * A second failure *during* ``reform`` (e.g. the leader dying mid-rendezvous) is surfaced as
   :class:`RendezvousError` after ``rendezvous_timeout``, not masked.
-* No scale-up: a new process cannot join an existing generation yet.
+* Scale-up is by admission only: a joining process (``joining=True``) runs no collective
+  until the members name the generation it enters (``reform(expect=[uid])`` on their side,
+  ``join(gen)`` on its side); the state copy is the training loop's business.
 * Processes that used this class should leave with ``os._exit`` (in the entry point, not in the
   library): interpreter shutdown may otherwise wait on threads of abandoned groups.
 """
@@ -128,9 +130,12 @@ class FTComm:
         store_timeout: float = 60.0,
         poll_interval: float = 0.001,
         store_poll_interval: float = 0.01,
+        joining: bool = False,
     ) -> None:
         members = next_members(int(m) for m in members)
-        if uid not in members:
+        if joining:
+            members = []
+        elif uid not in members:
             raise ValueError(f"uid {uid} is not among the members {members}")
         if not 0 < heartbeat_period < staleness:
             raise ValueError("need 0 < heartbeat_period < staleness")
@@ -165,12 +170,16 @@ class FTComm:
         self.graveyard: list[tuple[Any, Any, Any]] = []
         self.journal: list[dict[str, Any]] = []
         self.monitor_errors = 0
+        self.on_issue: Any = None  # test hook: called once right after the next op is issued
 
         self._hb_store = _clone(store)
         self._hb_store.add(f"hb/{self.uid}", 1)  # first beat before anyone can judge us
         self._thread = threading.Thread(target=self._monitor, name=f"ftcomm-hb-{uid}", daemon=True)
         self._thread.start()
 
+        if joining:
+            self._gen = -1  # no generation until admitted
+            return
         t0 = time.monotonic()
         self._init_pg(0, members)
         self.journal.append({"event": "init", "gen": 0, "members": list(members),
@@ -213,6 +222,9 @@ class FTComm:
         except RuntimeError as exc:  # broken PG: fails at once
             self._abandon(gen, None, buf, f"gloo error at issue: {_short(exc)}")
             return False
+        if self.on_issue is not None:
+            hook, self.on_issue = self.on_issue, None
+            hook()
         next_store_poll = time.monotonic() + self.store_poll_interval
         while True:
             if work.is_completed():
@@ -232,8 +244,12 @@ class FTComm:
             self._wake.wait(self.poll_interval)
 
     # ------------------------------------------------------------------ re-form
-    def reform(self) -> list[int]:
+    def reform(self, expect: list[int] | tuple[int, ...] = ()) -> list[int]:
         """Form generation g+1 among the live members and return its member list.
+
+        ``expect``: uids of joining processes admitted into g+1 (every member must pass the
+        same list; each joiner calls :meth:`join` with g+1). The leader waits for them as for
+        live members and drops those that have not registered by the deadline.
 
         Raises :class:`RendezvousError` when the rendezvous times out or this worker was left
         out of the new generation.
@@ -256,10 +272,13 @@ class FTComm:
                 count = st.add(f"rdzv/{gen}/count", 0)
                 joined = [int(st.get(f"rdzv/{gen}/joined/{i}")) for i in range(1, count + 1)]
                 live = self.live_now()
-                if rendezvous_ready(joined, live) or time.monotonic() > deadline:
+                came = [u for u in expect if st.check([f"rdzv/{gen}/joiner/{u}"])]
+                if (rendezvous_ready(joined, live) and len(came) == len(expect)) \
+                        or time.monotonic() > deadline:
                     break
                 self._stop.wait(0.005)
-            new = next_members(j for j in joined if j in live or j == self.uid)
+            # whoever joined is alive, even if a starved heartbeat made it look stale
+            new = next_members(joined + came)
             st.set(key, json.dumps(new))
         else:
             wait_s = self.rendezvous_timeout + self.staleness + 5.0
@@ -294,6 +313,42 @@ class FTComm:
         ev["recovery_s"] = round(ev["ready_at"] - detected_at, 4)
         self.journal.append(ev)
         return list(new)
+
+    def join(self, gen: int, timeout: float | None = None) -> list[int]:
+        """Joining side of an admission: enter generation ``gen`` (named by the members).
+
+        Registers, waits for the leader's member list and builds the process group. Raises
+        :class:`RendezvousError` if the list does not come or does not include this worker.
+        """
+        st = self.store
+        st.set(f"rdzv/{gen}/joiner/{self.uid}", "1")
+        key = f"rdzv/{gen}/members"
+        wait_s = timeout or (self.rendezvous_timeout + self.staleness + 5.0)
+        try:
+            st.wait([key], timedelta(seconds=wait_s))
+        except Exception as exc:
+            raise RendezvousError(f"gen {gen}: no member list after {wait_s:.1f}s") from exc
+        new = [int(u) for u in json.loads(st.get(key))]
+        if self.uid not in new:
+            raise RendezvousError(f"gen {gen}: joiner {self.uid} was left out of {new}")
+        t0 = time.monotonic()
+        self._bury_default_pg()
+        self._init_pg(gen, new)
+        with self._lock:
+            self._gen = gen
+            self._members = new
+            self._wake.clear()
+            self._abort_reason = None
+            self._detected_at = None
+        self.journal.append({"event": "join", "gen": gen, "members": new,
+                             "pg_init_s": round(time.monotonic() - t0, 4), "t": time.time()})
+        return list(new)
+
+    def fail(self, reason: str) -> None:
+        """Declare the current generation broken from the caller's side (every member will
+        abandon its op and ``reform``)."""
+        self._set_abort(self._gen, reason)
+        self._note_detect(reason)
 
     def live_now(self) -> list[int]:
         """Current members judged live from this worker's heartbeat observations."""
@@ -371,6 +426,7 @@ class FTComm:
         """Heartbeat thread: beat, watch peers, raise and relay the abort flag."""
         st = self._hb_store
         me = self.uid
+        last = time.monotonic()
         while not self._stop.wait(self.heartbeat_period):
             try:
                 st.add(f"hb/{me}", 1)
@@ -382,8 +438,13 @@ class FTComm:
                 if epoch != self._dead_epoch:
                     dead = {m for m in members if st.add(f"dead/{m}", 0) > 0}
                 now = time.monotonic()
+                # this thread itself was starved: peers' unchanged counters say nothing about
+                # them, so refresh the table without judging anyone this round
+                blind = now - last > self.staleness / 2
+                last = now
                 with self._lock:
-                    self._obs = observe(self._obs, counters, now)
+                    self._obs = observe(self._obs, counters, now) if not blind else {
+                        m: (c, now) for m, c in counters.items()}
                     self._dead |= dead
                     self._dead_epoch = epoch
                     obs, all_dead = dict(self._obs), set(self._dead)

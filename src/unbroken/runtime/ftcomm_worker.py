@@ -150,13 +150,14 @@ class LocalCluster:
             for u in watch:
                 if self.store.check([f"error/{u}"]):
                     raise AssertionError(f"worker {u} failed:\n{self.store.get(f'error/{u}').decode()}")
-                if self.procs[u].poll() is not None and not self.store.check([f"done/{u}"]):
+                if (self.procs[u].poll() is not None and not self.store.check([f"done/{u}"])
+                        and not self.store.check([key])):  # it may have posted, then left
                     raise AssertionError(f"worker {u} exited rc={self.procs[u].returncode}:\n"
                                          f"{self.stderr(u)[-3000:]}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no {key!r} within {timeout}s")
             try:  # pause by waiting on a worker's exit (an event we care about), not a sleep
-                self.procs[watch[0]].wait(timeout=0.005)
+                self.procs[(watch or self.uids)[0]].wait(timeout=0.005)
             except subprocess.TimeoutExpired:
                 pass
 

@@ -37,6 +37,7 @@ import os
 import signal
 import time
 from dataclasses import asdict, dataclass
+from datetime import timedelta
 from typing import Any, Callable, Protocol
 
 import numpy as np
@@ -201,107 +202,382 @@ def reference_run(cfg: TrainConfig) -> torch.Tensor:
     return tr.flat_params()
 
 
-class StackedRunner:
-    """Runs ``cfg.steps`` stacked data-parallel steps on one group over an ``FTComm``.
+@dataclass
+class Inject:
+    """Test-only fault injection at deterministic points of a group's own step (the process
+    kills or stops *itself*, so the step is exact). ``on_fault(kind)`` runs just before."""
 
-    ``journal(obj)`` receives one dict per event: ``{"event": "commit", "step", "gen",
-    "members", "mine", "plan", "t"}`` per committed step (``mine``: the shard types whose
-    gradients this group put into the sum; ``plan``: type -> contributing group) and
-    ``{"event": "replan", ...}`` per masked failure.
+    die_at: int | None = None          # SIGKILL after the step's gradients, before its all-reduce
+    stop_at: int | None = None         # SIGSTOP at the same point (a hang)
+    die_in_patch: bool = False         # SIGKILL after the first replan, before the patch compute
+    die_after_replan: bool = False     # SIGKILL after the first replan's patch compute
+    die_in_retry: bool = False         # SIGKILL inside the first retried all-reduce
+    drop_commit_at: int | None = None  # treat step K's completed all-reduce as failed, once
+    corrupt_snapshot: bool = False     # serve a snapshot with one flipped element (once)
+
+
+# layout of the all-reduce buffer after the gradient: N coverage slots, then these
+_LOSS, _JOIN, _COUNT, _STEP = range(-4, 0)
+
+
+class StackedRunner:
+    """Runs stacked data-parallel steps on one group over an ``FTComm`` until ``cfg.steps``.
+
+    Identity: ``uid`` is the process (FTComm member), ``slot`` its place in the layout; a spare
+    that replaces a dead group takes over its slot under a new uid. ``journal(obj)`` receives
+    one dict per event: ``commit`` (``step, gen, members, mine, plan{type: uid}, loss``),
+    ``replan``, ``roll_forward``, ``wipeout``, ``admit``, ``restart``, ``fault``.
     """
 
     def __init__(self, cfg: TrainConfig, uid: int, comm: Any,
                  journal: Callable[[dict], None] = lambda e: None,
-                 die_at: int | None = None, on_die: Callable[[], None] | None = None) -> None:
+                 inject: Inject | None = None, on_fault: Callable[[str], None] | None = None,
+                 slot: int | None = None, wipeout_wait: float = 60.0) -> None:
         self.cfg = cfg
         self.uid = uid
         self.comm = comm
         self.journal = journal
-        self.die_at = die_at
-        self.on_die = on_die
+        self.inject = inject or Inject()
+        self.on_fault = on_fault or (lambda kind: None)
+        self.wipeout_wait = wipeout_wait
         self.layout = make_layout(cfg.groups, cfg.redundancy)
         self.trainer = make_trainer(cfg)
-        self.stacks = initial_stacks(self.layout)
-        self.depth = 1
-        self.contrib: dict[int, tuple[int, ...]] = {w: (w,) for w in range(cfg.groups)}
+        self.slot_of: dict[int, int] = {w: w for w in range(cfg.groups)}
+        if slot is not None:
+            self.slot_of[uid] = slot
+        self.admitted = 0    # join records (store ``join/<n>``) dealt with so far
+        self.join_seen = 0   # join count seen by the last committed step's rank 0
+        self._reset_plan(list(range(cfg.groups)))
         self.step = 0
+        self.grads: dict[int, torch.Tensor] = {}
+        self.grads_step = -1
+        self.computed: dict[int, set[int]] = {}
+        self.last_buf: torch.Tensor | None = None
+        self.snap = None
+        if cfg.snapshot:
+            from unbroken.runtime.snapshot import Snapshot
 
+            self.snap = Snapshot(self.trainer.state_tensors())
+            self.snap.capture(self.trainer.state_tensors(), self._meta())
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def my_slot(self) -> int:
+        return self.slot_of[self.uid]
+
+    def live_slots(self, members: list[int] | None = None) -> list[int]:
+        return sorted(self.slot_of[u] for u in (members or self.comm.members))
+
+    def _meta(self) -> dict:
+        return {"step": self.step, "slot_of": {str(u): s for u, s in self.slot_of.items()},
+                "admitted": self.admitted}
+
+    def _buflen(self) -> int:
+        return self.trainer.numel + self.cfg.groups + 4
+
+    def _reset_plan(self, live: list[int]) -> None:
+        """Fresh plan for ``live`` slots at a step boundary (start, or after an admission)."""
+        if len(live) == self.cfg.groups:
+            self.stacks, self.depth = initial_stacks(self.layout), 1
+            self.contrib = {w: (w,) for w in range(self.cfg.groups)}
+            return
+        d = decide(self.layout, live, initial_stacks(self.layout), 1,
+                   computed={w: [] for w in live})
+        if isinstance(d, WipeOut):
+            raise WipeOutError(f"step {getattr(self, 'step', 0)}: {d.reason}")
+        self.stacks, self.depth, self.contrib = d.stacks, d.depth, d.contributions()
+
+    def _fault(self, kind: str) -> None:
+        self.journal({"event": "fault", "kind": kind, "group": self.my_slot, "uid": self.uid,
+                      "step": self.step, "t": time.time()})
+        self.on_fault(kind)
+        os.kill(os.getpid(), signal.SIGSTOP if kind == "hang" else signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)  # continued after a hang: leave, we were evicted
+
+    def _ensure_grads(self) -> None:
+        """Gradients of this group's assigned types for the current step (kept per type, so a
+        re-plan can re-sum without recomputing)."""
+        if self.grads_step != self.step:
+            self.grads, self.grads_step = {}, self.step
+            self.computed = {w: set(ts) for w, ts in self.contrib.items()}
+        for t in self.contrib.get(self.my_slot, ()):
+            if t not in self.grads:
+                self.grads[t] = self.trainer.grad(self.step, t)
+
+    def _pack(self) -> torch.Tensor:
+        tr, n = self.trainer, self.cfg.groups
+        buf = torch.zeros(self._buflen(), dtype=torch.float64)
+        for t in self.contrib.get(self.my_slot, ()):
+            buf[:tr.numel] += self.grads[t]
+            buf[tr.numel + t] += 1.0
+            buf[_LOSS] += tr.last_loss.get(t, float("nan"))
+        if self.comm.rank == 0:  # one observer, so every member sees the same count
+            buf[_JOIN] = float(self.comm.store.add("join/count", 0))
+        buf[_COUNT] = 1.0
+        buf[_STEP] = float(self.step)
+        return buf
+
+    # ------------------------------------------------------------------ the loop
     def run(self) -> torch.Tensor:
         while self.step < self.cfg.steps:
             self.run_step()
         return self.trainer.flat_params()
 
     def run_step(self) -> None:
-        k, n, tr = self.step, self.cfg.groups, self.trainer
-        grads = {t: tr.grad(k, t) for t in self.contrib.get(self.uid, ())}
-        # what every live group has computed this step: a function of the plans, known to all
-        computed = {w: set(ts) for w, ts in self.contrib.items()}
-        if self.die_at == k:
-            if self.on_die is not None:
-                self.on_die()
-            os.kill(os.getpid(), signal.SIGKILL)
+        if self.join_seen > self.admitted:
+            self._admit(self.join_seen)
+        self._ensure_grads()
+        inj = self.inject
+        if inj.die_at == self.step:
+            self._fault("kill")
+        if inj.stop_at == self.step:
+            self._fault("hang")
         while True:
-            mine = self.contrib.get(self.uid, ())
-            buf = torch.zeros(tr.numel + n + 2, dtype=torch.float64)
-            for t in mine:
-                buf[:tr.numel] += grads[t]
-                buf[tr.numel + t] += 1.0
-                buf[-2] += tr.last_loss.get(t, float("nan"))
-            buf[-1] = float(k)
-            if self.comm.allreduce(buf):
-                break
-            t0 = time.time()
-            members = self.comm.reform()
-            d = decide(self.layout, members, self.stacks, self.depth,
-                       computed={w: sorted(computed.get(w, ())) for w in members})
-            if isinstance(d, WipeOut):
-                self.journal({"event": "wipeout", "step": k, "members": members,
-                              "lost_types": list(d.lost_types), "reason": d.reason,
-                              "t": time.time()})
-                raise WipeOutError(f"step {k}: {d.reason}; masking is impossible, restart "
-                                   f"from the snapshot (not implemented yet)")
-            self.stacks, self.depth, self.contrib = d.stacks, d.depth, d.contributions()
-            for w, ts in d.patch.items():
-                computed.setdefault(w, set()).update(ts)
-            for t in d.patch.get(self.uid, ()):
-                grads[t] = tr.grad(k, t)
-            missing = set(self.contrib.get(self.uid, ())) - set(grads)
-            assert not missing, f"plan assigns types {missing} that were never computed"
-            self.journal({"event": "replan", "step": k, "gen": self.comm.generation,
-                          "members": members, "phase": d.phase, "depth": d.depth,
-                          "patch": {str(w): list(ts) for w, ts in d.patch.items()},
-                          "reason": d.reason, "reform_at": t0, "t": time.time()})
-        members = self.comm.members
-        cover = buf[tr.numel:tr.numel + n]
-        if float(buf[-1]) != k * len(members):
+            buf = self._pack()
+            ok = self.comm.allreduce(buf)
+            if ok and inj.drop_commit_at == self.step:
+                inj.drop_commit_at = None  # this rank saw the op fail; its peers committed
+                self.comm.fail("injected: completed all-reduce treated as failed")
+                ok = False
+            if ok:
+                self._commit(buf)
+                return
+            self._recover()
+            if self.grads_step != self.step:  # rolled forward into the next step
+                self._ensure_grads()
+
+    def _commit(self, buf: torch.Tensor, rolled: bool = False) -> None:
+        tr, n, k = self.trainer, self.cfg.groups, self.step
+        count = float(buf[_COUNT])
+        if float(buf[_STEP]) != k * count:
             raise DivergenceError(
-                f"step {k}: members are at different steps (step sum {float(buf[-1])}, "
-                f"expected {k} x {len(members)}): a step was committed by only some members")
+                f"step {k}: members are at different steps (step sum {float(buf[_STEP])}, "
+                f"expected {k} x {count:g}): a step was committed by only some members")
+        cover = buf[tr.numel:tr.numel + n]
         if not bool((cover == 1.0).all()):
             raise DivergenceError(
                 f"step {k}: shard-type coverage {cover.tolist()} is not all ones: a type is "
                 f"missing from or counted twice in the sum")
         tr.apply(buf[:tr.numel])
-        self.journal({"event": "commit", "step": k, "gen": self.comm.generation,
-                      "members": members, "mine": list(mine),
-                      "plan": {str(t): w for w, ts in self.contrib.items() for t in ts},
-                      "loss": float(buf[-2]) / n, "t": time.time()})
+        self.last_buf = buf
+        self.join_seen = max(self.join_seen, int(buf[_JOIN]))
         self.step += 1
+        if self.snap is not None:
+            self.snap.capture(tr.state_tensors(), self._meta())
+        self.journal({"event": "commit", "step": k, "gen": self.comm.generation,
+                      "members": self.comm.members,
+                      "mine": list(self.contrib.get(self.my_slot, ())),
+                      "plan": {str(t): self._uid_of(w) for w, ts in self.contrib.items()
+                               for t in ts},
+                      "loss": float(buf[_LOSS]) / n, "rolled": rolled, "t": time.time()})
+
+    def _uid_of(self, slot: int) -> int:
+        for u in self.comm.members:
+            if self.slot_of[u] == slot:
+                return u
+        return -1
+
+    # ------------------------------------------------------------------ recovery
+    def _recover(self) -> None:
+        """Re-form, agree on the step (rolling forward a member that missed a commit its peers
+        made), then re-plan with ``rectlr.decide`` and patch-compute. Loops on new failures."""
+        while True:
+            members = self.comm.reform()
+            t0 = time.time()
+            steps = torch.zeros(len(members), dtype=torch.float64)
+            steps[self.comm.rank] = float(self.step)
+            if not self.comm.allreduce(steps):
+                continue
+            lo, hi = int(steps.min()), int(steps.max())
+            if hi - lo > 1:
+                raise DivergenceError(f"members at steps {steps.tolist()} after a re-form")
+            if hi != lo:
+                src = int((steps == hi).nonzero()[0])
+                b = (self.last_buf.clone() if self.comm.rank == src
+                     else torch.zeros(self._buflen(), dtype=torch.float64))
+                if not self.comm.allreduce(b):
+                    continue
+                if self.step == lo:
+                    self.journal({"event": "roll_forward", "step": lo, "from": members[src],
+                                  "t": time.time()})
+                    self._commit(b, rolled=True)
+                    self._ensure_grads()
+            live = self.live_slots(members)
+            d = decide(self.layout, live, self.stacks, self.depth,
+                       computed={w: sorted(self.computed.get(w, ())) for w in live})
+            if isinstance(d, WipeOut):
+                self._wipeout(d, members)
+                return
+            self.stacks, self.depth, self.contrib = d.stacks, d.depth, d.contributions()
+            for w, ts in d.patch.items():
+                self.computed.setdefault(w, set()).update(ts)
+            mine = d.patch.get(self.my_slot, ())
+            if mine and self.inject.die_in_patch:
+                self._fault("kill")
+            for t in mine:
+                self.grads[t] = self.trainer.grad(self.step, t)
+            missing = set(self.contrib.get(self.my_slot, ())) - set(self.grads)
+            assert not missing, f"plan assigns types {missing} that were never computed"
+            self.journal({"event": "replan", "step": self.step, "gen": self.comm.generation,
+                          "members": members, "phase": d.phase, "depth": d.depth,
+                          "patch": {str(self._uid_of(w)): list(ts) for w, ts in d.patch.items()},
+                          "reason": d.reason, "reform_at": t0, "t": time.time()})
+            # injected faults fire on a replan that moved work (not on a spurious re-form)
+            if self.inject.die_after_replan and d.patch:
+                self._fault("kill")
+            if self.inject.die_in_retry and d.patch:
+                self.inject.die_in_retry = False
+                self.comm.on_issue = lambda: self._fault("kill")
+            return
+
+    # ------------------------------------------------------------------ wipe-out restart
+    def _wipeout(self, d: WipeOut, members: list[int]) -> None:
+        """No plan can cover every type: wait for replacements of the dead slots, restore the
+        committed state from the snapshot, admit them (state copy) and resume this step."""
+        k, st = self.step, self.comm.store
+        live = set(self.live_slots(members))
+        dead = set(range(self.cfg.groups)) - live
+        self.journal({"event": "wipeout", "step": k, "members": members,
+                      "lost_types": list(d.lost_types), "dead_slots": sorted(dead),
+                      "reason": d.reason, "t": time.time()})
+        st.set(f"wipeout/{self.uid}", json.dumps({"step": k, "dead_slots": sorted(dead)}))
+        if self.snap is None:
+            raise WipeOutError(f"step {k}: {d.reason}; no in-memory snapshot to restart from")
+        # the first join records (in order) that cover every dead slot: the same for everyone
+        deadline = time.monotonic() + self.wipeout_wait
+        j, covered = self.admitted, set()
+        while not dead <= covered:
+            if st.add("join/count", 0) > j:
+                j += 1
+                covered.add(int(json.loads(st.get(f"join/{j}"))["slot"]))
+                continue
+            if time.monotonic() > deadline:
+                raise WipeOutError(f"step {k}: {d.reason}; no replacement for slots "
+                                   f"{sorted(dead - covered)} within {self.wipeout_wait:.0f}s")
+            try:
+                st.wait([f"join/{j + 1}"], timedelta(seconds=0.5))
+            except Exception:
+                pass
+        meta = self.snap.restore_into(self.trainer.state_tensors())
+        if int(meta["step"]) != k:
+            raise DivergenceError(f"snapshot is of step {meta['step']}, expected {k}")
+        self._admit(j, restart=True)
+
+    # ------------------------------------------------------------------ admission (spares)
+    def _admit(self, upto: int, restart: bool = False) -> None:
+        """Admit join records ``admitted+1..upto`` at a step boundary: a new generation with
+        the joiners, the committed state copied to them from a member's snapshot (checksummed;
+        a bad copy is refused and the next member's copy used), and a fresh plan."""
+        st = self.comm.store
+        live = set(self.live_slots())
+        new: list[dict] = []
+        for i in range(self.admitted + 1, upto + 1):
+            rec = json.loads(st.get(f"join/{i}"))
+            if rec["slot"] not in live and rec["slot"] not in {r["slot"] for r in new}:
+                new.append(rec)
+        self.admitted = upto
+        if not new:
+            return
+        gen = self.comm.generation + 1
+        joiners = [r["uid"] for r in new]
+        for r in new:
+            st.set(f"admit/{r['uid']}", json.dumps({"gen": gen, "joiners": joiners}))
+        t0 = time.time()
+        members = self.comm.reform(expect=[r["uid"] for r in new])
+        came = [r for r in new if r["uid"] in members]
+        for r in came:
+            self.slot_of[r["uid"]] = r["slot"]
+        if not self._send_state(members, [r["uid"] for r in came]):
+            return  # a failure during the copy: the next all-reduce fails and recovery runs
+        self._reset_plan(self.live_slots(members))
+        ev = {"event": "restart" if restart else "admit", "step": self.step,
+              "gen": self.comm.generation, "members": members,
+              "joined": {str(r["uid"]): r["slot"] for r in came}, "source": "snapshot",
+              "reform_at": t0, "t": time.time()}
+        self.journal(ev)
+
+    def _send_state(self, members: list[int], joiners: list[int]) -> bool:
+        """Broadcast the snapshot (an all-reduce where only the source contributes) from each
+        old member in turn until every joiner verified it. False: the generation broke."""
+        from unbroken.runtime.snapshot import SnapshotError
+
+        gen = self.comm.generation
+        olds = [u for u in members if u not in joiners]
+        for src in olds:
+            if self.uid == src:
+                self.snap.capture(self.trainer.state_tensors(), self._meta())
+                info = {"meta": self.snap.meta, "digest": self.snap.digest()}
+                self.comm.store.set(f"state/{gen}/{src}", json.dumps(info))
+                payload = self.snap.payload().clone()
+                if self.inject.corrupt_snapshot:
+                    self.inject.corrupt_snapshot = False
+                    payload[0] = (int(payload[0]) + 1) % 256  # one flipped byte
+            else:
+                payload = torch.zeros_like(self.snap.payload())
+            if not self.comm.allreduce(payload):
+                return False
+            good = 1.0
+            if self.uid in joiners:
+                info = json.loads(self.comm.store.get(f"state/{gen}/{src}"))
+                try:
+                    self.snap.receive(payload, info["meta"], info["digest"])
+                except SnapshotError as exc:
+                    good = 0.0
+                    self.journal({"event": "bad_snapshot", "from": src, "error": str(exc),
+                                  "t": time.time()})
+            ack = torch.zeros(len(members), dtype=torch.float64)
+            ack[self.comm.rank] = good
+            if not self.comm.allreduce(ack):
+                return False
+            if bool((ack == 1.0).all()):
+                if self.uid in joiners:
+                    meta = self.snap.restore_into(self.trainer.state_tensors())
+                    self.step = int(meta["step"])
+                    self.admitted = int(meta["admitted"])
+                    self.slot_of = {int(u): int(s) for u, s in meta["slot_of"].items()}
+                return True
+        raise DivergenceError("every member's snapshot failed its checksum at the joiner")
+
+    def join_and_run(self, slot: int, timeout: float = 120.0) -> torch.Tensor:
+        """Spare: ask to take over ``slot``, wait to be admitted, receive the state, train."""
+        st = self.comm.store
+        n = st.add("join/count", 1)
+        st.set(f"join/{n}", json.dumps({"uid": self.uid, "slot": slot}))
+        st.wait([f"admit/{self.uid}"], timedelta(seconds=timeout))
+        admit = json.loads(st.get(f"admit/{self.uid}"))
+        members = self.comm.join(int(admit["gen"]))
+        gen = self.comm.generation
+        self.slot_of[self.uid] = slot
+        if not self._send_state(members, [u for u in admit["joiners"] if u in members]):
+            raise RuntimeError(f"joiner {self.uid}: the generation broke during the state copy")
+        self.slot_of[self.uid] = slot
+        self._reset_plan(self.live_slots(members))
+        self.journal({"event": "joined", "step": self.step, "gen": gen, "slot": slot,
+                      "t": time.time()})
+        return self.run()
 
 
 def ledger_records(journals: dict[int, list[dict]]) -> list[tuple[int, int, int]]:
-    """(step, type, group) contributions from every group's journal (dead groups included).
+    """(step, type, group) contributions of every committed step, from all journals.
 
-    Each group journals only what it put into a committed sum itself. Raises
-    :class:`DivergenceError` when two groups journaled different plans for the same step.
+    A step's contributions are its committed plan (type -> contributing group), checked
+    in-band by the coverage vector; every journal that committed the step must agree on it
+    (else :class:`DivergenceError`). Using the plan rather than each group's own record keeps
+    a group that died between the all-reduce and its journal line counted, and a group's
+    ``mine`` must match the plan. A ``restore`` to step c (a roll-back) discards commits of
+    steps >= c made before it.
     """
-    recs: list[tuple[int, int, int]] = []
+    events = sorted(((e["t"], g, e) for g, evs in journals.items() for e in evs
+                     if e.get("event") in ("commit", "restore")), key=lambda x: x[0])
     plans: dict[int, dict] = {}
-    for g, events in journals.items():
-        for e in events:
-            if e.get("event") != "commit":
-                continue
-            if plans.setdefault(e["step"], e["plan"]) != e["plan"]:
-                raise DivergenceError(f"step {e['step']}: groups committed different plans")
-            recs.extend((e["step"], t, g) for t in e["mine"])
-    return recs
+    for _t, g, e in events:
+        if e["event"] == "restore":
+            plans = {k: p for k, p in plans.items() if k < e["step"]}
+            continue
+        k, plan = e["step"], e["plan"]
+        if plans.setdefault(k, plan) != plan:
+            raise DivergenceError(f"step {k}: groups committed different plans")
+        if any(plan.get(str(t)) != g for t in e["mine"]):
+            raise DivergenceError(f"step {k}: group {g} journaled types {e['mine']} that the "
+                                  f"plan {plan} gives to others")
+    return [(k, int(t), int(w)) for k, plan in sorted(plans.items()) for t, w in plan.items()]

@@ -2,21 +2,22 @@
 
 ``python -m unbroken.runtime.stacked_worker --uid U --port P --config JSON --journal DIR``
 runs :class:`~unbroken.runtime.stacked.StackedRunner` for group ``U`` over an ``FTComm`` whose
-store the launcher hosts. It writes ``DIR/group-U.jsonl`` (one line per event, flushed at once,
-so a SIGKILLed group's committed steps survive it) and reports through the store:
+store the launcher hosts. ``--standby`` makes it a warm spare: imports done and model built, it
+posts ``standby/<uid>`` and waits for ``assign/<uid>`` (a layout slot), then joins the running
+job at the next step boundary (or at once when a wipe-out is waiting for it).
+
+It writes ``DIR/group-U.jsonl`` (one line per event, line-buffered, so a SIGKILLed group's
+committed steps survive it) and reports through the store:
 
 * ``done/<uid>``: ``{"params": [...], "steps"}`` at the end (then waits for the other
-  members' ``done`` so nobody leaves a peer inside the last collective);
-* ``wipeout/<uid>``: the reason (a JSON string), exit code 4 (no masking possible; the
-  restart from the snapshot comes next);
+  members' ``done`` so nobody leaves a peer inside the last collective); exit code 0;
+* ``wipeout/<uid>``: posted by each survivor of a wipe-out while it waits for replacements;
+  ``wipeout_failed/<uid>`` and exit code 4 if none came (restart from a durable checkpoint);
 * ``error/<uid>``: a traceback, exit code 3;
-* ``killed/<uid>``: wall time just before a ``--die-at STEP`` self-SIGKILL (fault injection at
-  a deterministic point: after the step's gradients, before its all-reduce), or before a
-  ``--die-after-replan`` self-SIGKILL (right after this group journaled its first replan: the
-  new generation is formed and its patch computed, its retry all-reduce not yet issued);
-* ``stopped/<uid>``: wall time just before a ``--stop-at STEP`` self-SIGSTOP (a hang at the
-  same point as ``--die-at``; the group stays stopped, nobody posts a death notice; if it is
-  ever continued it SIGKILLs itself).
+* ``killed/<uid>`` / ``stopped/<uid>``: wall time just before a self-inflicted SIGKILL /
+  SIGSTOP (test fault injection at deterministic points, see ``stacked.Inject``).
+
+Exit codes: 0 done, 3 error, 4 unmaskable wipe-out without replacements.
 
 ``StackedCluster`` reuses :class:`~unbroken.runtime.ftcomm_worker.LocalCluster` (store hosting,
 waiting on keys and process exits, kill, close) and only starts this worker instead.
@@ -44,18 +45,26 @@ def worker_main(argv: list[str] | None = None) -> None:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--config", required=True, help="TrainConfig as JSON")
     ap.add_argument("--journal", required=True, help="directory for group-<uid>.jsonl")
+    ap.add_argument("--standby", action="store_true",
+                    help="a warm spare: wait for assign/<uid> = slot, then join")
     ap.add_argument("--die-at", type=int, default=None)
     ap.add_argument("--stop-at", type=int, default=None)
     ap.add_argument("--die-after-replan", action="store_true")
+    ap.add_argument("--die-in-patch", action="store_true")
+    ap.add_argument("--die-in-retry", action="store_true")
+    ap.add_argument("--drop-commit-at", type=int, default=None)
+    ap.add_argument("--corrupt-snapshot", action="store_true")
     ap.add_argument("--heartbeat", type=float, default=0.1)
     ap.add_argument("--staleness", type=float, default=1.0)
     ap.add_argument("--pg-timeout", type=float, default=30.0)
+    ap.add_argument("--wipeout-wait", type=float, default=60.0,
+                    help="how long wipe-out survivors wait for replacements (s)")
     a = ap.parse_args(argv)
 
     import torch
 
     from unbroken.runtime.ftcomm import FTComm
-    from unbroken.runtime.stacked import StackedRunner, TrainConfig, WipeOutError
+    from unbroken.runtime.stacked import Inject, StackedRunner, TrainConfig, WipeOutError
 
     torch.set_num_threads(1)
     cfg = TrainConfig.from_json(a.config)
@@ -65,31 +74,31 @@ def worker_main(argv: list[str] | None = None) -> None:
 
     def journal(ev: dict) -> None:
         jf.write(json.dumps(ev) + "\n")  # line-buffered: in the kernel before the next step
-        if a.die_after_replan and ev.get("event") == "replan" and comm is not None:
-            comm.store.set(f"killed/{a.uid}", repr(time.time()))
-            os.kill(os.getpid(), signal.SIGKILL)
 
-    def on_fault() -> None:
-        if a.stop_at is not None:
-            st.set(f"stopped/{a.uid}", repr(time.time()))
-            os.kill(os.getpid(), signal.SIGSTOP)  # the whole process, heartbeat thread included
-        else:
-            st.set(f"killed/{a.uid}", repr(time.time()))
+    def on_fault(kind: str) -> None:
+        comm.store.set(f"{'stopped' if kind == 'hang' else 'killed'}/{a.uid}", repr(time.time()))
 
+    inject = Inject(die_at=a.die_at, stop_at=a.stop_at, die_in_patch=a.die_in_patch,
+                    die_after_replan=a.die_after_replan, die_in_retry=a.die_in_retry,
+                    drop_commit_at=a.drop_commit_at, corrupt_snapshot=a.corrupt_snapshot)
     try:
         comm = FTComm(a.uid, list(range(cfg.groups)), host=a.host, port=a.port,
                       heartbeat_period=a.heartbeat, staleness=a.staleness,
-                      pg_timeout=a.pg_timeout)
-        st = comm.store
-        fault_at = a.die_at if a.stop_at is None else a.stop_at
-        runner = StackedRunner(cfg, a.uid, comm, journal, die_at=fault_at, on_die=on_fault)
-        params = runner.run()
+                      pg_timeout=a.pg_timeout, joining=a.standby)
+        runner = StackedRunner(cfg, a.uid, comm, journal, inject=inject, on_fault=on_fault,
+                               wipeout_wait=a.wipeout_wait)
+        if a.standby:
+            comm.store.set(f"standby/{a.uid}", "ready")  # warm: imports done, model built
+            comm.store.wait([f"assign/{a.uid}"], timedelta(hours=24))
+            params = runner.join_and_run(int(comm.store.get(f"assign/{a.uid}")))
+        else:
+            params = runner.run()
         finish(comm, a.uid, {"params": params.tolist(), "steps": runner.step,
                              "journal": comm.journal})
     except WipeOutError as exc:
         code = 4
         if comm is not None:
-            comm.store.set(f"wipeout/{a.uid}", json.dumps(str(exc)))
+            comm.store.set(f"wipeout_failed/{a.uid}", json.dumps(str(exc)))
     except BaseException:
         code = report_error(comm, a.uid)
     jf.close()
@@ -97,20 +106,24 @@ def worker_main(argv: list[str] | None = None) -> None:
 
 
 class StackedCluster(LocalCluster):
-    """``LocalCluster`` that starts stacked training workers.
+    """``LocalCluster`` that starts stacked training workers (uids ``0..groups-1``) and
+    ``spares`` warm standby processes (uids ``groups..``) that join when assigned a slot.
 
-    ``die_at`` / ``stop_at``: uid -> step of a self-SIGKILL / self-SIGSTOP; ``die_after_replan``:
-    uids that SIGKILL themselves right after their first replan.
+    ``die_at`` / ``stop_at`` / ``drop_commit_at``: uid -> step; ``die_after_replan``,
+    ``die_in_patch``, ``die_in_retry``, ``corrupt_snapshot``: uids (see ``stacked.Inject``).
     """
 
     def __init__(self, cfg, journal_dir: str, *, die_at: dict[int, int] | None = None,
                  stop_at: dict[int, int] | None = None,
-                 die_after_replan: tuple[int, ...] | list[int] = (),
-                 heartbeat: float = 0.1, staleness: float = 1.0, pg_timeout: float = 30.0,
+                 drop_commit_at: dict[int, int] | None = None,
+                 die_after_replan=(), die_in_patch=(), die_in_retry=(), corrupt_snapshot=(),
+                 spares: int = 0, heartbeat: float = 0.1, staleness: float = 1.0,
+                 pg_timeout: float = 30.0, wipeout_wait: float = 60.0,
                  python: str | None = None) -> None:
         import torch.distributed as dist
 
-        self.uids = list(range(cfg.groups))
+        self.uids = list(range(cfg.groups + spares))
+        self.spares = list(range(cfg.groups, cfg.groups + spares))
         self.journal_dir = journal_dir
         self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                                    timeout=timedelta(seconds=60))
@@ -118,23 +131,35 @@ class StackedCluster(LocalCluster):
         env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
         self.procs = {}
         self._errs = {}
+        flags = {"--die-after-replan": die_after_replan, "--die-in-patch": die_in_patch,
+                 "--die-in-retry": die_in_retry, "--corrupt-snapshot": corrupt_snapshot}
+        steps = {"--die-at": die_at or {}, "--stop-at": stop_at or {},
+                 "--drop-commit-at": drop_commit_at or {}}
         for u in self.uids:
             cmd = [python or sys.executable, "-m", "unbroken.runtime.stacked_worker",
                    "--uid", str(u), "--port", str(self.port), "--config", cfg.to_json(),
                    "--journal", journal_dir, "--heartbeat", str(heartbeat),
-                   "--staleness", str(staleness), "--pg-timeout", str(pg_timeout)]
-            if die_at and u in die_at:
-                cmd += ["--die-at", str(die_at[u])]
-            if stop_at and u in stop_at:
-                cmd += ["--stop-at", str(stop_at[u])]
-            if u in die_after_replan:
-                cmd += ["--die-after-replan"]
+                   "--staleness", str(staleness), "--pg-timeout", str(pg_timeout),
+                   "--wipeout-wait", str(wipeout_wait)]
+            if u in self.spares:
+                cmd.append("--standby")
+            cmd += [f for f, us in flags.items() if u in us]
+            for f, m in steps.items():
+                if u in m:
+                    cmd += [f, str(m[u])]
             err = tempfile.TemporaryFile()
             self.procs[u] = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
             self._errs[u] = err
 
+    def assign(self, spare: int, slot: int) -> None:
+        """Send a warm spare to take over layout ``slot`` (it joins at the next step boundary,
+        or at once when the survivors are waiting for it after a wipe-out)."""
+        self.store.set(f"assign/{spare}", str(slot))
+
     def journal(self, uid: int) -> list[dict]:
         path = os.path.join(self.journal_dir, f"group-{uid}.jsonl")
+        if not os.path.exists(path):
+            return []
         with open(path) as f:
             return [json.loads(line) for line in f if line.strip()]
 
