@@ -375,7 +375,7 @@ NOTES = (
     "defaults (PG, Manager and quorum timeouts all 60 s, join_timeout 60 s) the blocked "
     "survivor's peers race their 60 s quorum timeout: recovery is about 60 s, or a survivor "
     "crashes with 'TimeoutError: status: Cancelled, Timeout expired' (seen 2 of 3 tries while "
-    "building this bench). Aggressive settings were searched on this 2-core box with 4 "
+    "building this bench). Aggressive settings were searched on this 2-core box with 3-4 "
     "repeats each: heartbeat_timeout 200 ms / join 100 ms / PG 0.5 s was not stable (a live "
     "replica dropped from the quorum, 3 failed steps before any kill, 1 of 3 runs); 300 ms / "
     "150 ms / 0.6 s and 500 ms / 300 ms / 1.0 s were (medians 0.80 s and 0.77 s in 4-repeat "
