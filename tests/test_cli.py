@@ -128,3 +128,19 @@ def test_the_planner_never_imports_torch(tmp_path):
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip().splitlines()[-1] == "False"
+
+
+# ---------------------------------------------------------------- demo: bad input, end to end
+@pytest.mark.parametrize("args, needle", [
+    (["--groups", "1"], "--groups 1"),
+    (["--groups", "4", "--redundancy", "3"], "redundancy 3"),
+    (["--faults", "kill:1@20,boom:2@30"], "boom"),
+    (["--faults", "kill:9@20"], "kill:9@20"),
+    (["--faults", "kill:1@20,hang:1@30"], "hang:1@30"),
+    (["--steps", "abc"], "abc"),
+])
+def test_demo_bad_input_is_one_line_exit_2(args, needle, tmp_path):
+    r = run("demo", "--out", str(tmp_path), *args)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and needle in r.stderr and "Traceback" not in r.stderr
+    assert not list(tmp_path.iterdir())  # nothing started, nothing written

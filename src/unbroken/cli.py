@@ -1,6 +1,7 @@
 """The ``unbroken`` command: parse, call, print. Decisions live in unbroken.core.
 
-Exit codes: 0 success, 2 bad input (one line on stderr naming the bad value, no traceback).
+Exit codes: 0 success, 2 bad input (one line on stderr naming the bad value, no traceback),
+1 the demo could not finish (a worker error, no survivor left; the reason on stderr).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import time
 from unbroken.core.units import parse_duration
 
 EXIT_USAGE = 2
+EXIT_DEMO_FAILED = 1
 
 
 class UsageError(Exception):
@@ -133,7 +135,28 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--jobs", type=_positive_int, help="worker processes (default: all cores)")
     pl.add_argument("--png", default="out/plan.png", help="where to write the figure")
     pl.add_argument("--json", action="store_true")
+
+    de = sub.add_parser("demo", help="train a small GPT on 4 groups through real faults")
+    de.add_argument("--groups", type=_int, default=4, help="data-parallel groups (>= 2)")
+    de.add_argument("--redundancy", type=_int, default=2, help="shard types per group r")
+    de.add_argument("--steps", type=_int, default=200)
+    de.add_argument("--seed", type=_nonneg_int, default=0)
+    de.add_argument("--faults", default=None,
+                    help="type:group@step,... (kill, hang) or 'none'; default: a kill, a "
+                         "hang and two failures close together")
+    de.add_argument("--spares", type=_int, default=2, help="warm standby processes")
+    de.add_argument("--staleness", type=_positive_float, default=1.0,
+                    help="heartbeat silence that marks a group hung (s)")
+    de.add_argument("--out", default="out/demo", help="journal, figure, reference cache")
+    de.add_argument("--json", action="store_true")
     return p
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
 
 
 def cmd_theory(a: argparse.Namespace) -> dict:
@@ -206,6 +229,24 @@ def cmd_plan(a: argparse.Namespace) -> dict:
     return plan
 
 
+def cmd_demo(a: argparse.Namespace) -> dict:
+    from rich.console import Console
+    from rich.live import Live
+
+    from unbroken.demo import DemoRequest, check, run_demo
+    from unbroken.demo_view import LiveView
+
+    req = DemoRequest(groups=a.groups, redundancy=a.redundancy, steps=a.steps, seed=a.seed,
+                      faults=a.faults, spares=a.spares, staleness=a.staleness, out=a.out)
+    check(req)  # bad input: one line before any process starts
+    err = Console(stderr=True)
+    view = LiveView({"groups": req.groups, "steps": req.steps})
+    if err.is_terminal and not a.json:
+        with Live(view, console=err, refresh_per_second=8):
+            return run_demo(req, view=view)
+    return run_demo(req, view=view, emit_line=None if a.json else err.print)
+
+
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
@@ -213,17 +254,28 @@ def main(argv: list[str] | None = None) -> int:
     from unbroken.core.scenario import ScenarioError
 
     a = build_parser().parse_args(argv)
+    cmds = {"theory": cmd_theory, "simulate": cmd_simulate, "plan": cmd_plan, "demo": cmd_demo}
     try:
-        data = {"theory": cmd_theory, "simulate": cmd_simulate, "plan": cmd_plan}[a.command](a)
+        data = cmds[a.command](a)
     except (UsageError, PlacementError, ScenarioError, ValueError) as e:
         sys.stderr.write(f"unbroken: error: {e}\n")
         return EXIT_USAGE
+    except RuntimeError as e:  # DemoError: the run could not finish
+        if type(e).__name__ != "DemoError":
+            raise
+        sys.stderr.write(f"unbroken: demo failed: {e}\n")
+        return EXIT_DEMO_FAILED
     if a.json:
         print(json.dumps(data, indent=None, default=float))
         return 0
     from unbroken import console as view
 
     con = Console()
+    if a.command == "demo":
+        from unbroken.demo_report import print_report
+
+        print_report(con, data)
+        return 0
     {"theory": view.theory_table, "simulate": view.simulate_table,
      "plan": view.plan_tables}[a.command](data, con)
     return 0

@@ -273,7 +273,8 @@ class FTComm:
                 joined = [int(st.get(f"rdzv/{gen}/joined/{i}")) for i in range(1, count + 1)]
                 live = self.live_now()
                 came = [u for u in expect if st.check([f"rdzv/{gen}/joiner/{u}"])]
-                if (rendezvous_ready(joined, live) and len(came) == len(expect)) \
+                gone = [u for u in expect if u not in came and st.check([f"dead/{u}"])]
+                if (rendezvous_ready(joined, live) and len(came) + len(gone) == len(expect)) \
                         or time.monotonic() > deadline:
                     break
                 self._stop.wait(0.005)

@@ -449,7 +449,9 @@ class StackedRunner:
         while not dead <= covered:
             if st.add("join/count", 0) > j:
                 j += 1
-                covered.add(int(json.loads(st.get(f"join/{j}"))["slot"]))
+                rec = json.loads(st.get(f"join/{j}"))
+                if not st.check([f"dead/{rec['uid']}"]):
+                    covered.add(int(rec["slot"]))
                 continue
             if time.monotonic() > deadline:
                 raise WipeOutError(f"step {k}: {d.reason}; no replacement for slots "
@@ -473,6 +475,8 @@ class StackedRunner:
         new: list[dict] = []
         for i in range(self.admitted + 1, upto + 1):
             rec = json.loads(st.get(f"join/{i}"))
+            if st.check([f"dead/{rec['uid']}"]):
+                continue  # a spare that died before it was admitted
             if rec["slot"] not in live and rec["slot"] not in {r["slot"] for r in new}:
                 new.append(rec)
         self.admitted = upto

@@ -122,34 +122,43 @@ class StackedCluster(LocalCluster):
                  python: str | None = None) -> None:
         import torch.distributed as dist
 
-        self.uids = list(range(cfg.groups + spares))
+        self.cfg = cfg
+        self.uids: list[int] = []
         self.spares = list(range(cfg.groups, cfg.groups + spares))
         self.journal_dir = journal_dir
         self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                                    timeout=timedelta(seconds=60))
         self.port = self.store.port
-        env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+        self._env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+        self._python = python or sys.executable
+        self._common = ["--port", str(self.port), "--config", cfg.to_json(),
+                        "--journal", journal_dir, "--heartbeat", str(heartbeat),
+                        "--staleness", str(staleness), "--pg-timeout", str(pg_timeout),
+                        "--wipeout-wait", str(wipeout_wait)]
         self.procs = {}
         self._errs = {}
         flags = {"--die-after-replan": die_after_replan, "--die-in-patch": die_in_patch,
                  "--die-in-retry": die_in_retry, "--corrupt-snapshot": corrupt_snapshot}
         steps = {"--die-at": die_at or {}, "--stop-at": stop_at or {},
                  "--drop-commit-at": drop_commit_at or {}}
-        for u in self.uids:
-            cmd = [python or sys.executable, "-m", "unbroken.runtime.stacked_worker",
-                   "--uid", str(u), "--port", str(self.port), "--config", cfg.to_json(),
-                   "--journal", journal_dir, "--heartbeat", str(heartbeat),
-                   "--staleness", str(staleness), "--pg-timeout", str(pg_timeout),
-                   "--wipeout-wait", str(wipeout_wait)]
-            if u in self.spares:
-                cmd.append("--standby")
-            cmd += [f for f, us in flags.items() if u in us]
+        for u in range(cfg.groups + spares):
+            extra = [f for f, us in flags.items() if u in us]
             for f, m in steps.items():
                 if u in m:
-                    cmd += [f, str(m[u])]
-            err = tempfile.TemporaryFile()
-            self.procs[u] = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
-            self._errs[u] = err
+                    extra += [f, str(m[u])]
+            self.spawn(u, standby=u in self.spares, extra=extra)
+
+    def spawn(self, uid: int, *, standby: bool = False, extra: list[str] = ()) -> None:
+        """Start worker ``uid`` (a warm spare with ``standby``)."""
+        cmd = [self._python, "-m", "unbroken.runtime.stacked_worker", "--uid", str(uid),
+               *self._common, *(["--standby"] if standby else []), *extra]
+        err = tempfile.TemporaryFile()  # a file, not a pipe: a chatty worker never blocks
+        self.procs[uid] = subprocess.Popen(cmd, env=self._env, stdout=subprocess.DEVNULL,
+                                           stderr=err)
+        self._errs[uid] = err
+        self.uids.append(uid)
+        if standby and uid not in self.spares:
+            self.spares.append(uid)
 
     def assign(self, spare: int, slot: int) -> None:
         """Send a warm spare to take over layout ``slot`` (it joins at the next step boundary,

@@ -1,0 +1,48 @@
+"""`unbroken demo` end to end, shortened: a real subprocess, real worker processes, the default
+kinds of fault (a kill, a hang, two close together -> a wipe-out restart), its JSON and files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+
+
+@pytest.mark.timeout(300)
+def test_demo_masks_faults_restarts_and_matches_the_failure_free_run(tmp_path):
+    p = subprocess.run(
+        [sys.executable, "-m", "unbroken", "demo", "--steps", "30", "--seed", "1",
+         "--faults", "kill:1@5,hang:3@12,kill:2@13", "--out", str(tmp_path), "--json"],
+        capture_output=True, text=True, timeout=280)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rep = json.loads(p.stdout)
+    assert rep["steps"] == 30 and rep["faults_injected"] == 3
+    # kill and hang masked; the kill right after the hang wipes out types 2 and 3 -> restart
+    assert rep["faults_masked"] == 2 and rep["restarts"] == 1 and rep["joins"] == 3
+    assert rep["exactly_once"] is True and rep["ledger"]["records"] == 30 * 4
+    assert rep["max_abs_param_diff"] < 1e-5
+    assert 0 < rep["ettr"] <= 1 and rep["wall_s"] > 0
+    kinds = [(f["kind"], f["group"], f["step"], f["masked"]) for f in rep["time_lost_per_fault"]]
+    assert kinds == [("kill", 1, 5, True), ("hang", 3, 12, True), ("kill", 2, 13, False)]
+    events = [json.loads(x) for x in (tmp_path / "journal.jsonl").read_text().splitlines()]
+    assert events[0]["event"] == "start" and events[-1]["event"] == "end"
+    how = {e["slot"]: e["how"] for e in events if e["event"] == "detected"}
+    assert how == {1: "exit", 3: "heartbeat", 2: "exit"}  # the hang was found by heartbeat
+    png = (tmp_path / "demo.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+@pytest.mark.timeout(200)
+def test_demo_without_faults_is_plain_data_parallelism(tmp_path):
+    p = subprocess.run(
+        [sys.executable, "-m", "unbroken", "demo", "--steps", "12", "--faults", "none",
+         "--spares", "0", "--out", str(tmp_path), "--json"],
+        capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rep = json.loads(p.stdout)
+    assert rep["faults_injected"] == 0 and rep["restarts"] == 0 and rep["joins"] == 0
+    assert rep["exactly_once"] is True and rep["max_abs_param_diff"] < 1e-9
