@@ -68,11 +68,15 @@ from unbroken.core.membership import (
     rendezvous_ready,
 )
 
-__all__ = ["FTComm", "RendezvousError", "declare_dead"]
+__all__ = ["FTComm", "RendezvousError", "StoreLostError", "declare_dead"]
 
 
 class RendezvousError(RuntimeError):
     """The next generation could not be formed (timeout, or this worker was left out)."""
+
+
+class StoreLostError(RuntimeError):
+    """The coordinator's store stopped answering (the coordinator died)."""
 
 
 def declare_dead(store: dist.Store, uid: int) -> None:
@@ -171,6 +175,9 @@ class FTComm:
         self.journal: list[dict[str, Any]] = []
         self.monitor_errors = 0
         self.on_issue: Any = None  # test hook: called once right after the next op is issued
+        # the store (hosted by the coordinator) stopped answering: no re-form is possible any
+        # more; ops already running finish on gloo alone, the training loop must stop cleanly
+        self.store_lost = False
 
         self._hb_store = _clone(store)
         self._hb_store.add(f"hb/{self.uid}", 1)  # first beat before anyone can judge us
@@ -254,6 +261,8 @@ class FTComm:
         Raises :class:`RendezvousError` when the rendezvous times out or this worker was left
         out of the new generation.
         """
+        if self.store_lost:
+            raise StoreLostError("the coordinator's store is gone: no new generation can form")
         old = self._gen
         old_members = list(self._members)
         gen = old + 1
@@ -262,7 +271,11 @@ class FTComm:
         detected_at = self._detected_at or time.time()
 
         st = self.store
-        n = st.add(f"rdzv/{gen}/count", 1)
+        try:
+            n = st.add(f"rdzv/{gen}/count", 1)
+        except Exception as exc:
+            self.store_lost = True
+            raise StoreLostError(f"gen {gen}: the coordinator's store is gone") from exc
         st.set(f"rdzv/{gen}/joined/{n}", str(self.uid))
         leader = n == 1
         key = f"rdzv/{gen}/members"
@@ -409,13 +422,24 @@ class FTComm:
             first = self._aborted_gen < gen
             self._aborted_gen = max(self._aborted_gen, gen)
         if first:
-            (store or self.store).add(f"abort/{gen}", 1)
+            try:
+                (store or self.store).add(f"abort/{gen}", 1)
+            except Exception:  # no coordinator: peers will see the gloo error themselves
+                self.store_lost = True
         self._wake.set()
 
     def _check_abort(self, gen: int, *, poll_store: bool) -> bool:
         if self._aborted_gen >= gen:
             return True
-        if poll_store and self.store.add(f"abort/{gen}", 0) > 0:
+        if poll_store and not self.store_lost:
+            try:
+                flag = self.store.add(f"abort/{gen}", 0)
+            except Exception:  # the coordinator is gone: finish the op on gloo alone
+                self.store_lost = True
+                return False
+        else:
+            flag = 0
+        if flag > 0:
             with self._lock:
                 self._aborted_gen = max(self._aborted_gen, gen)
                 if self._abort_reason is None:
@@ -428,6 +452,7 @@ class FTComm:
         st = self._hb_store
         me = self.uid
         last = time.monotonic()
+        errors = 0
         while not self._stop.wait(self.heartbeat_period):
             try:
                 st.add(f"hb/{me}", 1)
@@ -461,8 +486,12 @@ class FTComm:
                             if self._abort_reason is None:
                                 self._abort_reason = "abort flag set by a peer"
                     self._wake.set()
+                errors = 0
             except Exception:  # store hiccup: keep beating; repeated failures show in the count
                 self.monitor_errors += 1
+                errors += 1
+                if errors >= 3:  # three periods without the coordinator: it is gone
+                    self.store_lost = True
 
 
 def _short(exc: BaseException, n: int = 160) -> str:

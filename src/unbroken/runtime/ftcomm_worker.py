@@ -91,20 +91,21 @@ def finish(comm, uid: int, payload: dict) -> None:
     """Post ``done/<uid>``, then leave only when every member has finished its last
     all-reduce: a peer that exits early would break a slower peer's final op and cost it a
     needless reform."""
-    comm.store.set(f"done/{uid}", json.dumps(payload))
     try:
+        comm.store.set(f"done/{uid}", json.dumps(payload))
         comm.store.wait([f"done/{m}" for m in comm.members], timedelta(seconds=10))
     except Exception:
-        pass  # a member died after the last step: nothing left to protect
+        pass  # a member died after the last step, or the coordinator is gone: nothing to protect
 
 
 def report_error(comm, uid: int) -> int:
     """Record the traceback in the store (``error/<uid>``) and on stderr; exit code 3."""
+    traceback.print_exc()
     try:
         if comm is not None:
             comm.store.set(f"error/{uid}", traceback.format_exc())
-    finally:
-        traceback.print_exc()
+    except Exception:
+        pass  # no coordinator to tell: stderr has it
     return 3
 
 

@@ -48,7 +48,7 @@ from unbroken.core.rectlr import WipeOut, decide, initial_stacks
 from unbroken.core.shards import DataPlan
 
 __all__ = ["TrainConfig", "Trainer", "TrainerLike", "make_trainer", "WipeOutError",
-           "DivergenceError", "StackedRunner", "reference_run", "ledger_records"]
+           "DivergenceError", "CoordinatorLostError", "Inject", "StackedRunner", "reference_run", "ledger_records"]
 
 
 class WipeOutError(RuntimeError):
@@ -217,7 +217,11 @@ class Inject:
 
 
 # layout of the all-reduce buffer after the gradient: N coverage slots, then these
-_LOSS, _JOIN, _COUNT, _STEP = range(-4, 0)
+_LOSS, _JOIN, _LOST, _COUNT, _STEP = range(-5, 0)
+
+
+class CoordinatorLostError(RuntimeError):
+    """The coordinator's store is gone: every member stopped after the same committed step."""
 
 
 class StackedRunner:
@@ -232,7 +236,8 @@ class StackedRunner:
     def __init__(self, cfg: TrainConfig, uid: int, comm: Any,
                  journal: Callable[[dict], None] = lambda e: None,
                  inject: Inject | None = None, on_fault: Callable[[str], None] | None = None,
-                 slot: int | None = None, wipeout_wait: float = 60.0) -> None:
+                 slot: int | None = None, wipeout_wait: float = 60.0,
+                 ckpt_dir: str | None = None, ckpt_every: int = 50) -> None:
         self.cfg = cfg
         self.uid = uid
         self.comm = comm
@@ -253,6 +258,13 @@ class StackedRunner:
         self.grads_step = -1
         self.computed: dict[int, set[int]] = {}
         self.last_buf: torch.Tensor | None = None
+        self.ckpt = None
+        self.ckpt_every = max(1, int(ckpt_every))
+        if ckpt_dir is not None:
+            from unbroken.runtime.checkpoint import CheckpointStore
+
+            self.ckpt = CheckpointStore(ckpt_dir, log=lambda msg: self.journal(
+                {"event": "checkpoint_warning", "message": msg, "t": time.time()}))
         self.snap = None
         if cfg.snapshot:
             from unbroken.runtime.snapshot import Snapshot
@@ -273,7 +285,7 @@ class StackedRunner:
                 "admitted": self.admitted}
 
     def _buflen(self) -> int:
-        return self.trainer.numel + self.cfg.groups + 4
+        return self.trainer.numel + self.cfg.groups + 5
 
     def _reset_plan(self, live: list[int]) -> None:
         """Fresh plan for ``live`` slots at a step boundary (start, or after an admission)."""
@@ -311,8 +323,13 @@ class StackedRunner:
             buf[:tr.numel] += self.grads[t]
             buf[tr.numel + t] += 1.0
             buf[_LOSS] += tr.last_loss.get(t, float("nan"))
-        if self.comm.rank == 0:  # one observer, so every member sees the same count
-            buf[_JOIN] = float(self.comm.store.add("join/count", 0))
+        if self.comm.rank == 0 and not self.comm.store_lost:
+            try:  # one observer, so every member sees the same count
+                buf[_JOIN] = float(self.comm.store.add("join/count", 0))
+            except Exception:
+                self.comm.store_lost = True
+        # any member that lost the coordinator makes every member stop after this commit
+        buf[_LOST] = 1.0 if self.comm.store_lost else 0.0
         buf[_COUNT] = 1.0
         buf[_STEP] = float(self.step)
         return buf
@@ -321,6 +338,8 @@ class StackedRunner:
     def run(self) -> torch.Tensor:
         while self.step < self.cfg.steps:
             self.run_step()
+        if self.ckpt is not None:
+            self.ckpt.wait()
         return self.trainer.flat_params()
 
     def run_step(self) -> None:
@@ -370,6 +389,41 @@ class StackedRunner:
                       "plan": {str(t): self._uid_of(w) for w, ts in self.contrib.items()
                                for t in ts},
                       "loss": float(buf[_LOSS]) / n, "rolled": rolled, "t": time.time()})
+        if self.ckpt is not None and self.step % self.ckpt_every == 0 \
+                and self.comm.rank == 0 and self.step < self.cfg.steps:
+            self.ckpt.save_async(self.step, tr.state_tensors(), self._meta())
+        if float(buf[_LOST]) > 0:
+            raise CoordinatorLostError(
+                f"the coordinator's store is gone; stopped after step {k} on every member")
+
+    def save_checkpoint_now(self) -> str | None:
+        """Durable checkpoint of the committed state, written by the generation's rank 0 only
+        (the state is a replica on every member). Blocks until it is on disk."""
+        if self.ckpt is None or self.comm.rank != 0:
+            return None
+        fut = self.ckpt.save_async(self.step, self.trainer.state_tensors(), self._meta())
+        self.ckpt.wait()
+        return fut.result()
+
+    def resume(self) -> int | None:
+        """Load the newest valid durable checkpoint (a corrupt one is skipped with a warning
+        and the previous one used); returns its step, or None when there is none."""
+        if self.ckpt is None:
+            return None
+        found = self.ckpt.latest()
+        if found is None:
+            return None
+        tensors, meta = self.ckpt.load(self.trainer.state_tensors(), found[1])
+        with torch.no_grad():
+            for dst, src in zip(self.trainer.state_tensors(), tensors):
+                dst.copy_(src)
+        self.step = int(meta["step"])
+        if self.snap is not None:
+            self.snap.capture(self.trainer.state_tensors(), self._meta())
+        # a roll-back: commits of steps >= this one made before it no longer count
+        self.journal({"event": "restore", "step": self.step, "source": "checkpoint",
+                      "path": found[1], "t": time.time()})
+        return self.step
 
     def _uid_of(self, slot: int) -> int:
         for u in self.comm.members:

@@ -17,7 +17,9 @@ committed steps survive it) and reports through the store:
 * ``killed/<uid>`` / ``stopped/<uid>``: wall time just before a self-inflicted SIGKILL /
   SIGSTOP (test fault injection at deterministic points, see ``stacked.Inject``).
 
-Exit codes: 0 done, 3 error, 4 unmaskable wipe-out without replacements.
+Exit codes: 0 done, 3 error, 4 unmaskable wipe-out without replacements, 5 the coordinator
+(the store host) is gone: every member stopped after the same committed step and rank 0 wrote a
+durable checkpoint of it (``--ckpt-dir``), from which ``--resume`` continues.
 
 ``StackedCluster`` reuses :class:`~unbroken.runtime.ftcomm_worker.LocalCluster` (store hosting,
 waiting on keys and process exits, kill, close) and only starts this worker instead.
@@ -59,12 +61,22 @@ def worker_main(argv: list[str] | None = None) -> None:
     ap.add_argument("--pg-timeout", type=float, default=30.0)
     ap.add_argument("--wipeout-wait", type=float, default=60.0,
                     help="how long wipe-out survivors wait for replacements (s)")
+    ap.add_argument("--ckpt-dir", default=None, help="durable checkpoints (written by rank 0)")
+    ap.add_argument("--ckpt-every", type=int, default=50)
+    ap.add_argument("--resume", action="store_true",
+                    help="start from the newest valid checkpoint in --ckpt-dir")
     a = ap.parse_args(argv)
 
     import torch
 
-    from unbroken.runtime.ftcomm import FTComm
-    from unbroken.runtime.stacked import Inject, StackedRunner, TrainConfig, WipeOutError
+    from unbroken.runtime.ftcomm import FTComm, StoreLostError
+    from unbroken.runtime.stacked import (
+        CoordinatorLostError,
+        Inject,
+        StackedRunner,
+        TrainConfig,
+        WipeOutError,
+    )
 
     torch.set_num_threads(1)
     cfg = TrainConfig.from_json(a.config)
@@ -86,7 +98,10 @@ def worker_main(argv: list[str] | None = None) -> None:
                       heartbeat_period=a.heartbeat, staleness=a.staleness,
                       pg_timeout=a.pg_timeout, joining=a.standby)
         runner = StackedRunner(cfg, a.uid, comm, journal, inject=inject, on_fault=on_fault,
-                               wipeout_wait=a.wipeout_wait)
+                               wipeout_wait=a.wipeout_wait, ckpt_dir=a.ckpt_dir,
+                               ckpt_every=a.ckpt_every)
+        if a.resume:
+            runner.resume()
         if a.standby:
             comm.store.set(f"standby/{a.uid}", "ready")  # warm: imports done, model built
             comm.store.wait([f"assign/{a.uid}"], timedelta(hours=24))
@@ -99,6 +114,13 @@ def worker_main(argv: list[str] | None = None) -> None:
         code = 4
         if comm is not None:
             comm.store.set(f"wipeout_failed/{a.uid}", json.dumps(str(exc)))
+    except (CoordinatorLostError, StoreLostError) as exc:
+        # contract: every member stopped after the same committed step; rank 0 leaves a
+        # durable checkpoint of it, so ``--resume`` continues exactly once from there
+        code = 5
+        path = runner.save_checkpoint_now()
+        journal({"event": "coordinator_lost", "step": runner.step, "checkpoint": path,
+                 "error": str(exc), "t": time.time()})
     except BaseException:
         code = report_error(comm, a.uid)
     jf.close()
@@ -119,22 +141,29 @@ class StackedCluster(LocalCluster):
                  die_after_replan=(), die_in_patch=(), die_in_retry=(), corrupt_snapshot=(),
                  spares: int = 0, heartbeat: float = 0.1, staleness: float = 1.0,
                  pg_timeout: float = 30.0, wipeout_wait: float = 60.0,
-                 python: str | None = None) -> None:
+                 ckpt_dir: str | None = None, ckpt_every: int = 50, resume: bool = False,
+                 store_port: int | None = None, python: str | None = None) -> None:
         import torch.distributed as dist
 
         self.cfg = cfg
         self.uids: list[int] = []
         self.spares = list(range(cfg.groups, cfg.groups + spares))
         self.journal_dir = journal_dir
-        self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                                   timeout=timedelta(seconds=60))
+        if store_port is None:  # host the store here: the launcher is the coordinator
+            self.store = dist.TCPStore("127.0.0.1", 0, is_master=True,
+                                       wait_for_workers=False, timeout=timedelta(seconds=60))
+        else:  # a store hosted elsewhere (a test kills it to play a dead coordinator)
+            self.store = dist.TCPStore("127.0.0.1", store_port, is_master=False,
+                                       wait_for_workers=False, timeout=timedelta(seconds=10))
         self.port = self.store.port
         self._env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
         self._python = python or sys.executable
         self._common = ["--port", str(self.port), "--config", cfg.to_json(),
                         "--journal", journal_dir, "--heartbeat", str(heartbeat),
                         "--staleness", str(staleness), "--pg-timeout", str(pg_timeout),
-                        "--wipeout-wait", str(wipeout_wait)]
+                        "--wipeout-wait", str(wipeout_wait), "--ckpt-every", str(ckpt_every),
+                        *(["--ckpt-dir", ckpt_dir] if ckpt_dir else []),
+                        *(["--resume"] if resume else [])]
         self.procs = {}
         self._errs = {}
         flags = {"--die-after-replan": die_after_replan, "--die-in-patch": die_in_patch,

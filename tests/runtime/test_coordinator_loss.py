@@ -1,0 +1,82 @@
+"""The coordinator (the process hosting the store) dies in the middle of training.
+
+Contract (README, "Coordinator failure"): the job does not die silently and does not hang.
+Every member finishes the step in flight, all of them stop after the *same* committed step,
+rank 0 writes a durable checkpoint of it, and every worker exits with code 5. A new run with
+``--resume`` continues from that checkpoint; the samples stay exactly-once across the two runs
+and the parameters equal a failure-free run.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from unbroken.core.shards import exactly_once  # noqa: E402
+from unbroken.runtime.stacked import TrainConfig, ledger_records, reference_run  # noqa: E402
+from unbroken.runtime.stacked_worker import StackedCluster  # noqa: E402
+
+CFG = TrainConfig(groups=4, redundancy=2, steps=40, seed=7)
+
+
+def commits(path: Path) -> list[int]:
+    if not path.exists():
+        return []
+    return [json.loads(x)["step"] for x in path.read_text().splitlines()
+            if x.strip() and json.loads(x)["event"] == "commit"]
+
+
+@pytest.mark.timeout(180)
+def test_coordinator_death_stops_all_at_one_step_with_a_checkpoint_then_resume(tmp_path):
+    jdir, cdir = tmp_path / "journal", tmp_path / "ckpt"
+    jdir.mkdir()
+    host = subprocess.Popen([sys.executable, "-m", "unbroken.runtime.store_host"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(host.stdout.readline())
+        with StackedCluster(CFG, str(jdir), store_port=port, ckpt_dir=str(cdir),
+                            ckpt_every=5) as c:
+            # let it train a while (journal lines, waiting on a worker's exit between looks)
+            while min(len(commits(jdir / f"group-{u}.jsonl")) for u in range(4)) < 8:
+                assert all(c.procs[u].poll() is None for u in range(4))
+                try:
+                    c.procs[0].wait(timeout=0.02)
+                except subprocess.TimeoutExpired:
+                    pass
+            host.send_signal(signal.SIGKILL)  # the coordinator dies
+            host.wait(timeout=10)
+            rcs = [c.procs[u].wait(timeout=60) for u in range(4)]
+            assert rcs == [5, 5, 5, 5], [c.stderr(u)[-1500:] for u in range(4)]
+            journals = {u: c.journal(u) for u in range(4)}
+    finally:
+        host.kill()
+    last = {u: commits(jdir / f"group-{u}.jsonl")[-1] for u in range(4)}
+    assert len(set(last.values())) == 1, last  # all stopped after the same step
+    stop = last[0]
+    assert 8 <= stop < CFG.steps - 1
+    lost = [e for u in range(4) for e in journals[u] if e["event"] == "coordinator_lost"]
+    assert len(lost) == 4 and {e["step"] for e in lost} == {stop + 1}
+    written = [e["checkpoint"] for e in lost if e["checkpoint"]]
+    assert len(written) == 1 and written[0].endswith(f"step-{stop + 1:08d}")
+
+    # resume with a new coordinator: continues from the checkpoint, exactly once, same result
+    with StackedCluster(CFG, str(jdir), ckpt_dir=str(cdir), resume=True) as c:
+        done = {u: c.wait_key(f"done/{u}", 120) for u in range(4)}
+        for u in range(4):
+            assert c.procs[u].wait(timeout=30) == 0
+        journals = {u: c.journal(u) for u in range(4)}
+    ref = reference_run(CFG)
+    for u in range(4):
+        diff = (torch.tensor(done[u]["params"], dtype=torch.float64) - ref).abs().max().item()
+        assert diff < 1e-9, (u, diff)
+        restores = [e for e in journals[u] if e["event"] == "restore"]
+        assert [e["step"] for e in restores] == [stop + 1]
+    rep = exactly_once(ledger_records(journals), CFG.steps, CFG.groups)
+    assert rep.ok and rep.records == CFG.steps * CFG.groups, rep
