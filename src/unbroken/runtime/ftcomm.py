@@ -135,6 +135,7 @@ class FTComm:
         poll_interval: float = 0.001,
         store_poll_interval: float = 0.01,
         joining: bool = False,
+        backend: str = "gloo",
     ) -> None:
         members = next_members(int(m) for m in members)
         if joining:
@@ -151,6 +152,7 @@ class FTComm:
                 timeout=timedelta(seconds=store_timeout),
             )
         self.uid = int(uid)
+        self.backend = backend
         self.store = store
         self.heartbeat_period = float(heartbeat_period)
         self.staleness = float(staleness)
@@ -389,7 +391,7 @@ class FTComm:
     # ------------------------------------------------------------------ internals
     def _init_pg(self, gen: int, members: list[int]) -> None:
         dist.init_process_group(
-            "gloo",
+            self.backend,
             store=dist.PrefixStore(f"pg/{gen}", self.store),
             rank=members.index(self.uid),
             world_size=len(members),

@@ -150,7 +150,9 @@ class GPTTrainer:
         self.offsets = torch.arange(cfg.dataset_size, dtype=torch.int64) * stride
         self.span = torch.arange(span, dtype=torch.int64)
         torch.manual_seed(cfg.seed)
+        self.device = torch.device(cfg.device)
         self.model = GPT(cfg.seq_len, cfg.d_model, cfg.n_layer, cfg.n_head).to(torch.float64)
+        self.model.to(self.device)  # the device is configuration (cuda: NCCL), chosen at start
         self.params = list(self.model.parameters())
         self.numel = sum(p.numel() for p in self.params)
         decay = [p for p in self.params if p.dim() >= 2]
@@ -163,7 +165,7 @@ class GPTTrainer:
     def batch(self, step: int, shard_type: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, targets) of shard type ``shard_type`` at ``step``: int64 (shard, seq_len)."""
         idx = torch.tensor(self.data.shard(step, shard_type), dtype=torch.int64)
-        w = self.corpus[self.offsets[idx][:, None] + self.span].long()
+        w = self.corpus[self.offsets[idx][:, None] + self.span].long().to(self.device)
         return w[:, :-1], w[:, 1:]
 
     def grad(self, step: int, shard_type: int) -> torch.Tensor:

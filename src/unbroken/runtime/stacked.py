@@ -80,6 +80,12 @@ class TrainConfig:
     n_head: int = 4
     # every-step in-memory snapshot of the committed state (off: to measure its cost)
     snapshot: bool = True
+    # "cpu" (gloo) or "cuda" / "cuda:<i>" (NCCL): configuration, not a code path of its own
+    device: str = "cpu"
+
+    @property
+    def backend(self) -> str:
+        return "nccl" if self.device.startswith("cuda") else "gloo"
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -134,19 +140,20 @@ class Trainer:
         x = rng.standard_normal((cfg.dataset_size, cfg.dim))
         w = rng.standard_normal(cfg.dim)
         y = np.sin(x @ w) + 0.1 * rng.standard_normal(cfg.dataset_size)
-        self.x = torch.from_numpy(x)
-        self.y = torch.from_numpy(y)[:, None]
+        self.device = torch.device(cfg.device)
+        self.x = torch.from_numpy(x).to(self.device)
+        self.y = torch.from_numpy(y)[:, None].to(self.device)
         torch.manual_seed(cfg.seed)
         self.model = torch.nn.Sequential(
             torch.nn.Linear(cfg.dim, cfg.hidden), torch.nn.Tanh(), torch.nn.Linear(cfg.hidden, 1),
-        ).to(torch.float64)
+        ).to(torch.float64).to(self.device)
         self.params = list(self.model.parameters())
         self.numel = sum(p.numel() for p in self.params)
         self.opt = torch.optim.SGD(self.params, lr=cfg.lr, momentum=cfg.momentum)
         self.last_loss: dict[int, float] = {}
 
     def grad(self, step: int, shard_type: int) -> torch.Tensor:
-        idx = torch.tensor(self.data.shard(step, shard_type))
+        idx = torch.tensor(self.data.shard(step, shard_type), device=self.device)
         loss = torch.nn.functional.mse_loss(self.model(self.x[idx]), self.y[idx])
         self.last_loss[shard_type] = float(loss.detach())
         gs = torch.autograd.grad(loss, self.params)
@@ -181,7 +188,7 @@ def optimizer_state_tensors(params: list[torch.Tensor], opt: torch.optim.Optimiz
             if isinstance(opt, torch.optim.SGD):
                 st["momentum_buffer"] = torch.zeros_like(p)
             elif isinstance(opt, (torch.optim.Adam, torch.optim.AdamW)):
-                st["step"] = torch.tensor(0.0, dtype=torch.float32)
+                st["step"] = torch.tensor(0.0, dtype=torch.float32)  # AdamW keeps it on CPU
                 st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         for name in sorted(st):
@@ -195,7 +202,7 @@ def reference_run(cfg: TrainConfig) -> torch.Tensor:
     """Single process: per step, sum the N shard-type gradients, divide by N, step."""
     tr = make_trainer(cfg)
     for k in range(cfg.steps):
-        total = torch.zeros(tr.numel, dtype=torch.float64)
+        total = torch.zeros(tr.numel, dtype=torch.float64, device=cfg.device)
         for t in range(cfg.groups):
             total += tr.grad(k, t)
         tr.apply(total)
@@ -246,6 +253,7 @@ class StackedRunner:
         self.on_fault = on_fault or (lambda kind: None)
         self.wipeout_wait = wipeout_wait
         self.layout = make_layout(cfg.groups, cfg.redundancy)
+        self.dev = torch.device(cfg.device)
         self.trainer = make_trainer(cfg)
         self.slot_of: dict[int, int] = {w: w for w in range(cfg.groups)}
         if slot is not None:
@@ -318,7 +326,7 @@ class StackedRunner:
 
     def _pack(self) -> torch.Tensor:
         tr, n = self.trainer, self.cfg.groups
-        buf = torch.zeros(self._buflen(), dtype=torch.float64)
+        buf = torch.zeros(self._buflen(), dtype=torch.float64, device=self.dev)
         for t in self.contrib.get(self.my_slot, ()):
             buf[:tr.numel] += self.grads[t]
             buf[tr.numel + t] += 1.0
@@ -438,7 +446,7 @@ class StackedRunner:
         while True:
             members = self.comm.reform()
             t0 = time.time()
-            steps = torch.zeros(len(members), dtype=torch.float64)
+            steps = torch.zeros(len(members), dtype=torch.float64, device=self.dev)
             steps[self.comm.rank] = float(self.step)
             if not self.comm.allreduce(steps):
                 continue
@@ -448,7 +456,7 @@ class StackedRunner:
             if hi != lo:
                 src = int((steps == hi).nonzero()[0])
                 b = (self.last_buf.clone() if self.comm.rank == src
-                     else torch.zeros(self._buflen(), dtype=torch.float64))
+                     else torch.zeros(self._buflen(), dtype=torch.float64, device=self.dev))
                 if not self.comm.allreduce(b):
                     continue
                 if self.step == lo:
@@ -566,24 +574,24 @@ class StackedRunner:
                 self.snap.capture(self.trainer.state_tensors(), self._meta())
                 info = {"meta": self.snap.meta, "digest": self.snap.digest()}
                 self.comm.store.set(f"state/{gen}/{src}", json.dumps(info))
-                payload = self.snap.payload().clone()
+                payload = self.snap.payload().to(self.dev, copy=True)
                 if self.inject.corrupt_snapshot:
                     self.inject.corrupt_snapshot = False
                     payload[0] = (int(payload[0]) + 1) % 256  # one flipped byte
             else:
-                payload = torch.zeros_like(self.snap.payload())
+                payload = torch.zeros_like(self.snap.payload(), device=self.dev)
             if not self.comm.allreduce(payload):
                 return False
             good = 1.0
             if self.uid in joiners:
                 info = json.loads(self.comm.store.get(f"state/{gen}/{src}"))
                 try:
-                    self.snap.receive(payload, info["meta"], info["digest"])
+                    self.snap.receive(payload.cpu(), info["meta"], info["digest"])
                 except SnapshotError as exc:
                     good = 0.0
                     self.journal({"event": "bad_snapshot", "from": src, "error": str(exc),
                                   "t": time.time()})
-            ack = torch.zeros(len(members), dtype=torch.float64)
+            ack = torch.zeros(len(members), dtype=torch.float64, device=self.dev)
             ack[self.comm.rank] = good
             if not self.comm.allreduce(ack):
                 return False

@@ -96,7 +96,7 @@ def worker_main(argv: list[str] | None = None) -> None:
     try:
         comm = FTComm(a.uid, list(range(cfg.groups)), host=a.host, port=a.port,
                       heartbeat_period=a.heartbeat, staleness=a.staleness,
-                      pg_timeout=a.pg_timeout, joining=a.standby)
+                      pg_timeout=a.pg_timeout, joining=a.standby, backend=cfg.backend)
         runner = StackedRunner(cfg, a.uid, comm, journal, inject=inject, on_fault=on_fault,
                                wipeout_wait=a.wipeout_wait, ckpt_dir=a.ckpt_dir,
                                ckpt_every=a.ckpt_every)
