@@ -147,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     de.add_argument("--spares", type=_int, default=2, help="warm standby processes")
     de.add_argument("--staleness", type=_positive_float, default=1.0,
                     help="heartbeat silence that marks a group hung (s)")
+    de.add_argument("--ckpt-every", type=_int, default=50,
+                    help="durable checkpoint every K steps (the fallback after a wipe-out "
+                         "that no spare can cover)")
     de.add_argument("--out", default="out/demo", help="journal, figure, reference cache")
     de.add_argument("--json", action="store_true")
     return p
@@ -237,7 +240,8 @@ def cmd_demo(a: argparse.Namespace) -> dict:
     from unbroken.demo_view import LiveView
 
     req = DemoRequest(groups=a.groups, redundancy=a.redundancy, steps=a.steps, seed=a.seed,
-                      faults=a.faults, spares=a.spares, staleness=a.staleness, out=a.out)
+                      faults=a.faults, spares=a.spares, staleness=a.staleness, out=a.out,
+                      ckpt_every=a.ckpt_every)
     check(req)  # bad input: one line before any process starts
     err = Console(stderr=True)
     view = LiveView({"groups": req.groups, "steps": req.steps})

@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -59,6 +60,8 @@ class DemoRequest:
     staleness: float = 1.0
     heartbeat: float = 0.1
     timeout: float = 600.0
+    ckpt_every: int = 50
+    max_restarts: int = 3
 
     def fault_list(self) -> list[Fault]:
         if self.faults is None:
@@ -76,6 +79,8 @@ def check(req: DemoRequest) -> list[Fault]:
     check_placement(req.groups, req.redundancy)
     if req.steps < 2:
         raise ValueError(f"--steps {req.steps}: need at least 2 steps")
+    if req.ckpt_every < 1:
+        raise ValueError(f"--ckpt-every {req.ckpt_every}: must be at least 1")
     if req.spares < 0:
         raise ValueError(f"--spares {req.spares}: must be >= 0")
     if not 0 < req.heartbeat < req.staleness:
@@ -151,15 +156,28 @@ def run_demo(req: DemoRequest, *, emit_line: Callable[[str], None] | None = None
                                        "staleness": req.staleness},
           "faults": [{"kind": f.kind, "group": f.group, "step": f.step} for f in faults],
           "fault_spec": format_faults(faults)})
-    c = StackedCluster(cfg, str(jdir), spares=req.spares, heartbeat=req.heartbeat,
-                       staleness=req.staleness,
-                       die_at={f.group: f.step for f in faults if f.kind == "kill"},
-                       stop_at={f.group: f.step for f in faults if f.kind == "hang"})
-    try:
-        done = _supervise(c, req, emit, declare_dead)
-    finally:
-        c.close()
-    journals = {u: c.journal(u) for u in c.uids}
+    ckdir = out / "ckpt"
+    if ckdir.exists():
+        shutil.rmtree(ckdir)  # a previous run's checkpoints must not be resumed from
+    fired: set[tuple[str, int]] = set()  # (kind, slot) of faults already injected
+    attempt, done = 0, None
+    while done is None:
+        pending = [f for f in faults if (f.kind, f.group) not in fired]
+        c = StackedCluster(cfg, str(jdir), spares=req.spares, heartbeat=req.heartbeat,
+                           staleness=req.staleness, ckpt_dir=str(ckdir),
+                           ckpt_every=req.ckpt_every, resume=attempt > 0,
+                           die_at={f.group: f.step for f in pending if f.kind == "kill"},
+                           stop_at={f.group: f.step for f in pending if f.kind == "hang"})
+        try:
+            done = _supervise(c, req, emit, declare_dead, fired, restarting=attempt > 0)
+        except _Restart as r:
+            attempt += 1
+            if attempt > req.max_restarts:
+                raise DemoError(f"{r}; gave up after {req.max_restarts} restarts") from None
+            emit({"event": "restart_requested", "reason": str(r), "attempt": attempt})
+        finally:
+            c.close()
+    journals = _journals(jdir)
     wall = time.time() - t_start
     emit({"event": "end", "wall_s": wall})
     merged.close()
@@ -177,8 +195,23 @@ def run_demo(req: DemoRequest, *, emit_line: Callable[[str], None] | None = None
     return report
 
 
-def _supervise(c, req: DemoRequest, emit, declare_dead) -> dict[int, dict]:
-    """Watch processes and journals until every member finished; returns their ``done``."""
+class _Restart(Exception):
+    """No replacement can cover a wipe-out: restart every group from the durable checkpoint."""
+
+
+def _journals(jdir: Path) -> dict[int, list[dict]]:
+    out = {}
+    for f in sorted(jdir.glob("group-*.jsonl")):
+        out[int(f.stem.split("-")[1])] = [json.loads(x) for x in f.read_text().splitlines()
+                                         if x.strip()]
+    return out
+
+
+def _supervise(c, req: DemoRequest, emit, declare_dead, fired: set,
+               restarting: bool = False) -> dict[int, dict]:
+    """Watch processes and journals until every member finished; returns their ``done``.
+    Raises :class:`_Restart` when a wipe-out cannot get replacements."""
+    t_decided = time.time()
     tails = {}
     members = set(range(req.groups))   # uids that hold a slot
     slot_of = {u: u for u in members}
@@ -187,6 +220,7 @@ def _supervise(c, req: DemoRequest, emit, declare_dead) -> dict[int, dict]:
     finished: dict[int, dict] = {}
     handled: set[int] = set()
     restarts: set[int] = set()  # generations whose restart was announced
+    restarts_src: set[str] = set()
     seen: set[int] = set()      # uids that have been members of some generation
     wiped: dict[int, float] = {}  # step -> first wipe-out event time
     deadline = time.monotonic() + req.timeout
@@ -211,9 +245,22 @@ def _supervise(c, req: DemoRequest, emit, declare_dead) -> dict[int, dict]:
     while True:
         for u in list(c.uids):
             if u not in tails:
-                tails[u] = _Tail(Path(c.journal_dir) / f"group-{u}.jsonl")
+                tail = tails[u] = _Tail(Path(c.journal_dir) / f"group-{u}.jsonl")
+                if restarting:  # skip what the previous incarnation wrote
+                    tail.pos = tail.path.stat().st_size if tail.path.exists() else 0
             for ev in tails[u].read():
                 name = ev.get("event")
+                if name == "fault":
+                    fired.add((ev["kind"], ev["group"]))
+                if name == "restore" and restarting and "restore" not in restarts_src:
+                    restarts_src.add("restore")
+                    emit({"event": "restart", "step": ev["step"], "source": ev["source"],
+                          "reason": "wipe-out without replacements", "t": t_decided,
+                          "t_ready": ev["t"]})
+                if name == "wipeout" and not pool:
+                    emit(ev, src=f"group-{u}")
+                    raise _Restart(f"wipe-out at step {ev['step']} and no spare left: "
+                                   f"restart from the durable checkpoint")
                 if name == "restart":  # one per survivor; the driver's line counts it once
                     if ev["gen"] not in restarts:
                         restarts.add(ev["gen"])
@@ -252,13 +299,14 @@ def _supervise(c, req: DemoRequest, emit, declare_dead) -> dict[int, dict]:
             if rc == -signal.SIGKILL:
                 declare_dead(c.store, u)  # the launcher saw the exit: no heartbeat wait
                 replace(u, "exit")
+            elif rc == 4:
+                raise _Restart(f"group {u} gave up waiting for replacements (exit 4)")
             else:
                 raise DemoError(f"group {u} exited with code {rc}:\n{c.stderr(u)[-2000:]}")
         if members and members <= set(finished):
             return {u: finished[u] for u in sorted(members)}
         if not members:
-            raise DemoError("every group is gone and no spare is left: restart from the "
-                            "durable checkpoint")
+            raise _Restart("every group is gone and no spare is left")
         if time.monotonic() > deadline:
             raise DemoError(f"no finish within {req.timeout:.0f}s")
         try:  # wait on a member's exit (an event we care about) rather than a bare sleep

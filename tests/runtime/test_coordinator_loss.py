@@ -34,7 +34,9 @@ def commits(path: Path) -> list[int]:
 
 
 @pytest.mark.timeout(180)
-def test_coordinator_death_stops_all_at_one_step_with_a_checkpoint_then_resume(tmp_path):
+@pytest.mark.parametrize("corrupt_latest", [False, True])
+def test_coordinator_death_stops_all_at_one_step_with_a_checkpoint_then_resume(
+        tmp_path, corrupt_latest):
     jdir, cdir = tmp_path / "journal", tmp_path / "ckpt"
     jdir.mkdir()
     host = subprocess.Popen([sys.executable, "-m", "unbroken.runtime.store_host"],
@@ -66,6 +68,14 @@ def test_coordinator_death_stops_all_at_one_step_with_a_checkpoint_then_resume(t
     written = [e["checkpoint"] for e in lost if e["checkpoint"]]
     assert len(written) == 1 and written[0].endswith(f"step-{stop + 1:08d}")
 
+    resume_at = stop + 1
+    if corrupt_latest:  # a flipped byte in its data: detected, the previous one is used
+        data = sorted((cdir / f"step-{stop + 1:08d}").glob("*.distcp"))[0]
+        raw = bytearray(data.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        data.write_bytes(bytes(raw))
+        resume_at = max(k for k in range(5, stop + 1, 5))  # the last periodic checkpoint
+
     # resume with a new coordinator: continues from the checkpoint, exactly once, same result
     with StackedCluster(CFG, str(jdir), ckpt_dir=str(cdir), resume=True) as c:
         done = {u: c.wait_key(f"done/{u}", 120) for u in range(4)}
@@ -77,6 +87,9 @@ def test_coordinator_death_stops_all_at_one_step_with_a_checkpoint_then_resume(t
         diff = (torch.tensor(done[u]["params"], dtype=torch.float64) - ref).abs().max().item()
         assert diff < 1e-9, (u, diff)
         restores = [e for e in journals[u] if e["event"] == "restore"]
-        assert [e["step"] for e in restores] == [stop + 1]
+        assert [e["step"] for e in restores] == [resume_at]
+        warned = [e["message"] for e in journals[u] if e["event"] == "checkpoint_warning"]
+        assert bool(warned) == corrupt_latest and all(f"step-{stop + 1:08d}" in w
+                                                      for w in warned), warned
     rep = exactly_once(ledger_records(journals), CFG.steps, CFG.groups)
     assert rep.ok and rep.records == CFG.steps * CFG.groups, rep

@@ -46,3 +46,19 @@ def test_demo_without_faults_is_plain_data_parallelism(tmp_path):
     rep = json.loads(p.stdout)
     assert rep["faults_injected"] == 0 and rep["restarts"] == 0 and rep["joins"] == 0
     assert rep["exactly_once"] is True and rep["max_abs_param_diff"] < 1e-9
+
+
+@pytest.mark.timeout(200)
+def test_demo_wipeout_without_spares_restarts_from_the_durable_checkpoint(tmp_path):
+    # no spare: the wipe-out at step 9 cannot be covered, so every group restarts from the
+    # checkpoint of step 5; the steps 5..8 done twice count once (the restore rolls back)
+    p = subprocess.run(
+        [sys.executable, "-m", "unbroken", "demo", "--steps", "16", "--spares", "0",
+         "--faults", "kill:1@8,kill:2@9", "--ckpt-every", "5", "--out", str(tmp_path),
+         "--json"], capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rep = json.loads(p.stdout)
+    assert rep["faults_masked"] == 1 and rep["restarts"] == 1
+    assert rep["exactly_once"] is True and rep["ledger"]["records"] == 16 * 4
+    assert rep["max_abs_param_diff"] < 1e-5
+    assert rep["time_lost_per_fault"][1]["how"] == "restart from checkpoint @ step 5"

@@ -419,7 +419,8 @@ class StackedRunner:
         if self.ckpt is None:
             return None
         found = self.ckpt.latest()
-        if found is None:
+        if found is None:  # nothing durable yet: start over, and say so (the ledger rolls back)
+            self.journal({"event": "restore", "step": 0, "source": "none", "t": time.time()})
             return None
         tensors, meta = self.ckpt.load(self.trainer.state_tensors(), found[1])
         with torch.no_grad():
