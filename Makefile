@@ -1,16 +1,20 @@
-# Two entry points for a fresh machine: `make plan` (the main job) and `make test`.
-# Both create .venv and install the package with the pinned versions in requirements.lock.
+# Two entry points for a fresh machine: `make demo` (the main job) and `make test`.
+# `make plan` is the planner (the first face); `make bench` runs every benchmark.
+# Every target creates .venv and installs the package with the pinned versions in requirements.lock.
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: plan test bench clean
+.PHONY: demo plan test bench clean
 
 $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -c requirements.lock -e '.[test,bench,train]'
 	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/unbroken demo
 
 plan: $(STAMP)
 	$(VENV)/bin/unbroken plan

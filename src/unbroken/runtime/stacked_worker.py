@@ -42,9 +42,13 @@ from unbroken.runtime.ftcomm_worker import LocalCluster, finish, hard_exit, repo
 
 def worker_main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--uid", type=int, required=True)
-    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--uid", type=int, default=None,
+                    help="group id; under torchrun (--from-env) it is the global RANK")
+    ap.add_argument("--host", default="127.0.0.1", help="the coordinator's store")
     ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--from-env", action="store_true",
+                    help="launched by torchrun: uid = $RANK, and $WORLD_SIZE must equal the "
+                         "config's groups")
     ap.add_argument("--config", required=True, help="TrainConfig as JSON")
     ap.add_argument("--journal", required=True, help="directory for group-<uid>.jsonl")
     ap.add_argument("--standby", action="store_true",
@@ -80,6 +84,14 @@ def worker_main(argv: list[str] | None = None) -> None:
 
     torch.set_num_threads(1)
     cfg = TrainConfig.from_json(a.config)
+    if a.from_env:
+        a.uid = int(os.environ["RANK"])
+        world = int(os.environ["WORLD_SIZE"])
+        if world != cfg.groups:
+            ap.error(f"WORLD_SIZE {world} != groups {cfg.groups} in --config")
+    if a.uid is None:
+        ap.error("--uid is required (or --from-env under torchrun)")
+    os.makedirs(a.journal, exist_ok=True)
     comm = None
     code = 0
     jf = open(os.path.join(a.journal, f"group-{a.uid}.jsonl"), "a", buffering=1)
