@@ -25,7 +25,8 @@ So survivors do not try to fix the old group. They *abandon* it and build a new 
    threads may still touch them. The caller's tensor is untouched (we reduce into a copy).
 4. ``reform()`` runs a rendezvous for generation ``g+1`` in the store (first joiner leads; it
    publishes the member list once every member with a fresh heartbeat has joined, or at a
-   deadline), destroys the old default group and calls ``init_process_group("gloo",
+   deadline; after a gloo connection error, which means a peer *process* is gone, "fresh"
+   is three heartbeat periods instead of ``staleness``; whoever joins is kept), destroys the old default group and calls ``init_process_group("gloo",
    store=PrefixStore(f"pg/{g+1}", store), ...)`` with the new, smaller world.
 
 The store must be hosted by a long-lived process that is not a worker (a launcher /
@@ -66,6 +67,7 @@ from unbroken.core.membership import (
     next_members,
     observe,
     rendezvous_ready,
+    rendezvous_staleness,
 )
 
 __all__ = ["FTComm", "RendezvousError", "StoreLostError", "declare_dead"]
@@ -127,7 +129,7 @@ class FTComm:
         store: dist.TCPStore | None = None,
         host: str | None = None,
         port: int | None = None,
-        heartbeat_period: float = 0.1,
+        heartbeat_period: float = 0.05,
         staleness: float = 1.0,
         pg_timeout: float = 60.0,
         rendezvous_timeout: float = 10.0,
@@ -286,7 +288,9 @@ class FTComm:
             while True:
                 count = st.add(f"rdzv/{gen}/count", 0)
                 joined = [int(st.get(f"rdzv/{gen}/joined/{i}")) for i in range(1, count + 1)]
-                live = self.live_now()
+                peer_died = st.check([f"abort/{old}/gloo"])
+                live = self.live_now(rendezvous_staleness(
+                    self.staleness, self.heartbeat_period, peer_died))
                 came = [u for u in expect if st.check([f"rdzv/{gen}/joiner/{u}"])]
                 gone = [u for u in expect if u not in came and st.check([f"dead/{u}"])]
                 if (rendezvous_ready(joined, live) and len(came) + len(gone) == len(expect)) \
@@ -366,12 +370,13 @@ class FTComm:
         self._set_abort(self._gen, reason)
         self._note_detect(reason)
 
-    def live_now(self) -> list[int]:
+    def live_now(self, staleness: float | None = None) -> list[int]:
         """Current members judged live from this worker's heartbeat observations."""
         with self._lock:
             obs, dead, members = dict(self._obs), set(self._dead), list(self._members)
         obs.pop(self.uid, None)
-        return live_members(members, obs, time.monotonic(), self.staleness, dead - {self.uid})
+        return live_members(members, obs, time.monotonic(), staleness or self.staleness,
+                            dead - {self.uid})
 
     def close(self) -> None:
         """Stop the heartbeat. Does not exit the process (use ``os._exit`` in entry points)."""
@@ -406,6 +411,10 @@ class FTComm:
 
     def _abandon(self, gen: int, work: Any, buf: Any, error: str | None) -> None:
         if error is not None:
+            try:  # evidence that a peer *process* is gone (its sockets closed)
+                self.store.set(f"abort/{gen}/gloo", error)
+            except Exception:
+                self.store_lost = True
             self._set_abort(gen, error)
         self._note_detect(self._abort_reason or error or "abort flag")
         self.graveyard.append((work, dist.group.WORLD if dist.is_initialized() else None, buf))
