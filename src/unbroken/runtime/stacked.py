@@ -72,7 +72,8 @@ class TrainConfig:
     hidden: int = 16
     lr: float = 0.05
     momentum: float = 0.9
-    # "mlp" (this file) or "gpt" (unbroken.runtime.gpt: a byte-level GPT on stdlib sources)
+    # "mlp" (this file), "gpt" (unbroken.runtime.gpt: a byte-level GPT on stdlib sources), or
+    # "package.module:factory" for a user's own trainer (see make_trainer)
     model: str = "mlp"
     seq_len: int = 64
     d_model: int = 64
@@ -117,13 +118,23 @@ class TrainerLike(Protocol):
 
 
 def make_trainer(cfg: TrainConfig) -> TrainerLike:
+    """The trainer named by ``cfg.model``: "mlp", "gpt", or "package.module:factory" (a
+    function of the config, e.g. one returning a
+    :class:`~unbroken.runtime.module_trainer.ModuleTrainer`: how a user's own model, optimizer
+    and dataset come in; every group and spare builds it the same way)."""
     if cfg.model == "mlp":
         return Trainer(cfg)
     if cfg.model == "gpt":
         from unbroken.runtime.gpt import GPTTrainer
 
         return GPTTrainer(cfg)
-    raise ValueError(f"unknown model {cfg.model!r} (expected 'mlp' or 'gpt')")
+    if ":" in cfg.model:
+        import importlib
+
+        mod, _, fn = cfg.model.partition(":")
+        return getattr(importlib.import_module(mod), fn)(cfg)
+    raise ValueError(f"unknown model {cfg.model!r} (expected 'mlp', 'gpt' or "
+                     f"'package.module:factory')")
 
 
 class Trainer:
@@ -244,7 +255,8 @@ class StackedRunner:
                  journal: Callable[[dict], None] = lambda e: None,
                  inject: Inject | None = None, on_fault: Callable[[str], None] | None = None,
                  slot: int | None = None, wipeout_wait: float = 60.0,
-                 ckpt_dir: str | None = None, ckpt_every: int = 50) -> None:
+                 ckpt_dir: str | None = None, ckpt_every: int = 50,
+                 trainer: TrainerLike | None = None) -> None:
         self.cfg = cfg
         self.uid = uid
         self.comm = comm
@@ -254,7 +266,7 @@ class StackedRunner:
         self.wipeout_wait = wipeout_wait
         self.layout = make_layout(cfg.groups, cfg.redundancy)
         self.dev = torch.device(cfg.device)
-        self.trainer = make_trainer(cfg)
+        self.trainer = trainer if trainer is not None else make_trainer(cfg)
         self.slot_of: dict[int, int] = {w: w for w in range(cfg.groups)}
         if slot is not None:
             self.slot_of[uid] = slot
