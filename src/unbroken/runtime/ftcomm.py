@@ -282,7 +282,6 @@ class FTComm:
             raise StoreLostError(f"gen {gen}: the coordinator's store is gone") from exc
         st.set(f"rdzv/{gen}/joined/{n}", str(self.uid))
         leader = n == 1
-        key = f"rdzv/{gen}/members"
         if leader:
             deadline = t_start + self.rendezvous_timeout
             while True:
@@ -299,29 +298,12 @@ class FTComm:
                 self._stop.wait(0.005)
             # whoever joined is alive, even if a starved heartbeat made it look stale
             new = next_members(joined + came)
-            st.set(key, json.dumps(new))
+            st.set(f"rdzv/{gen}/members", json.dumps(new))
         else:
-            wait_s = self.rendezvous_timeout + self.staleness + 5.0
-            try:
-                st.wait([key], timedelta(seconds=wait_s))
-            except Exception as exc:  # DistStoreError subclasses RuntimeError; be broad
-                raise RendezvousError(f"gen {gen}: no member list after {wait_s:.1f}s") from exc
-            new = [int(u) for u in json.loads(st.get(key))]
-        if self.uid not in new:
-            raise RendezvousError(f"gen {gen}: uid {self.uid} was left out of {new}")
+            new = self._member_list(gen)
         t_rdzv = time.monotonic()
-
-        self._bury_default_pg()
-        self._init_pg(gen, new)
+        self._enter(gen, new)
         t_pg = time.monotonic()
-        with self._lock:
-            self._gen = gen
-            self._members = new
-            self._wake.clear()
-            self._abort_reason = None
-            self._detected_at = None
-        if self._aborted_gen >= gen:  # raced: the new generation already broke
-            self._wake.set()
         ev = {
             "event": "reform", "gen": gen, "members": new, "leader": leader,
             "dropped": [u for u in old_members if u not in new],
@@ -340,18 +322,29 @@ class FTComm:
         Registers, waits for the leader's member list and builds the process group. Raises
         :class:`RendezvousError` if the list does not come or does not include this worker.
         """
-        st = self.store
-        st.set(f"rdzv/{gen}/joiner/{self.uid}", "1")
+        self.store.set(f"rdzv/{gen}/joiner/{self.uid}", "1")
+        new = self._member_list(gen, timeout)
+        t0 = time.monotonic()
+        self._enter(gen, new)
+        self.journal.append({"event": "join", "gen": gen, "members": new,
+                             "pg_init_s": round(time.monotonic() - t0, 4), "t": time.time()})
+        return list(new)
+
+    def _member_list(self, gen: int, timeout: float | None = None) -> list[int]:
+        """Wait for the leader's member list of ``gen``; it must include this worker."""
         key = f"rdzv/{gen}/members"
         wait_s = timeout or (self.rendezvous_timeout + self.staleness + 5.0)
         try:
-            st.wait([key], timedelta(seconds=wait_s))
-        except Exception as exc:
+            self.store.wait([key], timedelta(seconds=wait_s))
+        except Exception as exc:  # DistStoreError subclasses RuntimeError; be broad
             raise RendezvousError(f"gen {gen}: no member list after {wait_s:.1f}s") from exc
-        new = [int(u) for u in json.loads(st.get(key))]
+        new = [int(u) for u in json.loads(self.store.get(key))]
         if self.uid not in new:
-            raise RendezvousError(f"gen {gen}: joiner {self.uid} was left out of {new}")
-        t0 = time.monotonic()
+            raise RendezvousError(f"gen {gen}: uid {self.uid} was left out of {new}")
+        return new
+
+    def _enter(self, gen: int, new: list[int]) -> None:
+        """Build generation ``gen``'s process group and make it current."""
         self._bury_default_pg()
         self._init_pg(gen, new)
         with self._lock:
@@ -360,9 +353,8 @@ class FTComm:
             self._wake.clear()
             self._abort_reason = None
             self._detected_at = None
-        self.journal.append({"event": "join", "gen": gen, "members": new,
-                             "pg_init_s": round(time.monotonic() - t0, 4), "t": time.time()})
-        return list(new)
+        if self._aborted_gen >= gen:  # raced: the new generation already broke
+            self._wake.set()
 
     def fail(self, reason: str) -> None:
         """Declare the current generation broken from the caller's side (every member will

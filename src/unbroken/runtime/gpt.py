@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from unbroken.core.shards import DataPlan
-from unbroken.runtime.stacked import TrainConfig, optimizer_state_tensors
+from unbroken.runtime.stacked import TrainConfig, apply_sum, flat, optimizer_state_tensors
 
 __all__ = ["CORPUS_BYTES", "VOCAB", "RECOMMENDED_LR", "stdlib_corpus", "GPT", "GPTTrainer"]
 
@@ -178,16 +178,10 @@ class GPTTrainer:
 
     def apply(self, total: torch.Tensor) -> None:
         """Optimizer step with grad = ``total`` / N (the sum of the N shard-type gradients)."""
-        g = total / self.cfg.groups
-        off = 0
-        for p in self.params:
-            n = p.numel()
-            p.grad = g[off:off + n].view_as(p).clone()
-            off += n
-        self.opt.step()
+        apply_sum(self.params, self.opt, total, self.cfg.groups)
 
     def flat_params(self) -> torch.Tensor:
-        return torch.cat([p.detach().reshape(-1) for p in self.params])
+        return flat(self.params)
 
     def state_tensors(self) -> list[torch.Tensor]:
         return optimizer_state_tensors(self.params, self.opt)

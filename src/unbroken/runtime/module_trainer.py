@@ -27,6 +27,7 @@ import torch
 from torch.utils.data import default_collate
 
 from unbroken.core.shards import DataPlan
+from unbroken.runtime.stacked import apply_sum, flat, optimizer_state_tensors
 
 __all__ = ["ModuleTrainer"]
 
@@ -84,18 +85,10 @@ class ModuleTrainer:
 
     def apply(self, total: torch.Tensor) -> None:
         """Optimizer step with grad = ``total`` / N (the sum of the N shard-type gradients)."""
-        g = total / self.cfg.groups
-        off = 0
-        for p in self.params:
-            n = p.numel()
-            p.grad = g[off:off + n].view_as(p).to(p.dtype).clone()
-            off += n
-        self.opt.step()
+        apply_sum(self.params, self.opt, total, self.cfg.groups)
 
     def flat_params(self) -> torch.Tensor:
-        return torch.cat([p.detach().reshape(-1).to(torch.float64) for p in self.params])
+        return flat(self.params)
 
     def state_tensors(self) -> list[torch.Tensor]:
-        from unbroken.runtime.stacked import optimizer_state_tensors
-
         return optimizer_state_tensors(self.params, self.opt)

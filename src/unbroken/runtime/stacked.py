@@ -171,20 +171,30 @@ class Trainer:
         return torch.cat([g.reshape(-1) for g in gs])
 
     def apply(self, total: torch.Tensor) -> None:
-        """Optimizer step with grad = ``total`` / N (the sum of the N shard-type gradients)."""
-        g = total / self.cfg.groups
-        off = 0
-        for p in self.params:
-            n = p.numel()
-            p.grad = g[off:off + n].view_as(p).clone()
-            off += n
-        self.opt.step()
+        apply_sum(self.params, self.opt, total, self.cfg.groups)
 
     def flat_params(self) -> torch.Tensor:
-        return torch.cat([p.detach().reshape(-1) for p in self.params])
+        return flat(self.params)
 
     def state_tensors(self) -> list[torch.Tensor]:
         return optimizer_state_tensors(self.params, self.opt)
+
+
+def apply_sum(params: list[torch.Tensor], opt: torch.optim.Optimizer, total: torch.Tensor,
+              groups: int) -> None:
+    """Optimizer step with grad = ``total`` / N (``total``: the sum of the N shard-type
+    gradients, flat, in parameter order)."""
+    g = total / groups
+    off = 0
+    for p in params:
+        n = p.numel()
+        p.grad = g[off:off + n].view_as(p).to(p.dtype).clone()
+        off += n
+    opt.step()
+
+
+def flat(params: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1).to(torch.float64) for p in params])
 
 
 def optimizer_state_tensors(params: list[torch.Tensor], opt: torch.optim.Optimizer
