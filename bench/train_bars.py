@@ -271,11 +271,35 @@ def p90(xs: list[float]) -> float:
     return med([sorted(xs)[int(0.9 * len(xs))]])
 
 
+def snapshot_capture_ms(cfg: TrainConfig, n: int = 200) -> dict:
+    """The snapshot's own cost, measured directly (1 thread): one capture of the whole state
+    (parameters + AdamW buffers) into the preallocated buffer, as the runner does per commit.
+    Far less noisy than the difference of two multi-process step times."""
+    from unbroken.runtime.snapshot import Snapshot
+    from unbroken.runtime.stacked import make_trainer
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        tr = make_trainer(cfg)
+        state = tr.state_tensors()
+        snap = Snapshot(state)
+        xs = []
+        for k in range(n):
+            t0 = time.perf_counter()
+            snap.capture(state, {"step": k})
+            xs.append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    return {"median_ms": round(statistics.median(xs) * 1e3, 4), "bytes": snap.nbytes}
+
+
 def step_time(steps: int, warmup: int, rounds: int) -> dict:
     cfgs = {"stacked": gpt_config(steps, snapshot=True),
             "stacked_nosnapshot": gpt_config(steps, snapshot=False),
             "plain": gpt_config(steps)}
     numel, grad_ms = grad_ms_one_thread(cfgs["stacked"])
+    cap = snapshot_capture_ms(cfgs["stacked"])
     order = list(cfgs)
     rmed: dict[str, list[float]] = {k: [] for k in cfgs}
     alls: dict[str, list[float]] = {k: [] for k in cfgs}
@@ -328,6 +352,8 @@ def step_time(steps: int, warmup: int, rounds: int) -> dict:
         "stacked_over_plain": round(m["stacked"] / m["plain"], 4),
         "stacked_nosnapshot_over_plain": round(m["stacked_nosnapshot"] / m["plain"], 4),
         "snapshot_over_nosnapshot": round(m["stacked"] / m["stacked_nosnapshot"], 4),
+        "snapshot_capture": {**cap, "over_plain_step": round(
+            cap["median_ms"] / 1e3 / m["plain"], 5)},
         # best round per run: less sensitive to load from other processes on a shared machine
         "best_round_ratios": {
             "stacked_over_plain": round(best["stacked"] / best["plain"], 4),
