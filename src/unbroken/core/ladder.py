@@ -1,0 +1,564 @@
+"""The recovery ladder: one escalation order and one budget for every fault.
+
+Why one ladder
+--------------
+A fault can be answered in many ways, and their costs differ by orders of magnitude: masking a
+dead data-parallel group (SPARe, ``core.rectlr``) loses nothing and takes well under a second;
+requeueing the job loses the allocation, the warm caches and ten minutes of scheduling. ByteRobust
+(byterobust.md §2, Fig. 5) resolves most incidents with the cheap mechanisms — eviction 32.52 %,
+reattempt 22.70 %, rollback 9.20 %, dual-phase replay 1.23 % — and keeps the expensive ones for
+what the cheap ones could not fix. So every fault enters the ladder at the cheapest rung that can
+handle its kind, and climbs one rung when that rung has used up its attempts:
+
+==========  =========================================================================
+``MASK``      survivors compute the failed groups' shard types (rectlr); no restart
+``EVICT``     evict the groups and wake warm standbys in their place (§8); the job restarts
+              in place around them, no rescheduling
+``RETRY``     restart the training processes in place, same pods, same machines (§7)
+``ROLLBACK``  hot-update the code back to the last version that trained well (§7)
+``REPLAY``    dual-phase replay to find a silently corrupting machine (§5, ``core.replay``)
+``RESTART``   restart the whole job from the snapshot / durable checkpoint
+``REQUEUE``   give the allocation back and resubmit after an exponential backoff
+==========  =========================================================================
+
+Past ``REQUEUE`` the ladder gives up: the decision carries ``EXIT_NO_PROGRESS`` (6, the same code
+``core.retry`` uses), which tells a launcher "automatic recovery stopped on purpose" apart from a
+crash (3), a wipe-out without replacements (4) and a lost coordinator (5).
+
+Rules taken from the references
+-------------------------------
+* High-confidence hardware faults skip diagnosis and evict at once (byterobust.md §2); the XID
+  action classes ``reset_gpu`` and ``reboot_node`` (backendai.md §3: XID 119/145/149, 79) are
+  such faults; ``restart_app`` (XID 31/43/94) restarts the application in place (§3, §7).
+  A machine that the replay (§5) or a bitwise test (§4) proved corrupt is evicted at once too.
+* A user-space error traceable to code rolls the code back (byterobust.md §2, §7).
+* A crash or NaN with no clear culprit: reattempt in place; if it fails again, roll back the
+  recent code; if still failing, dual-phase replay (byterobust.md §2).
+* Code updates are lazy: queued, applied at the next restart the job needs anyway, forced after a
+  deadline (24 h by default, byterobust.md §7).
+* Requeue backs off exponentially, ``min(cap, base · 2**a)`` with the report's 10 min base
+  (backendai.md §7, marked [U/I] there; the 1 h cap is ours, as in ``core.retry``).
+* Repeat offenders are quarantined: a per-machine exclusion counter, and a machine excluded
+  ``quarantine_after`` times is not re-admitted (backendai.md §7 [I]: 3 of 63 nodes cause more
+  than half of the exclusions).
+
+Rules chosen here (not in the references)
+-----------------------------------------
+* **Mask before evict.** SPARe's masking loses nothing, so a death, hang or fail-slow whose
+  shard types still have a live host (``Fault.maskable``, computed by the caller with rectlr) is
+  masked first; replacing the group from the standby pool happens at a step boundary, outside
+  the ladder. ByteRobust has no masking, so its ladder starts at eviction.
+* **Evict only with a full replacement**, except for the hardware classes above, which are
+  evicted whatever the pool holds as long as the survivors can carry on (standbys or masking);
+  otherwise the fault climbs to ``RETRY`` (for a reboot-class XID, a reboot and an in-place
+  restart of the same machine).
+* **Replay only without a culprit**: for NaN / loss spikes, for SDC mismatches, and for crashes
+  that name no group. A process death that names its group never replays.
+* **An incident** begins with the first fault after a quiet period and ends once
+  ``resolved_after`` steps have been committed (default 10): a bug that fires every few steps
+  must not reset the ladder with every committed step. Attempts are counted per incident: a rung
+  *tried* ``max_attempts[rung]`` times in the incident is skipped from then on, whatever the
+  outcome of each try — a try that "worked" but was followed by another fault before the
+  incident ended did not solve it.
+* **The no-progress guard**: an incident older than ``time_budget`` (default 1 h) jumps straight
+  to ``REQUEUE``; when ``REQUEUE`` has used its attempts too, the ladder gives up.
+* The lazily queued update is applied by every rung that restarts processes (``EVICT``,
+  ``RETRY``, ``RESTART``, ``REQUEUE``), never by ``MASK`` (nothing restarts) or ``REPLAY`` (a
+  replay must run the code that produced the reference); a version that was rolled back is never
+  applied again. A version becomes *last good* after ``good_after`` committed steps (default 100).
+
+Pure: no I/O, no clock (``now`` is passed in), no processes — the simulator and the runtime both
+drive the same ``decide`` / ``advance`` pair; the caller journals the decisions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from enum import Enum, IntEnum
+from typing import Mapping
+
+__all__ = [
+    "EXIT_NO_PROGRESS",
+    "LadderError",
+    "Rung",
+    "FaultKind",
+    "Fault",
+    "LadderPolicy",
+    "LadderState",
+    "Decision",
+    "Tried",
+    "Committed",
+    "decide",
+    "advance",
+    "queue_update",
+    "update_due",
+]
+
+#: Exit code of a job whose ladder gave up (same value as ``core.retry.EXIT_NO_PROGRESS``).
+#: 0 success, 1 demo failed, 2 bad input, 3 error, 4 wipe-out without replacements,
+#: 5 coordinator lost are taken.
+EXIT_NO_PROGRESS = 6
+
+
+class LadderError(ValueError):
+    """A fault, state, policy or time the ladder cannot use; the message names the bad value."""
+
+
+class Rung(IntEnum):
+    """Recovery rungs, cheapest first (the value is the position on the ladder)."""
+
+    MASK = 0
+    EVICT = 1
+    RETRY = 2
+    ROLLBACK = 3
+    REPLAY = 4
+    RESTART = 5
+    REQUEUE = 6
+
+
+#: Rungs that restart training processes (a lazily queued code update rides along).
+_RESTARTS = frozenset({Rung.EVICT, Rung.RETRY, Rung.RESTART, Rung.REQUEUE})
+
+
+class FaultKind(str, Enum):
+    DEATH = "death"          # a training process exited / was killed
+    HANG = "hang"            # alive but silent (stale heartbeat, zero traffic)
+    FAIL_SLOW = "fail-slow"  # a straggler (MFU decline, peer-relative step time)
+    IMPLICIT = "implicit"    # NaN, loss or grad-norm spike: no culprit named
+    SDC = "sdc"              # a bitwise mismatch between two hosts of one shard type
+    CORRUPT = "corrupt"      # a machine proven corrupt (replay culprit, failed bitwise test)
+    XID = "xid"              # a GPU XID with its action class
+    CODE = "code"            # a user-space error traceable to the code (exception, bad update)
+    WIPE_OUT = "wipe-out"    # every host of some shard type failed: rectlr cannot mask
+
+
+#: XID action-class names, normalised (lower case, "-" -> "_"), that evict at once / retry.
+_XID_EVICT = frozenset({"reset_gpu", "reboot", "reboot_node", "restart_bm"})
+_XID_RETRY = frozenset({"restart_app"})
+_NO_CULPRIT = frozenset({FaultKind.IMPLICIT, FaultKind.SDC})
+
+
+def _norm_xid(action: str) -> str:
+    return action.strip().lower().replace("-", "_")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One detected fault, as the ladder sees it.
+
+    Attributes:
+        kind: a ``FaultKind`` (or its string value).
+        groups: the groups (machines) the fault names; empty when no culprit is known.
+        maskable: SPARe can mask it — every shard type of the failed groups still has a live
+            host (the caller asks ``core.rectlr.decide`` and gets a ``Plan``, not a ``WipeOut``).
+        xid_action: for ``XID`` faults, the action class as a plain string ("restart-app",
+            "reset-gpu", "reboot", "investigate", ...); unknown classes climb the ordinary ladder.
+    """
+
+    kind: FaultKind | str
+    groups: tuple[int, ...] = ()
+    maskable: bool = False
+    xid_action: str | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "kind", FaultKind(self.kind))
+        except ValueError:
+            raise LadderError(f"unknown fault kind {self.kind!r} (one of "
+                              f"{', '.join(k.value for k in FaultKind)})") from None
+        groups = tuple(self.groups)
+        for g in groups:
+            if isinstance(g, bool) or not isinstance(g, int) or g < 0:
+                raise LadderError(f"fault group {g!r} is not a non-negative integer")
+        if len(set(groups)) != len(groups):
+            raise LadderError(f"fault groups {groups} repeat a group")
+        object.__setattr__(self, "groups", groups)
+        if self.kind is FaultKind.XID:
+            if not isinstance(self.xid_action, str) or not self.xid_action.strip():
+                raise LadderError(f"xid fault needs an action class, got {self.xid_action!r}")
+        elif self.xid_action is not None:
+            raise LadderError(f"xid_action {self.xid_action!r} given for a {self.kind.value} fault")
+        if self.kind is FaultKind.WIPE_OUT and self.maskable:
+            raise LadderError("a wipe-out fault cannot be maskable")
+
+
+_DEFAULT_ATTEMPTS = {Rung.MASK: 2, Rung.EVICT: 2, Rung.RETRY: 2, Rung.ROLLBACK: 1,
+                     Rung.REPLAY: 1, Rung.RESTART: 2, Rung.REQUEUE: 3}
+
+
+@dataclass(frozen=True)
+class LadderPolicy:
+    """The budget. Attempts are per rung and per incident; times are seconds.
+
+    Attributes:
+        max_attempts: rung -> tries allowed in one incident (missing rungs keep the default;
+            0 skips the rung).
+        time_budget: an incident older than this jumps to ``REQUEUE`` (no-progress guard).
+        update_deadline: a queued code update is forced this long after it was queued (§7: 24 h).
+        backoff_base, backoff_cap: requeue ``a`` waits ``min(cap, base * 2**a)`` (backendai §7).
+        resolved_after: committed steps that end an incident.
+        good_after: committed steps after which the running code version is *last good*.
+        quarantine_after: evictions after which a machine is quarantined.
+    """
+
+    max_attempts: Mapping[Rung, int] = field(default_factory=dict)
+    time_budget: float = 3600.0
+    update_deadline: float = 86400.0
+    backoff_base: float = 600.0
+    backoff_cap: float = 3600.0
+    resolved_after: int = 10
+    good_after: int = 100
+    quarantine_after: int = 2
+
+    def __post_init__(self) -> None:
+        attempts = dict(_DEFAULT_ATTEMPTS)
+        for key, n in dict(self.max_attempts).items():
+            try:
+                rung = key if isinstance(key, Rung) else Rung[str(key).upper()]
+            except KeyError:
+                raise LadderError(f"ladder policy: unknown rung {key!r}") from None
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise LadderError(f"ladder policy: max_attempts[{rung.name}]={n!r} must be an "
+                                  f"integer >= 0")
+            attempts[rung] = n
+        if not any(attempts.values()):
+            raise LadderError("ladder policy: zero attempts on every rung leaves no recovery")
+        object.__setattr__(self, "max_attempts", attempts)
+        for name in ("time_budget", "update_deadline", "backoff_base", "backoff_cap"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise LadderError(f"ladder policy: {name}={v!r} is not a finite number")
+        for name in ("time_budget", "update_deadline"):
+            if getattr(self, name) <= 0:
+                raise LadderError(f"ladder policy: {name}={getattr(self, name)} must be > 0 s")
+        if self.backoff_base < 0:
+            raise LadderError(f"ladder policy: backoff_base={self.backoff_base} is negative")
+        if self.backoff_cap < self.backoff_base:
+            raise LadderError(f"ladder policy: backoff_cap={self.backoff_cap} is below "
+                              f"backoff_base={self.backoff_base}")
+        for name in ("resolved_after", "good_after", "quarantine_after"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise LadderError(f"ladder policy: {name}={v!r} must be an integer >= 1")
+
+    def limit(self, rung: Rung) -> int:
+        return self.max_attempts[rung]
+
+
+@dataclass(frozen=True)
+class LadderState:
+    """What the ladder remembers between decisions (the caller keeps it, e.g. in the journal).
+
+    Attributes:
+        standby: warm standbys available now (the caller refills it as the pool refills).
+        running: code version running now; last_good: the last version that trained well.
+        pending: a queued code update (applied lazily), queued at ``pending_since``.
+        attempts: rung -> tries in the current incident.
+        incident_start: when the current incident began (None: no incident).
+        steps: steps committed since the incident began; running_steps: on ``running``.
+        offences: machine -> evictions so far; quarantined: machines not to re-admit.
+        rejected: code versions rolled back (never applied again).
+    """
+
+    standby: int = 0
+    running: str = "v0"
+    last_good: str = "v0"
+    pending: str | None = None
+    pending_since: float | None = None
+    attempts: Mapping[Rung, int] = field(default_factory=dict)
+    incident_start: float | None = None
+    steps: int = 0
+    running_steps: int = 0
+    offences: Mapping[int, int] = field(default_factory=dict)
+    quarantined: frozenset[int] = frozenset()
+    rejected: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.standby, bool) or not isinstance(self.standby, int) or self.standby < 0:
+            raise LadderError(f"ladder state: standby={self.standby!r} must be an integer >= 0")
+        for name in ("running", "last_good"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise LadderError(f"ladder state: {name}={getattr(self, name)!r} is not a version")
+        if (self.pending is None) != (self.pending_since is None):
+            raise LadderError(f"ladder state: pending={self.pending!r} and pending_since="
+                              f"{self.pending_since!r} must be given together")
+        for rung, n in self.attempts.items():
+            if not isinstance(rung, Rung) or not isinstance(n, int) or n < 0:
+                raise LadderError(f"ladder state: attempts[{rung!r}]={n!r} is not a count")
+
+    def tries(self, rung: Rung) -> int:
+        return self.attempts.get(rung, 0)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do now. ``rung`` is None when the ladder gives up (then ``exit_code`` is set).
+
+    Attributes:
+        rung: the rung to carry out.
+        at: the ``now`` it was decided at (the incident starts here if none is open).
+        groups: the groups it acts on — masked (MASK), evicted (EVICT), excluded on resubmit
+            (REQUEUE), or the fault's groups for the other rungs.
+        replace: standbys to wake in the evicted groups' place (EVICT).
+        mask: the survivors keep training masked meanwhile (EVICT with too few standbys).
+        version: code version to run after this restart: the lazily applied update, or the
+            rollback target (ROLLBACK); None keeps the running code.
+        backoff: seconds to wait before resubmitting (REQUEUE).
+        quarantine: evicted machines that have now offended ``quarantine_after`` times.
+        exit_code: ``EXIT_NO_PROGRESS`` when the ladder gives up.
+        incident: False for a restart that answers no fault (``update_due``): trying it opens
+            no incident and uses no attempt.
+    """
+
+    rung: Rung | None
+    at: float
+    groups: tuple[int, ...] = ()
+    replace: int = 0
+    mask: bool = False
+    version: str | None = None
+    backoff: float = 0.0
+    quarantine: tuple[int, ...] = ()
+    exit_code: int | None = None
+    incident: bool = True
+
+    @property
+    def restarts(self) -> bool:
+        """Whether training processes restart (ETTR books it as restart time, not masking)."""
+        return self.rung in _RESTARTS or self.rung is Rung.ROLLBACK
+
+
+@dataclass(frozen=True)
+class Tried:
+    """The decision was carried out; ``ok`` is False when the action itself failed."""
+
+    decision: Decision
+    ok: bool = True
+
+
+@dataclass(frozen=True)
+class Committed:
+    """``steps`` training steps were committed since the last outcome."""
+
+    steps: int
+
+
+Outcome = Tried | Committed
+
+
+def _check_time(name: str, t: object) -> float:
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
+        raise LadderError(f"{name}={t!r} is not a finite time")
+    return float(t)
+
+
+def _start(fault: Fault, state: LadderState) -> tuple[Rung, bool, str]:
+    """The rung a fault enters at, whether eviction is forced, and why."""
+    kind = fault.kind
+    if kind is FaultKind.XID:
+        action = _norm_xid(fault.xid_action or "")
+        if action in _XID_EVICT:
+            return Rung.EVICT, True, f"xid {action}: hardware, evict at once"
+        if action in _XID_RETRY:
+            return Rung.RETRY, False, f"xid {action}: restart the application in place"
+        kind = FaultKind.DEATH  # investigate / unknown: an ordinary crash
+    if kind is FaultKind.CORRUPT:
+        return Rung.EVICT, True, "proven corrupt: evict at once"
+    if kind is FaultKind.SDC:
+        return Rung.REPLAY, False, "sdc mismatch: replay to name the culprit"
+    if kind is FaultKind.IMPLICIT:
+        return Rung.RETRY, False, "no culprit: reattempt in place"
+    if kind is FaultKind.CODE:
+        if state.running != state.last_good:
+            return Rung.ROLLBACK, False, "code error: roll back the code"
+        return Rung.RETRY, False, "code error, nothing to roll back: retry in place"
+    return Rung.MASK, False, "cheapest rung first"
+
+
+def _applicable(rung: Rung, fault: Fault, state: LadderState, forced: bool) -> bool:
+    if rung is Rung.MASK:
+        return fault.maskable and bool(fault.groups)
+    if rung is Rung.EVICT:
+        if not fault.groups:
+            return False
+        full = state.standby >= len(fault.groups)
+        return full or (forced and fault.maskable)
+    if rung is Rung.ROLLBACK:
+        return state.running != state.last_good
+    if rung is Rung.REPLAY:
+        return fault.kind in _NO_CULPRIT or not fault.groups
+    return True
+
+
+def _lazy_update(state: LadderState) -> str | None:
+    if state.pending is not None and state.pending not in state.rejected:
+        return state.pending
+    return None
+
+
+def decide(fault: Fault, state: LadderState, policy: LadderPolicy, now: float,
+           ) -> tuple[Decision, str]:
+    """The next rung for ``fault``, given the incident so far.
+
+    The fault enters at the cheapest rung its kind allows (XID classes and proven corruption
+    short-circuit), then climbs past every rung that does not apply or has used its attempts in
+    this incident. An incident older than ``policy.time_budget`` jumps to ``REQUEUE``; past
+    ``REQUEUE`` the ladder gives up with ``EXIT_NO_PROGRESS``.
+
+    Returns:
+        (decision, reason): the reason is one line that doubles as the log line.
+
+    Raises:
+        LadderError: a bad fault/state/policy type, a non-finite ``now``, or a ``now`` before the
+            incident began.
+    """
+    if not isinstance(fault, Fault):
+        raise LadderError(f"fault {fault!r} is not a ladder.Fault")
+    if not isinstance(state, LadderState):
+        raise LadderError(f"state {state!r} is not a ladder.LadderState")
+    if not isinstance(policy, LadderPolicy):
+        raise LadderError(f"policy {policy!r} is not a ladder.LadderPolicy")
+    now = _check_time("now", now)
+    spent = 0.0
+    if state.incident_start is not None:
+        spent = now - state.incident_start
+        if spent < 0:
+            raise LadderError(f"now={now} is before the incident start {state.incident_start}")
+    start, forced, why = _start(fault, state)
+    where = f"{fault.kind.value} on {list(fault.groups) or 'no named group'}"
+    if spent >= policy.time_budget and start < Rung.REQUEUE:
+        start, why = Rung.REQUEUE, (f"no progress for {spent:g}s >= budget "
+                                    f"{policy.time_budget:g}s")
+    skipped: list[str] = []
+    for rung in Rung:
+        if rung < start:
+            continue
+        if state.tries(rung) >= policy.limit(rung):
+            skipped.append(f"{rung.name.lower()} used {state.tries(rung)}/{policy.limit(rung)}")
+            continue
+        if not _applicable(rung, fault, state, forced):
+            continue
+        return _make(rung, fault, state, policy, now, forced, where, why, skipped)
+    reason = (f"give up: {where}; {why}; " + (", ".join(skipped) or "no rung left")
+              + f" (exit {EXIT_NO_PROGRESS})")
+    return Decision(rung=None, at=now, groups=fault.groups, exit_code=EXIT_NO_PROGRESS), reason
+
+
+def _make(rung: Rung, fault: Fault, state: LadderState, policy: LadderPolicy, now: float,
+          forced: bool, where: str, why: str, skipped: list[str]) -> tuple[Decision, str]:
+    n = state.tries(rung) + 1
+    head = f"{rung.name.lower()} (try {n}/{policy.limit(rung)}): {where}; {why}"
+    if skipped:
+        head += "; escalated past " + ", ".join(skipped)
+    version = _lazy_update(state) if rung in _RESTARTS else None
+    if rung is Rung.ROLLBACK:
+        version = state.last_good
+    d = Decision(rung=rung, at=now, groups=fault.groups, version=version)
+    extra = ""
+    if rung is Rung.EVICT:
+        replace_n = min(state.standby, len(fault.groups))
+        quarantine = tuple(g for g in fault.groups
+                           if state.offences.get(g, 0) + 1 >= policy.quarantine_after)
+        d = replace(d, replace=replace_n, mask=replace_n < len(fault.groups),
+                    quarantine=quarantine)
+        extra = f"; {replace_n} standby of {state.standby}"
+        if d.mask:
+            extra += ", survivors mask the rest"
+        if quarantine:
+            extra += f"; quarantine {list(quarantine)}"
+    elif rung is Rung.REQUEUE:
+        a = state.tries(Rung.REQUEUE)
+        backoff = min(policy.backoff_cap, policy.backoff_base * 2.0 ** a)
+        d = replace(d, backoff=backoff)
+        extra = f"; resubmit after {backoff:g}s excluding {list(fault.groups)}"
+    if rung is Rung.ROLLBACK:
+        extra += f"; {state.running} -> {version}"
+    elif version is not None:
+        extra += f"; apply queued update {version}"
+    return d, head + extra
+
+
+def advance(state: LadderState, outcome: Outcome, policy: LadderPolicy | None = None,
+            ) -> LadderState:
+    """The state after ``outcome``: a rung tried (``Tried``) or steps committed (``Committed``).
+
+    ``Tried`` opens the incident if none is open (at the decision's time), counts the try,
+    and applies the rung's side effects when ``ok``: standbys consumed and offenders counted
+    (EVICT; offences count even when the replacement failed), the code version switched
+    (ROLLBACK, or a lazily applied update; a rolled-back version is rejected for good).
+    ``Committed`` counts steps: ``policy.resolved_after`` of them close the incident, and
+    ``policy.good_after`` on the running version make it the last good one.
+    """
+    policy = policy if policy is not None else LadderPolicy()
+    if isinstance(outcome, Committed):
+        n = outcome.steps
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise LadderError(f"committed steps {n!r} must be an integer >= 0")
+        running_steps = state.running_steps + n
+        last_good = state.running if running_steps >= policy.good_after else state.last_good
+        if state.incident_start is None:
+            return replace(state, running_steps=running_steps, last_good=last_good)
+        steps = state.steps + n
+        if steps >= policy.resolved_after:
+            return replace(state, running_steps=running_steps, last_good=last_good,
+                           attempts={}, incident_start=None, steps=0)
+        return replace(state, running_steps=running_steps, last_good=last_good, steps=steps)
+    if not isinstance(outcome, Tried):
+        raise LadderError(f"outcome {outcome!r} is neither Tried nor Committed")
+    d = outcome.decision
+    if d.rung is None:
+        return state  # gave up: nothing was carried out
+    new = state
+    if d.incident:
+        attempts = dict(state.attempts)
+        attempts[d.rung] = attempts.get(d.rung, 0) + 1
+        new = replace(state, attempts=attempts, incident_start=(
+            d.at if state.incident_start is None else state.incident_start))
+    if d.rung is Rung.EVICT:
+        offences = dict(state.offences)
+        for g in d.groups:
+            offences[g] = offences.get(g, 0) + 1
+        quarantined = state.quarantined | {g for g, c in offences.items()
+                                           if c >= policy.quarantine_after}
+        new = replace(new, offences=offences, quarantined=frozenset(quarantined))
+        if outcome.ok:
+            new = replace(new, standby=max(0, state.standby - d.replace))
+    if outcome.ok and d.version is not None and d.version != state.running:
+        rejected = state.rejected | {state.running} if d.rung is Rung.ROLLBACK else state.rejected
+        pending, since = state.pending, state.pending_since
+        if d.version == pending or (pending is not None and pending in rejected):
+            pending, since = None, None
+        new = replace(new, running=d.version, running_steps=0, rejected=frozenset(rejected),
+                      pending=pending, pending_since=since)
+    return new
+
+
+def queue_update(state: LadderState, version: str, now: float) -> LadderState:
+    """Queue a code update to be applied lazily (a newer one replaces an older one)."""
+    if not isinstance(version, str) or not version:
+        raise LadderError(f"code version {version!r} is not a version")
+    now = _check_time("now", now)
+    if version in state.rejected:
+        raise LadderError(f"code version {version!r} was rolled back; queue a new version")
+    return replace(state, pending=version, pending_since=now)
+
+
+def update_due(state: LadderState, policy: LadderPolicy, now: float,
+               ) -> tuple[Decision | None, str]:
+    """A forced restart for the queued update when it has waited ``update_deadline`` (§7).
+
+    Returns ``(None, reason)`` when nothing is due, or during an incident (the ladder's next
+    restart applies the update anyway).
+    """
+    now = _check_time("now", now)
+    if state.pending is None or state.pending_since is None:
+        return None, "no queued update"
+    if state.incident_start is not None:
+        return None, f"update {state.pending} waits: an incident is open"
+    waited = now - state.pending_since
+    if waited < policy.update_deadline:
+        return None, (f"update {state.pending} waits for the next restart "
+                      f"({waited:g}s of {policy.update_deadline:g}s)")
+    d = Decision(rung=Rung.RETRY, at=now, version=state.pending, incident=False)
+    return d, (f"retry in place to apply update {state.pending}: queued {waited:g}s ago, "
+               f"deadline {policy.update_deadline:g}s")
