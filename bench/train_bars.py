@@ -67,7 +67,7 @@ from unbroken.runtime.stacked_worker import StackedCluster
 
 N, R = 4, 2
 DIE_AT = 8
-HEARTBEAT, STALENESS = 0.05, 1.0
+HEARTBEAT, STALENESS = 0.1, 1.0
 BAR_KILL_S = 0.3
 BAR_OVERHEAD = 1.05
 BAR_SNAPSHOT = 1.03

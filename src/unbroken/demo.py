@@ -58,7 +58,7 @@ class DemoRequest:
     spares: int = 2
     out: str = "out/demo"
     staleness: float = 1.0
-    heartbeat: float = 0.05
+    heartbeat: float = 0.1
     timeout: float = 600.0
     ckpt_every: int = 50
     max_restarts: int = 3

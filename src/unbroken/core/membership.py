@@ -97,7 +97,7 @@ def rendezvous_ready(joined: Iterable[Hashable], live: Iterable[Hashable]) -> bo
 
 
 def rendezvous_staleness(staleness: float, heartbeat_period: float, peer_died: bool,
-                         beats: float = 3.0) -> float:
+                         beats: float = 2.0) -> float:
     """How long a member that has not joined the rendezvous may be silent and still be waited
     for.
 

@@ -26,7 +26,7 @@ So survivors do not try to fix the old group. They *abandon* it and build a new 
 4. ``reform()`` runs a rendezvous for generation ``g+1`` in the store (first joiner leads; it
    publishes the member list once every member with a fresh heartbeat has joined, or at a
    deadline; after a gloo connection error, which means a peer *process* is gone, "fresh"
-   is three heartbeat periods instead of ``staleness``; whoever joins is kept), destroys the old default group and calls ``init_process_group("gloo",
+   is two heartbeat periods instead of ``staleness``; whoever joins is kept), destroys the old default group and calls ``init_process_group("gloo",
    store=PrefixStore(f"pg/{g+1}", store), ...)`` with the new, smaller world.
 
 The store must be hosted by a long-lived process that is not a worker (a launcher /
@@ -129,7 +129,7 @@ class FTComm:
         store: dist.TCPStore | None = None,
         host: str | None = None,
         port: int | None = None,
-        heartbeat_period: float = 0.05,
+        heartbeat_period: float = 0.1,
         staleness: float = 1.0,
         pg_timeout: float = 60.0,
         rendezvous_timeout: float = 10.0,
@@ -461,8 +461,14 @@ class FTComm:
                 st.add(f"hb/{me}", 1)
                 with self._lock:
                     gen, members = self._gen, list(self._members)
-                counters = {m: st.add(f"hb/{m}", 0) for m in members if m != me}
-                epoch = st.add("dead/epoch", 0)
+                others = [m for m in members if m != me]
+                keys = [f"hb/{m}" for m in others] + ["dead/epoch"]
+                if st.check(keys):  # one round trip for all counters (multi_get blocks on a
+                    vals = [int(v) for v in st.multi_get(keys)]  # missing key: check first)
+                else:
+                    vals = [st.add(k, 0) for k in keys]
+                counters = dict(zip(others, vals[:-1]))
+                epoch = vals[-1]
                 dead: set[int] = set()
                 if epoch != self._dead_epoch:
                     dead = {m for m in members if st.add(f"dead/{m}", 0) > 0}

@@ -40,7 +40,7 @@ def worker_main(argv: list[str] | None = None) -> None:
     ap.add_argument("--numel", type=int, default=1024)
     ap.add_argument("--pace", type=float, default=0.005, help="simulated compute per step (s)")
     ap.add_argument("--max-steps", type=int, default=100_000)
-    ap.add_argument("--heartbeat", type=float, default=0.05)
+    ap.add_argument("--heartbeat", type=float, default=0.1)
     ap.add_argument("--staleness", type=float, default=1.0)
     ap.add_argument("--pg-timeout", type=float, default=30.0)
     a = ap.parse_args(argv)
@@ -119,7 +119,7 @@ class LocalCluster:
     """Coordinator for ``n`` local workers: hosts the store, starts, signals and reaps them."""
 
     def __init__(self, n: int = 4, *, numel: int = 1024, pace: float = 0.005,
-                 heartbeat: float = 0.05, staleness: float = 1.0, pg_timeout: float = 30.0,
+                 heartbeat: float = 0.1, staleness: float = 1.0, pg_timeout: float = 30.0,
                  python: str | None = None) -> None:
         import torch.distributed as dist
 

@@ -60,7 +60,7 @@ def worker_main(argv: list[str] | None = None) -> None:
     ap.add_argument("--die-in-retry", action="store_true")
     ap.add_argument("--drop-commit-at", type=int, default=None)
     ap.add_argument("--corrupt-snapshot", action="store_true")
-    ap.add_argument("--heartbeat", type=float, default=0.05)
+    ap.add_argument("--heartbeat", type=float, default=0.1)
     ap.add_argument("--staleness", type=float, default=1.0)
     ap.add_argument("--pg-timeout", type=float, default=30.0)
     ap.add_argument("--wipeout-wait", type=float, default=60.0,
@@ -151,7 +151,7 @@ class StackedCluster(LocalCluster):
                  stop_at: dict[int, int] | None = None,
                  drop_commit_at: dict[int, int] | None = None,
                  die_after_replan=(), die_in_patch=(), die_in_retry=(), corrupt_snapshot=(),
-                 spares: int = 0, heartbeat: float = 0.05, staleness: float = 1.0,
+                 spares: int = 0, heartbeat: float = 0.1, staleness: float = 1.0,
                  pg_timeout: float = 30.0, wipeout_wait: float = 60.0,
                  ckpt_dir: str | None = None, ckpt_every: int = 50, resume: bool = False,
                  store_port: int | None = None, python: str | None = None) -> None:
