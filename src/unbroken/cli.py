@@ -144,7 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     de.add_argument("--faults", default=None,
                     help="type:group@step,... (kill, hang) or 'none'; default: a kill, a "
                          "hang and two failures close together")
-    de.add_argument("--spares", type=_int, default=2, help="warm standby processes")
+    de.add_argument("--spares", type=_int, default=None,
+                    help="warm standby processes (default: one per scheduled fault)")
     de.add_argument("--staleness", type=_positive_float, default=1.0,
                     help="heartbeat silence that marks a group hung (s)")
     de.add_argument("--ckpt-every", type=_int, default=50,

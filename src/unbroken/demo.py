@@ -55,7 +55,7 @@ class DemoRequest:
     steps: int = 200
     seed: int = 0
     faults: str | None = None  # None: the default schedule for this size
-    spares: int = 2
+    spares: int | None = None  # None: one warm spare per scheduled fault (at least one)
     out: str = "out/demo"
     staleness: float = 1.0
     heartbeat: float = 0.1
@@ -81,12 +81,18 @@ def check(req: DemoRequest) -> list[Fault]:
         raise ValueError(f"--steps {req.steps}: need at least 2 steps")
     if req.ckpt_every < 1:
         raise ValueError(f"--ckpt-every {req.ckpt_every}: must be at least 1")
-    if req.spares < 0:
+    if req.spares is not None and req.spares < 0:
         raise ValueError(f"--spares {req.spares}: must be >= 0")
     if not 0 < req.heartbeat < req.staleness:
         raise ValueError(f"--staleness {req.staleness}: must exceed the heartbeat period "
                          f"{req.heartbeat}")
     return req.fault_list()
+
+
+def spares_for(req: DemoRequest, faults: list[Fault]) -> int:
+    """Warm spares started with the job: they import and build the model *before* step 0, so
+    on a small machine their start-up does not slow training the way a late one does."""
+    return req.spares if req.spares is not None else max(1, len(faults))
 
 
 def train_config(req: DemoRequest):
@@ -150,9 +156,10 @@ def run_demo(req: DemoRequest, *, emit_line: Callable[[str], None] | None = None
             emit_line(line)
 
     t_start = time.time()
+    spares = spares_for(req, faults)
     emit({"event": "start", "config": {"groups": req.groups, "redundancy": req.redundancy,
                                        "steps": req.steps, "seed": req.seed,
-                                       "spares": req.spares, "model": cfg.model,
+                                       "spares": spares, "model": cfg.model,
                                        "staleness": req.staleness},
           "faults": [{"kind": f.kind, "group": f.group, "step": f.step} for f in faults],
           "fault_spec": format_faults(faults)})
@@ -163,7 +170,7 @@ def run_demo(req: DemoRequest, *, emit_line: Callable[[str], None] | None = None
     attempt, done = 0, None
     while done is None:
         pending = [f for f in faults if (f.kind, f.group) not in fired]
-        c = StackedCluster(cfg, str(jdir), spares=req.spares, heartbeat=req.heartbeat,
+        c = StackedCluster(cfg, str(jdir), spares=spares, heartbeat=req.heartbeat,
                            staleness=req.staleness, ckpt_dir=str(ckdir),
                            ckpt_every=req.ckpt_every, resume=attempt > 0,
                            die_at={f.group: f.step for f in pending if f.kind == "kill"},
@@ -216,7 +223,7 @@ def _supervise(c, req: DemoRequest, emit, declare_dead, fired: set,
     members = set(range(req.groups))   # uids that hold a slot
     slot_of = {u: u for u in members}
     pool = list(c.spares)              # warm spares not yet assigned
-    next_uid = req.groups + req.spares
+    next_uid = req.groups + len(c.spares)
     finished: dict[int, dict] = {}
     handled: set[int] = set()
     restarts: set[int] = set()  # generations whose restart was announced
@@ -238,9 +245,10 @@ def _supervise(c, req: DemoRequest, emit, declare_dead, fired: set,
         members.add(spare)
         c.assign(spare, slot_of[uid])
         emit({"event": "assign", "uid": spare, "slot": slot_of[uid]})
-        c.spawn(next_uid, standby=True)  # keep the warm pool full
-        pool.append(next_uid)
-        next_uid += 1
+        if not pool:  # the warm pool is used up: start one more so a later fault is covered
+            c.spawn(next_uid, standby=True)  # (its start-up takes CPU from training here)
+            pool.append(next_uid)
+            next_uid += 1
 
     while True:
         for u in list(c.uids):
