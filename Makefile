@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -c requirements.lock -e '.[test,bench,train]'
+	$(VENV)/bin/pip install -q -c requirements.lock -e '.[test,bench,train,guard]'
 	touch $(STAMP)
 
 demo: $(STAMP)
