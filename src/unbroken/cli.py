@@ -151,6 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     de.add_argument("--ckpt-every", type=_int, default=50,
                     help="durable checkpoint every K steps (the fallback after a wipe-out "
                          "that no spare can cover)")
+    de.add_argument("--metrics-port", type=_int, default=None,
+                    help="serve ETTR and fault metrics for Prometheus on this port (0: any)")
     de.add_argument("--out", default="out/demo", help="journal, figure, reference cache")
     de.add_argument("--json", action="store_true")
     return p
@@ -242,7 +244,7 @@ def cmd_demo(a: argparse.Namespace) -> dict:
 
     req = DemoRequest(groups=a.groups, redundancy=a.redundancy, steps=a.steps, seed=a.seed,
                       faults=a.faults, spares=a.spares, staleness=a.staleness, out=a.out,
-                      ckpt_every=a.ckpt_every)
+                      ckpt_every=a.ckpt_every, metrics_port=a.metrics_port)
     check(req)  # bad input: one line before any process starts
     err = Console(stderr=True)
     view = LiveView({"groups": req.groups, "steps": req.steps})
@@ -266,6 +268,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"unbroken: error: {e}\n")
         return EXIT_USAGE
     except RuntimeError as e:  # DemoError: the run could not finish
+        if type(e).__name__ == "MetricsError":  # raised before anything started
+            sys.stderr.write(f"unbroken: error: {e}\n")
+            return EXIT_USAGE
         if type(e).__name__ != "DemoError":
             raise
         sys.stderr.write(f"unbroken: demo failed: {e}\n")

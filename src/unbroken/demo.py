@@ -62,6 +62,7 @@ class DemoRequest:
     timeout: float = 600.0
     ckpt_every: int = 50
     max_restarts: int = 3
+    metrics_port: int | None = None  # serve ETTR on Prometheus /metrics (0: any free port)
 
     def fault_list(self) -> list[Fault]:
         if self.faults is None:
@@ -137,6 +138,13 @@ def run_demo(req: DemoRequest, *, emit_line: Callable[[str], None] | None = None
     from unbroken.runtime.stacked_worker import StackedCluster
 
     cfg = train_config(req)
+    exporter = None
+    if req.metrics_port is not None:  # bind first: a bad port fails before anything starts
+        from unbroken.metrics import MetricsExporter
+
+        exporter = MetricsExporter(req.metrics_port)
+        if emit_line is not None:
+            emit_line(f"metrics on http://127.0.0.1:{exporter.port}/metrics")
     out = Path(req.out)
     out.mkdir(parents=True, exist_ok=True)
     jdir = out / "groups"
@@ -145,6 +153,7 @@ def run_demo(req: DemoRequest, *, emit_line: Callable[[str], None] | None = None
         f.unlink()  # journals append; a previous run's lines must not mix in
     events: list[dict] = []
     merged = open(out / "journal.jsonl", "w", buffering=1)
+    last_export = [0.0]
 
     def emit(ev: dict, src: str = "driver") -> None:
         ev = {**ev, "src": src}
@@ -154,6 +163,9 @@ def run_demo(req: DemoRequest, *, emit_line: Callable[[str], None] | None = None
         line = view.update(ev) if view is not None else None
         if line and emit_line is not None:
             emit_line(line)
+        if exporter is not None and time.monotonic() - last_export[0] > 0.5:
+            last_export[0] = time.monotonic()  # the report is O(journal): refresh at 2 Hz
+            exporter.update(events)
 
     t_start = time.time()
     spares = spares_for(req, faults)
@@ -198,6 +210,10 @@ def run_demo(req: DemoRequest, *, emit_line: Callable[[str], None] | None = None
                                   "duplicated": len(rep.duplicated), "stray": len(rep.stray)})
     report["wall_s"] = wall
     report["journal"] = str(out / "journal.jsonl")
+    if exporter is not None:
+        exporter.update(events)
+        report["metrics_port"] = exporter.port
+        exporter.close()
     report["png"] = str(plot_demo(events, out / "demo.png"))
     return report
 
