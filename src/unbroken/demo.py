@@ -63,6 +63,7 @@ class DemoRequest:
     ckpt_every: int = 50
     max_restarts: int = 3
     metrics_port: int | None = None  # serve ETTR on Prometheus /metrics (0: any free port)
+    xid_log: str | None = None  # kernel-log file watched for GPU XIDs (guard, log-only)
 
     def fault_list(self) -> list[Fault]:
         if self.faults is None:
@@ -178,6 +179,9 @@ def run_demo(req: DemoRequest, *, emit_line: Callable[[str], None] | None = None
     ckdir = out / "ckpt"
     if ckdir.exists():
         shutil.rmtree(ckdir)  # a previous run's checkpoints must not be resumed from
+    from unbroken.guard import Guard
+
+    guard = Guard(emit, standby=spares, xid_log=req.xid_log)
     fired: set[tuple[str, int]] = set()  # (kind, slot) of faults already injected
     attempt, done = 0, None
     while done is None:
@@ -188,7 +192,8 @@ def run_demo(req: DemoRequest, *, emit_line: Callable[[str], None] | None = None
                            die_at={f.group: f.step for f in pending if f.kind == "kill"},
                            stop_at={f.group: f.step for f in pending if f.kind == "hang"})
         try:
-            done = _supervise(c, req, emit, declare_dead, fired, restarting=attempt > 0)
+            done = _supervise(c, req, emit, declare_dead, fired, guard,
+                              restarting=attempt > 0)
         except _Restart as r:
             attempt += 1
             if attempt > req.max_restarts:
@@ -230,7 +235,7 @@ def _journals(jdir: Path) -> dict[int, list[dict]]:
     return out
 
 
-def _supervise(c, req: DemoRequest, emit, declare_dead, fired: set,
+def _supervise(c, req: DemoRequest, emit, declare_dead, fired: set, guard,
                restarting: bool = False) -> dict[int, dict]:
     """Watch processes and journals until every member finished; returns their ``done``.
     Raises :class:`_Restart` when a wipe-out cannot get replacements."""
@@ -293,6 +298,8 @@ def _supervise(c, req: DemoRequest, emit, declare_dead, fired: set,
                               "t": wiped.get(ev["step"], ev["reform_at"])})
                     ev = {**ev, "event": "restarted"}
                 emit(ev, src=f"group-{u}")
+                if name == "commit":
+                    guard.on_commit(ev)
                 if name == "joined":
                     emit({"event": "join", "uid": u, "slot": ev["slot"], "step": ev["step"]})
                 if name == "wipeout":
@@ -309,6 +316,7 @@ def _supervise(c, req: DemoRequest, emit, declare_dead, fired: set,
                         c.procs[gone].wait(timeout=10)
                         declare_dead(c.store, gone)
                         replace(gone, "heartbeat")
+        guard.poll(time.time())
         for u in sorted(members):
             if u in finished:
                 continue

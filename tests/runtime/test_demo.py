@@ -62,3 +62,23 @@ def test_demo_wipeout_without_spares_restarts_from_the_durable_checkpoint(tmp_pa
     assert rep["exactly_once"] is True and rep["ledger"]["records"] == 16 * 4
     assert rep["max_abs_param_diff"] < 1e-5
     assert rep["time_lost_per_fault"][1]["how"] == "restart from checkpoint @ step 5"
+
+
+@pytest.mark.timeout(200)
+def test_demo_guard_logs_xid_decisions_without_disturbing_training(tmp_path):
+    log = tmp_path / "kern.log"
+    log.write_text("[ 1234.5] NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off "
+                   "the bus.\n[ 1235.0] NVRM: Xid (PCI:0000:3b:00): garbage\n")
+    p = subprocess.run(
+        [sys.executable, "-m", "unbroken", "demo", "--steps", "12", "--faults", "none",
+         "--spares", "0", "--xid-log", str(log), "--out", str(tmp_path / "d"), "--json"],
+        capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rep = json.loads(p.stdout)
+    assert rep["exactly_once"] is True and rep["max_abs_param_diff"] < 1e-9
+    events = [json.loads(x) for x in (tmp_path / "d" / "journal.jsonl").read_text().splitlines()]
+    (det,) = [e for e in events if e["event"] == "detected" and e["how"] == "xid"]
+    assert det["code"] == 79 and det["action"] == "reboot_node"
+    (lad,) = [e for e in events if e["event"] == "ladder"]
+    assert lad["mode"] == "log-only" and lad["for"] == "xid 79"
+    assert any(e["event"] == "detector_warning" and "line 2" in e["message"] for e in events)

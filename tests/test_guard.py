@@ -1,0 +1,61 @@
+"""The coordinator's log-only guard: detectors feed the ladder, decisions are journaled, and a
+broken detector input never raises into the run."""
+
+from __future__ import annotations
+
+import math
+
+from unbroken.guard import Guard
+
+
+def run(commits, xid_lines=None, tmp_path=None):
+    out: list[dict] = []
+    log = None
+    if xid_lines is not None:
+        log = tmp_path / "kern.log"
+        log.write_text("".join(x + "\n" for x in xid_lines))
+    g = Guard(out.append, standby=1, xid_log=str(log) if log else None)
+    for k, loss in enumerate(commits):
+        ev = {"event": "commit", "step": k, "loss": loss, "t": 100.0 + k}
+        g.on_commit(ev)
+        g.on_commit(dict(ev, t=ev["t"] + 0.01))  # another group's commit of the same step
+        g.poll(100.0 + k)
+    return out
+
+
+def test_loss_jump_and_nan_are_implicit_faults_with_a_logged_ladder_decision():
+    losses = [3.0 - 0.01 * k for k in range(12)] + [40.0] + [2.8] * 3 + [math.nan]
+    out = run(losses)
+    det = [e for e in out if e["event"] == "detected"]
+    assert [(e["step"], e["kind"]) for e in det] == [(12, "jump"), (16, "nan")]
+    lad = [e for e in out if e["event"] == "ladder"]
+    assert len(lad) == 2 and all(e["mode"] == "log-only" for e in lad)
+    # an implicit failure names no culprit: the ladder starts at retry in place (byterobust §2)
+    assert lad[0]["rung"] == "retry" and lad[0]["for"] == "numeric jump"
+
+
+def test_no_false_alarm_on_a_normal_loss_curve():
+    assert run([5.5 * 0.98 ** k for k in range(60)]) == []
+
+
+def test_xid_lines_map_to_the_catalog_and_malformed_ones_only_warn(tmp_path):
+    out = run([3.0] * 3, [
+        "[ 12.5] NVRM: Xid (PCI:0000:3b:00): 43, pid=77, Ch 00000008",
+        "[ 13.0] NVRM: Xid (PCI:0000:3b:00): what",
+        "[ 14.0] usb 1-1: new device",
+    ], tmp_path)
+    (det,) = [e for e in out if e["event"] == "detected"]
+    assert det["code"] == 43 and det["action"] == "restart_app"
+    (lad,) = [e for e in out if e["event"] == "ladder"]
+    assert lad["rung"] == "retry" and lad["mode"] == "log-only"
+    (warn,) = [e for e in out if e["event"] == "detector_warning"]
+    assert warn["detector"] == "xid" and "line 2" in warn["message"]
+
+
+def test_a_broken_detector_is_switched_off_once_not_raised():
+    out: list[dict] = []
+    g = Guard(out.append)
+    for k in range(3):
+        g.on_commit({"event": "commit", "step": k, "loss": "not a number", "t": 1.0})
+    warns = [e for e in out if e["event"] == "detector_warning"]
+    assert len(warns) == 1 and warns[0]["detector"] == "numeric"
