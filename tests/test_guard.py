@@ -26,7 +26,7 @@ def run(commits, xid_lines=None, tmp_path=None):
 def test_loss_jump_and_nan_are_implicit_faults_with_a_logged_ladder_decision():
     losses = [3.0 - 0.01 * k for k in range(12)] + [40.0] + [2.8] * 3 + [math.nan]
     out = run(losses)
-    det = [e for e in out if e["event"] == "detected"]
+    det = [e for e in out if e["event"] == "alert"]
     assert [(e["step"], e["kind"]) for e in det] == [(12, "jump"), (16, "nan")]
     lad = [e for e in out if e["event"] == "ladder"]
     assert len(lad) == 2 and all(e["mode"] == "log-only" for e in lad)
@@ -44,7 +44,7 @@ def test_xid_lines_map_to_the_catalog_and_malformed_ones_only_warn(tmp_path):
         "[ 13.0] NVRM: Xid (PCI:0000:3b:00): what",
         "[ 14.0] usb 1-1: new device",
     ], tmp_path)
-    (det,) = [e for e in out if e["event"] == "detected"]
+    (det,) = [e for e in out if e["event"] == "alert"]
     assert det["code"] == 43 and det["action"] == "restart_app"
     (lad,) = [e for e in out if e["event"] == "ladder"]
     assert lad["rung"] == "retry" and lad["mode"] == "log-only"

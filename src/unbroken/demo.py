@@ -5,8 +5,9 @@ What it runs
 ``groups`` worker processes (one data-parallel group each, gloo on CPU) train the byte-level
 GPT of :mod:`unbroken.runtime.gpt` on the Python standard library's sources, with redundancy
 ``r``; ``spares`` warm standby processes wait to replace dead groups. Faults are injected by the
-victims themselves at exact steps (``kill``: SIGKILL, ``hang``: SIGSTOP), so a seed and a fault
-spec give the same run every time.
+victims themselves at exact steps (``kill``: SIGKILL, ``hang``: SIGSTOP, ``slow``: every
+gradient 60 ms slower from then on, a straggler that only the guard reports), so a seed and a
+fault spec give the same run every time.
 
 This process is the launcher and the coordinator: it hosts the store, watches the workers,
 posts a death notice when a process exits (the fast path for kills), evicts a hung group once
@@ -190,7 +191,8 @@ def run_demo(req: DemoRequest, *, emit_line: Callable[[str], None] | None = None
                            staleness=req.staleness, ckpt_dir=str(ckdir),
                            ckpt_every=req.ckpt_every, resume=attempt > 0,
                            die_at={f.group: f.step for f in pending if f.kind == "kill"},
-                           stop_at={f.group: f.step for f in pending if f.kind == "hang"})
+                           stop_at={f.group: f.step for f in pending if f.kind == "hang"},
+                           slow_from={f.group: f.step for f in pending if f.kind == "slow"})
         try:
             done = _supervise(c, req, emit, declare_dead, fired, guard,
                               restarting=attempt > 0)
@@ -299,7 +301,7 @@ def _supervise(c, req: DemoRequest, emit, declare_dead, fired: set, guard,
                     ev = {**ev, "event": "restarted"}
                 emit(ev, src=f"group-{u}")
                 if name == "commit":
-                    guard.on_commit(ev)
+                    guard.on_commit(ev, uid=u)
                 if name == "joined":
                     emit({"event": "join", "uid": u, "slot": ev["slot"], "step": ev["step"]})
                 if name == "wipeout":

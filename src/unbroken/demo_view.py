@@ -77,8 +77,20 @@ class LiveView:
                     if u not in members and s in ("live", "joined"):
                         self.status[u] = "out"  # dropped from the group without a known cause
             return None
+        if ev == "alert":  # the guard's log-only detections: nothing was done about them
+            what = event.get("how", "?")
+            g = event.get("group")
+            detail = f" group {g}" if g is not None else (
+                f" xid {event['code']} ({event.get('action')})" if "code" in event else
+                f" {event.get('kind', '')} at step {event.get('step')}")
+            return self._add(f"{'':9} ALERT {what}{detail}", "yellow")[0]
+        if ev == "ladder":
+            return self._add(f"{'':9} ladder (log-only) would: {event.get('rung')} - "
+                             f"{event.get('reason', '')}"[:160], "dim")[0]
         if ev == "fault":
             g, kind = event.get("group"), event.get("kind", "?")
+            if kind == "slow":  # a straggler keeps training: not a death
+                return self._add(f"step {event.get('step', '?'):<4} slow group {g}", "bold")[0]
             self.status[g] = "hung" if kind == "hang" else "dead"
             entry = self._add(f"step {event.get('step', '?'):<4} {kind} group {g}", "bold")
             self._pending[g] = (event, entry)

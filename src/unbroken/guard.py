@@ -3,12 +3,16 @@
 Why log-only by default: anything that can kill or evict part of a job must first prove itself
 on real runs (the nvidia-resiliency-ext rule). So the guard runs every detector the coordinator
 can feed and asks the one policy core (:func:`unbroken.core.ladder.decide`) what it would do;
-it journals the detection (``detected``) and the decision (``ladder``, ``"mode": "log-only"``)
-but executes nothing. Process deaths and hangs are already handled by the train runtime
+it journals the detection (``alert``: a detection nobody acted on, unlike the runtime's
+``detected``) and the decision (``ladder``, ``"mode": "log-only"``) but executes nothing. Process deaths and hangs are already handled by the train runtime
 (masking, spares, restarts); this adds the signals that runtime does not see.
 
 Detectors wired here:
 
+* **fail-slow** — every group journals its own compute time per step (commit times cannot show
+  a straggler: a synchronous step waits for the slowest); rounds of 1 s, a group slower than
+  1.5x its peers' median in 5 consecutive rounds is flagged (:func:`unbroken.core.anomaly.
+  failslow`, ByteRobust's 5 rounds of 10 s scaled to the demo);
 * **numeric** — a NaN/Inf or a more than 5x jump of the committed loss
   (:func:`unbroken.core.anomaly.numeric_event`): an implicit-failure fault;
 * **XID** — new lines of a kernel-log file (``--xid-log``; dmesg saved to a file, so it can be
@@ -23,7 +27,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from unbroken.core.anomaly import numeric_event
+from unbroken.core.anomaly import FailSlowPolicy, bucket_rounds, failslow, numeric_event
 from unbroken.core.ladder import Fault, FaultKind, LadderPolicy, LadderState, decide
 
 __all__ = ["Guard"]
@@ -40,6 +44,10 @@ class Guard:
         self.policy = policy or LadderPolicy()
         self.losses: list[float] = []
         self.seen: set[int] = set()
+        self.slow_policy = FailSlowPolicy.demo()
+        self.samples: list[tuple[float, int, float]] = []  # (t, group uid, compute_s)
+        self.slow_start: float | None = None
+        self.flagged: set[int] = set()
         self.xid = None
         self.broken: set[str] = set()
         if xid_log is not None:
@@ -53,14 +61,42 @@ class Guard:
                    "rung": d.rung.name.lower() if d.rung is not None else None,
                    "groups": list(d.groups), "exit_code": d.exit_code, "reason": reason, "t": t})
 
+    def _failslow(self, now: float) -> None:
+        if "fail-slow" in self.broken or self.slow_start is None:
+            return
+        if now - self.slow_start < self.slow_policy.round_s * self.slow_policy.rounds:
+            return
+        try:
+            rounds = bucket_rounds(self.samples, self.slow_start, self.slow_policy)
+            # only closed rounds: the current one is still filling
+            closed = rounds[:int((now - self.slow_start) // self.slow_policy.round_s)]
+            flagged, reason = failslow(closed, self.slow_policy)
+            for g in sorted(set(flagged) - self.flagged):
+                self.flagged.add(g)
+                self.emit({"event": "alert", "how": "fail-slow", "group": g,
+                           "reason": reason, "t": now})
+                self._ladder(Fault(FaultKind.FAIL_SLOW, groups=(int(g),), maskable=True),
+                             now, f"fail-slow group {g}")
+        except Exception as exc:
+            self._fail("fail-slow", exc)
+
     def _fail(self, name: str, exc: BaseException) -> None:
         if name not in self.broken:
             self.broken.add(name)
             self.emit({"event": "detector_warning", "detector": name,
                        "message": f"{name} detector switched off: {exc!r}"[:300]})
 
-    def on_commit(self, ev: dict) -> None:
-        """Feed the first commit of each step (its loss) to the numeric detector."""
+    def on_commit(self, ev: dict, uid: int | None = None) -> None:
+        """Every group's commit feeds fail-slow (its compute time); the first commit of each
+        step feeds the numeric detector (the step's loss)."""
+        if uid is not None and "fail-slow" not in self.broken and "compute_s" in ev:
+            try:
+                t = float(ev["t"])
+                if self.slow_start is None:
+                    self.slow_start = t
+                self.samples.append((t, uid, float(ev["compute_s"])))
+            except Exception as exc:
+                self._fail("fail-slow", exc)
         if "numeric" in self.broken or ev.get("step") in self.seen:
             return
         try:
@@ -70,7 +106,7 @@ class Guard:
             self.losses.append(loss)
             if found is not None:
                 t = float(ev["t"])
-                self.emit({"event": "detected", "how": "numeric", "group": None,
+                self.emit({"event": "alert", "how": "numeric", "group": None,
                            "step": ev["step"], "kind": found.kind, "value": loss,
                            "reason": reason, "t": t})
                 self._ladder(Fault(FaultKind.IMPLICIT), t, f"numeric {found.kind}")
@@ -78,7 +114,9 @@ class Guard:
             self._fail("numeric", exc)
 
     def poll(self, now: float) -> None:
-        """New kernel-log lines: XID faults (and malformed lines as warnings)."""
+        """Fail-slow over the rounds so far; new kernel-log lines: XID faults (malformed lines
+        as warnings)."""
+        self._failslow(now)
         if self.xid is None or "xid" in self.broken:
             return
         try:
@@ -89,7 +127,7 @@ class Guard:
                 self.emit({"event": "detector_warning", "detector": "xid",
                            "message": f"line {bad.lineno}: {bad.error}"[:300]})
             for hit in read.hits:
-                self.emit({"event": "detected", "how": "xid", "group": None,
+                self.emit({"event": "alert", "how": "xid", "group": None,
                            "code": hit.event.code, "action": hit.action, "pci": hit.event.pci,
                            "reason": hit.reason, "t": now})
                 action = _XID_ACTION.get(hit.action, hit.action)

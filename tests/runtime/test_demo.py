@@ -77,8 +77,29 @@ def test_demo_guard_logs_xid_decisions_without_disturbing_training(tmp_path):
     rep = json.loads(p.stdout)
     assert rep["exactly_once"] is True and rep["max_abs_param_diff"] < 1e-9
     events = [json.loads(x) for x in (tmp_path / "d" / "journal.jsonl").read_text().splitlines()]
-    (det,) = [e for e in events if e["event"] == "detected" and e["how"] == "xid"]
+    (det,) = [e for e in events if e["event"] == "alert" and e["how"] == "xid"]
     assert det["code"] == 79 and det["action"] == "reboot_node"
     (lad,) = [e for e in events if e["event"] == "ladder"]
     assert lad["mode"] == "log-only" and lad["for"] == "xid 79"
     assert any(e["event"] == "detector_warning" and "line 2" in e["message"] for e in events)
+
+
+@pytest.mark.timeout(200)
+def test_demo_guard_flags_a_straggler_within_the_configured_rounds(tmp_path):
+    # group 2 computes 60 ms slower per shard from step 10; without spares, group 0 carries
+    # a stack of two after the kill of group 1 and must not be taken for a straggler
+    p = subprocess.run(
+        [sys.executable, "-m", "unbroken", "demo", "--steps", "90", "--spares", "0",
+         "--faults", "kill:1@5,slow:2@10", "--out", str(tmp_path), "--json"],
+        capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rep = json.loads(p.stdout)
+    assert rep["exactly_once"] is True and rep["max_abs_param_diff"] < 1e-9
+    events = [json.loads(x) for x in (tmp_path / "journal.jsonl").read_text().splitlines()]
+    slow = [e for e in events if e["event"] == "fault" and e["kind"] == "slow"]
+    alerts = [e for e in events if e["event"] == "alert" and e["how"] == "fail-slow"]
+    assert [a["group"] for a in alerts] == [2], alerts
+    # 5 closed rounds of 1 s after the onset, plus the round it started in, plus slack
+    assert alerts[0]["t"] - slow[0]["t"] < 8.0
+    (lad,) = [e for e in events if e["event"] == "ladder"]
+    assert lad["mode"] == "log-only" and lad["for"] == "fail-slow group 2"

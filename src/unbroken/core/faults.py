@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-KINDS = ("kill", "hang")
+KINDS = ("kill", "hang", "slow")  # slow: the group turns into a straggler from that step
 
 _TOKEN = re.compile(r"^\s*([A-Za-z]+)\s*:\s*(-?\d+)\s*@\s*(-?\d+)\s*$")
 

@@ -242,6 +242,8 @@ class Inject:
     die_in_retry: bool = False         # SIGKILL inside the first retried all-reduce
     drop_commit_at: int | None = None  # treat step K's completed all-reduce as failed, once
     corrupt_snapshot: bool = False     # serve a snapshot with one flipped element (once)
+    slow_from: int | None = None       # from step K on, every gradient takes slow_s longer
+    slow_s: float = 0.06
 
 
 # layout of the all-reduce buffer after the gradient: N coverage slots, then these
@@ -286,6 +288,8 @@ class StackedRunner:
         self.step = 0
         self.grads: dict[int, torch.Tensor] = {}
         self.grads_step = -1
+        self.compute_s, self.compute_n = 0.0, 0
+        self._slow_told = False
         self.computed: dict[int, set[int]] = {}
         self.last_buf: torch.Tensor | None = None
         self.ckpt = None
@@ -342,9 +346,23 @@ class StackedRunner:
         if self.grads_step != self.step:
             self.grads, self.grads_step = {}, self.step
             self.computed = {w: set(ts) for w, ts in self.contrib.items()}
+            self.compute_s, self.compute_n = 0.0, 0
+        t0 = time.perf_counter()
         for t in self.contrib.get(self.my_slot, ()):
             if t not in self.grads:
                 self.grads[t] = self.trainer.grad(self.step, t)
+                self.compute_n += 1
+                inj = self.inject
+                if inj.slow_from is not None and self.step >= inj.slow_from:
+                    if self.step == inj.slow_from and not self._slow_told:
+                        self._slow_told = True
+                        self.journal({"event": "fault", "kind": "slow", "group": self.my_slot,
+                                      "uid": self.uid, "step": self.step, "t": time.time()})
+                    time.sleep(inj.slow_s)  # the injected fault: a straggler's slower compute
+        # the group's own compute per shard: what fail-slow detection compares across peers
+        # (commit times cannot show it: a synchronous step waits for the slowest group; per
+        # shard, so a survivor computing a stack of two after a masked failure is not "slow")
+        self.compute_s += time.perf_counter() - t0
 
     def _pack(self) -> torch.Tensor:
         tr, n = self.trainer, self.cfg.groups
@@ -418,7 +436,9 @@ class StackedRunner:
                       "mine": list(self.contrib.get(self.my_slot, ())),
                       "plan": {str(t): self._uid_of(w) for w, ts in self.contrib.items()
                                for t in ts},
-                      "loss": float(buf[_LOSS]) / n, "rolled": rolled, "t": time.time()})
+                      "loss": float(buf[_LOSS]) / n, "rolled": rolled,
+                      "compute_s": round(self.compute_s / max(1, self.compute_n), 6),
+                      "t": time.time()})
         if self.ckpt is not None and self.step % self.ckpt_every == 0 \
                 and self.comm.rank == 0 and self.step < self.cfg.steps:
             self.ckpt.save_async(self.step, tr.state_tensors(), self._meta())

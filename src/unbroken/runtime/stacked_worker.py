@@ -60,6 +60,9 @@ def worker_main(argv: list[str] | None = None) -> None:
     ap.add_argument("--die-in-retry", action="store_true")
     ap.add_argument("--drop-commit-at", type=int, default=None)
     ap.add_argument("--corrupt-snapshot", action="store_true")
+    ap.add_argument("--slow-from", type=int, default=None,
+                    help="from this step on, every gradient takes --slow-s longer (straggler)")
+    ap.add_argument("--slow-s", type=float, default=0.06)
     ap.add_argument("--heartbeat", type=float, default=0.1)
     ap.add_argument("--staleness", type=float, default=1.0)
     ap.add_argument("--pg-timeout", type=float, default=30.0)
@@ -104,7 +107,8 @@ def worker_main(argv: list[str] | None = None) -> None:
 
     inject = Inject(die_at=a.die_at, stop_at=a.stop_at, die_in_patch=a.die_in_patch,
                     die_after_replan=a.die_after_replan, die_in_retry=a.die_in_retry,
-                    drop_commit_at=a.drop_commit_at, corrupt_snapshot=a.corrupt_snapshot)
+                    drop_commit_at=a.drop_commit_at, corrupt_snapshot=a.corrupt_snapshot,
+                    slow_from=a.slow_from, slow_s=a.slow_s)
     try:
         comm = FTComm(a.uid, list(range(cfg.groups)), host=a.host, port=a.port,
                       heartbeat_period=a.heartbeat, staleness=a.staleness,
@@ -150,6 +154,7 @@ class StackedCluster(LocalCluster):
     def __init__(self, cfg, journal_dir: str, *, die_at: dict[int, int] | None = None,
                  stop_at: dict[int, int] | None = None,
                  drop_commit_at: dict[int, int] | None = None,
+                 slow_from: dict[int, int] | None = None,
                  die_after_replan=(), die_in_patch=(), die_in_retry=(), corrupt_snapshot=(),
                  spares: int = 0, heartbeat: float = 0.1, staleness: float = 1.0,
                  pg_timeout: float = 30.0, wipeout_wait: float = 60.0,
@@ -181,7 +186,7 @@ class StackedCluster(LocalCluster):
         flags = {"--die-after-replan": die_after_replan, "--die-in-patch": die_in_patch,
                  "--die-in-retry": die_in_retry, "--corrupt-snapshot": corrupt_snapshot}
         steps = {"--die-at": die_at or {}, "--stop-at": stop_at or {},
-                 "--drop-commit-at": drop_commit_at or {}}
+                 "--drop-commit-at": drop_commit_at or {}, "--slow-from": slow_from or {}}
         for u in range(cfg.groups + spares):
             extra = [f for f, us in flags.items() if u in us]
             for f, m in steps.items():
