@@ -12,14 +12,18 @@ import pytest
 pytest.importorskip("torch")
 
 
+def demo(*args: str, timeout: float = 180) -> dict:
+    """Run ``unbroken demo ... --json`` as a user would; its one JSON object."""
+    p = subprocess.run([sys.executable, "-m", "unbroken", "demo", *args, "--json"],
+                       capture_output=True, text=True, timeout=timeout)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout)
+
+
 @pytest.mark.timeout(300)
 def test_demo_masks_faults_restarts_and_matches_the_failure_free_run(tmp_path):
-    p = subprocess.run(
-        [sys.executable, "-m", "unbroken", "demo", "--steps", "30", "--seed", "1",
-         "--faults", "kill:1@5,hang:3@12,kill:2@13", "--out", str(tmp_path), "--json"],
-        capture_output=True, text=True, timeout=280)
-    assert p.returncode == 0, p.stderr[-3000:]
-    rep = json.loads(p.stdout)
+    rep = demo("--steps", "30", "--seed", "1", "--faults", "kill:1@5,hang:3@12,kill:2@13",
+               "--out", str(tmp_path), timeout=280)
     assert rep["steps"] == 30 and rep["faults_injected"] == 3
     # kill and hang masked; the kill right after the hang wipes out types 2 and 3 -> restart
     assert rep["faults_masked"] == 2 and rep["restarts"] == 1 and rep["joins"] == 3
@@ -38,12 +42,7 @@ def test_demo_masks_faults_restarts_and_matches_the_failure_free_run(tmp_path):
 
 @pytest.mark.timeout(200)
 def test_demo_without_faults_is_plain_data_parallelism(tmp_path):
-    p = subprocess.run(
-        [sys.executable, "-m", "unbroken", "demo", "--steps", "12", "--faults", "none",
-         "--spares", "0", "--out", str(tmp_path), "--json"],
-        capture_output=True, text=True, timeout=180)
-    assert p.returncode == 0, p.stderr[-3000:]
-    rep = json.loads(p.stdout)
+    rep = demo("--steps", "12", "--faults", "none", "--spares", "0", "--out", str(tmp_path))
     assert rep["faults_injected"] == 0 and rep["restarts"] == 0 and rep["joins"] == 0
     assert rep["exactly_once"] is True and rep["max_abs_param_diff"] < 1e-9
 
@@ -52,12 +51,8 @@ def test_demo_without_faults_is_plain_data_parallelism(tmp_path):
 def test_demo_wipeout_without_spares_restarts_from_the_durable_checkpoint(tmp_path):
     # no spare: the wipe-out at step 9 cannot be covered, so every group restarts from the
     # checkpoint of step 5; the steps 5..8 done twice count once (the restore rolls back)
-    p = subprocess.run(
-        [sys.executable, "-m", "unbroken", "demo", "--steps", "16", "--spares", "0",
-         "--faults", "kill:1@8,kill:2@9", "--ckpt-every", "5", "--out", str(tmp_path),
-         "--json"], capture_output=True, text=True, timeout=180)
-    assert p.returncode == 0, p.stderr[-3000:]
-    rep = json.loads(p.stdout)
+    rep = demo("--steps", "16", "--spares", "0", "--faults", "kill:1@8,kill:2@9",
+               "--ckpt-every", "5", "--out", str(tmp_path))
     assert rep["faults_masked"] == 1 and rep["restarts"] == 1
     assert rep["exactly_once"] is True and rep["ledger"]["records"] == 16 * 4
     assert rep["max_abs_param_diff"] < 1e-5
@@ -69,12 +64,8 @@ def test_demo_guard_logs_xid_decisions_without_disturbing_training(tmp_path):
     log = tmp_path / "kern.log"
     log.write_text("[ 1234.5] NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off "
                    "the bus.\n[ 1235.0] NVRM: Xid (PCI:0000:3b:00): garbage\n")
-    p = subprocess.run(
-        [sys.executable, "-m", "unbroken", "demo", "--steps", "12", "--faults", "none",
-         "--spares", "0", "--xid-log", str(log), "--out", str(tmp_path / "d"), "--json"],
-        capture_output=True, text=True, timeout=180)
-    assert p.returncode == 0, p.stderr[-3000:]
-    rep = json.loads(p.stdout)
+    rep = demo("--steps", "12", "--faults", "none", "--spares", "0", "--xid-log", str(log),
+               "--out", str(tmp_path / "d"))
     assert rep["exactly_once"] is True and rep["max_abs_param_diff"] < 1e-9
     events = [json.loads(x) for x in (tmp_path / "d" / "journal.jsonl").read_text().splitlines()]
     (det,) = [e for e in events if e["event"] == "alert" and e["how"] == "xid"]
@@ -88,12 +79,8 @@ def test_demo_guard_logs_xid_decisions_without_disturbing_training(tmp_path):
 def test_demo_guard_flags_a_straggler_within_the_configured_rounds(tmp_path):
     # group 2 computes 60 ms slower per shard from step 10; without spares, group 0 carries
     # a stack of two after the kill of group 1 and must not be taken for a straggler
-    p = subprocess.run(
-        [sys.executable, "-m", "unbroken", "demo", "--steps", "90", "--spares", "0",
-         "--faults", "kill:1@5,slow:2@10", "--out", str(tmp_path), "--json"],
-        capture_output=True, text=True, timeout=180)
-    assert p.returncode == 0, p.stderr[-3000:]
-    rep = json.loads(p.stdout)
+    rep = demo("--steps", "90", "--spares", "0", "--faults", "kill:1@5,slow:2@10",
+               "--out", str(tmp_path))
     assert rep["exactly_once"] is True and rep["max_abs_param_diff"] < 1e-9
     events = [json.loads(x) for x in (tmp_path / "journal.jsonl").read_text().splitlines()]
     slow = [e for e in events if e["event"] == "fault" and e["kind"] == "slow"]
