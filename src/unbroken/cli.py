@@ -155,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="serve ETTR and fault metrics for Prometheus on this port (0: any)")
     de.add_argument("--xid-log", default=None,
                     help="kernel-log file to watch for GPU XID lines (guard, log-only)")
+    de.add_argument("--guard", choices=("log", "act"), default="log",
+                    help="log: detections and ladder decisions are journaled only; act: a "
+                         "straggler is evicted (the runtime masks it, a spare takes over)")
     de.add_argument("--out", default="out/demo", help="journal, figure, reference cache")
     de.add_argument("--json", action="store_true")
     return p
@@ -247,7 +250,7 @@ def cmd_demo(a: argparse.Namespace) -> dict:
     req = DemoRequest(groups=a.groups, redundancy=a.redundancy, steps=a.steps, seed=a.seed,
                       faults=a.faults, spares=a.spares, staleness=a.staleness, out=a.out,
                       ckpt_every=a.ckpt_every, metrics_port=a.metrics_port,
-                      xid_log=a.xid_log)
+                      xid_log=a.xid_log, guard=a.guard)
     check(req)  # bad input: one line before any process starts
     err = Console(stderr=True)
     view = LiveView({"groups": req.groups, "steps": req.steps})

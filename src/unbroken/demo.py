@@ -65,6 +65,8 @@ class DemoRequest:
     max_restarts: int = 3
     metrics_port: int | None = None  # serve ETTR on Prometheus /metrics (0: any free port)
     xid_log: str | None = None  # kernel-log file watched for GPU XIDs (guard, log-only)
+    guard: str = "log"  # "log": detections and ladder decisions journaled only; "act": evict
+    #                     a straggler the ladder would mask/evict
 
     def fault_list(self) -> list[Fault]:
         if self.faults is None:
@@ -82,6 +84,8 @@ def check(req: DemoRequest) -> list[Fault]:
     check_placement(req.groups, req.redundancy)
     if req.steps < 2:
         raise ValueError(f"--steps {req.steps}: need at least 2 steps")
+    if req.guard not in ("log", "act"):
+        raise ValueError(f"--guard {req.guard!r}: expected 'log' or 'act'")
     if req.ckpt_every < 1:
         raise ValueError(f"--ckpt-every {req.ckpt_every}: must be at least 1")
     if req.spares is not None and req.spares < 0:
@@ -182,7 +186,7 @@ def run_demo(req: DemoRequest, *, emit_line: Callable[[str], None] | None = None
         shutil.rmtree(ckdir)  # a previous run's checkpoints must not be resumed from
     from unbroken.guard import Guard
 
-    guard = Guard(emit, standby=spares, xid_log=req.xid_log)
+    guard = Guard(emit, standby=spares, xid_log=req.xid_log, act=req.guard == "act")
     fired: set[tuple[str, int]] = set()  # (kind, slot) of faults already injected
     attempt, done = 0, None
     while done is None:
@@ -319,6 +323,14 @@ def _supervise(c, req: DemoRequest, emit, declare_dead, fired: set, guard,
                         declare_dead(c.store, gone)
                         replace(gone, "heartbeat")
         guard.poll(time.time())
+        while guard.evictions:  # acting guard: evict a straggler like a hung group
+            gone = guard.evictions.pop(0)
+            if gone in members and gone not in handled and gone not in finished \
+                    and c.procs[gone].poll() is None:
+                c.procs[gone].send_signal(signal.SIGKILL)
+                c.procs[gone].wait(timeout=10)
+                declare_dead(c.store, gone)
+                replace(gone, "fail-slow")
         for u in sorted(members):
             if u in finished:
                 continue

@@ -85,7 +85,9 @@ class LiveView:
                 f" {event.get('kind', '')} at step {event.get('step')}")
             return self._add(f"{'':9} ALERT {what}{detail}", "yellow")[0]
         if ev == "ladder":
-            return self._add(f"{'':9} ladder (log-only) would: {event.get('rung')} - "
+            how = ("ladder (act):" if event.get("mode") == "act"
+                   else "ladder (log-only) would:")
+            return self._add(f"{'':9} {how} {event.get('rung')} - "
                              f"{event.get('reason', '')}"[:160], "dim")[0]
         if ev == "fault":
             g, kind = event.get("group"), event.get("kind", "?")

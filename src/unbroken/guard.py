@@ -1,4 +1,4 @@
-"""The guard on the coordinator, log-only: detectors in, ladder decisions journaled.
+"""The guard on the coordinator: detectors in, ladder decisions journaled (log-only by default).
 
 Why log-only by default: anything that can kill or evict part of a job must first prove itself
 on real runs (the nvidia-resiliency-ext rule). So the guard runs every detector the coordinator
@@ -21,6 +21,10 @@ Detectors wired here:
   ``detector_warning`` and never stops anything.
 
 A detector that fails is reported once and switched off; it never raises into the run.
+
+``act=True`` (``unbroken demo --guard act``) lets one decision through: a straggler the ladder
+would mask or evict is evicted by the launcher (SIGKILL, death notice), the runtime masks it
+and a warm spare takes its slot. Everything else stays log-only until its rung exists.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from __future__ import annotations
 from typing import Callable
 
 from unbroken.core.anomaly import FailSlowPolicy, bucket_rounds, failslow, numeric_event
-from unbroken.core.ladder import Fault, FaultKind, LadderPolicy, LadderState, decide
+from unbroken.core.ladder import Fault, FaultKind, LadderPolicy, LadderState, Rung, decide
 
 __all__ = ["Guard"]
 
@@ -38,8 +42,13 @@ _XID_ACTION = {"restart_app": "restart-app", "reset_gpu": "reset-gpu",
 
 class Guard:
     def __init__(self, emit: Callable[[dict], None], *, standby: int = 0,
-                 xid_log: str | None = None, policy: LadderPolicy | None = None) -> None:
+                 xid_log: str | None = None, policy: LadderPolicy | None = None,
+                 act: bool = False) -> None:
         self.emit = emit
+        # act=True: a straggler the ladder would mask or evict is handed to the launcher in
+        # ``evictions`` (it kills the group; the runtime masks it and a spare takes over)
+        self.act = act
+        self.evictions: list[int] = []
         self.state = LadderState(standby=standby)
         self.policy = policy or LadderPolicy()
         self.losses: list[float] = []
@@ -55,11 +64,15 @@ class Guard:
 
             self.xid = XidSource(xid_log)
 
-    def _ladder(self, fault: Fault, t: float, what: str) -> None:
+    def _ladder(self, fault: Fault, t: float, what: str, actionable: bool = False):
         d, reason = decide(fault, self.state, self.policy, t)
-        self.emit({"event": "ladder", "for": what, "mode": "log-only",
+        acting = self.act and actionable and d.rung in (Rung.MASK, Rung.EVICT)
+        self.emit({"event": "ladder", "for": what, "mode": "act" if acting else "log-only",
                    "rung": d.rung.name.lower() if d.rung is not None else None,
                    "groups": list(d.groups), "exit_code": d.exit_code, "reason": reason, "t": t})
+        if acting:
+            self.evictions.extend(d.groups)
+        return d
 
     def _failslow(self, now: float) -> None:
         if "fail-slow" in self.broken or self.slow_start is None:
@@ -76,7 +89,7 @@ class Guard:
                 self.emit({"event": "alert", "how": "fail-slow", "group": g,
                            "reason": reason, "t": now})
                 self._ladder(Fault(FaultKind.FAIL_SLOW, groups=(int(g),), maskable=True),
-                             now, f"fail-slow group {g}")
+                             now, f"fail-slow group {g}", actionable=True)
         except Exception as exc:
             self._fail("fail-slow", exc)
 

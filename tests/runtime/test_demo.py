@@ -90,3 +90,28 @@ def test_demo_guard_flags_a_straggler_within_the_configured_rounds(tmp_path):
     assert alerts[0]["t"] - slow[0]["t"] < 8.0
     (lad,) = [e for e in events if e["event"] == "ladder"]
     assert lad["mode"] == "log-only" and lad["for"] == "fail-slow group 2"
+
+
+@pytest.mark.timeout(200)
+def test_acting_guard_evicts_the_straggler_and_a_spare_takes_its_slot(tmp_path):
+    rep = demo("--steps", "110", "--faults", "slow:2@10", "--guard", "act",
+               "--out", str(tmp_path))
+    assert rep["exactly_once"] is True and rep["max_abs_param_diff"] < 1e-9
+    assert rep["joins"] == 1
+    events = [json.loads(x) for x in (tmp_path / "journal.jsonl").read_text().splitlines()]
+    (lad,) = [e for e in events if e["event"] == "ladder"]
+    assert lad["mode"] == "act" and lad["rung"] == "mask" and lad["groups"] == [2]
+    (det,) = [e for e in events if e["event"] == "detected"]
+    assert det["how"] == "fail-slow" and det["slot"] == 2
+    (join,) = [e for e in events if e["event"] == "join"]
+    assert join["slot"] == 2
+    # once the straggler is gone the step time is back to its peers'
+    slow_from = next(e["t"] for e in events if e["event"] == "fault")
+    firsts = {}
+    for e in events:
+        if e["event"] == "commit":
+            firsts.setdefault(e["step"], e["t"])
+    late = [firsts[k + 1] - firsts[k] for k in range(join["step"] + 5, 109)]
+    early = [firsts[k + 1] - firsts[k] for k in range(1, 9)]
+    assert sorted(late)[len(late) // 2] < 1.5 * sorted(early)[len(early) // 2]
+    assert slow_from < det["t"]
