@@ -6,28 +6,37 @@ The step, on each live group (one process per group here)
    ``assignment[t] = t``, depth 1: plain data parallelism), keeping one buffer *per type* for
    the current step, so a later re-plan can re-sum without recomputing.
 2. Sum the assigned types into one flat float64 buffer, append an in-band check (one 1.0 per
-   contributed type at that type's slot, and the step number), and ``FTComm.allreduce`` it.
+   contributed type at that type's slot, the loss, rank 0's view of pending joiners, a
+   "coordinator lost" flag, the member count and the step), and ``FTComm.allreduce`` it.
 3. True: the in-band check must read "every type exactly once, every member at this step";
-   then grad = sum / N, optimizer step, one journal line with the contributions (the ledger).
-4. False: ``FTComm.reform()`` gives the new members; every survivor calls the pure
-   ``rectlr.decide(layout, live, stacks, depth, computed)`` with the same inputs (what each
-   group computed this step follows from the previous plan and patches, which every survivor
-   knows), so all get the same plan without a coordinator round trip. Each survivor computes
-   its ``patch`` types, re-sums exactly its newly assigned types and retries; loop until commit.
-   A :class:`~unbroken.core.rectlr.WipeOut` raises :class:`WipeOutError` (restart from the
-   snapshot comes next).
+   then grad = sum / N, optimizer step, the every-step snapshot (a memcpy), one journal line
+   with the contributions (the ledger), and every ``ckpt_every`` steps rank 0 starts a durable
+   checkpoint in the background.
+4. False: ``FTComm.reform()`` gives the new members. They first exchange their step numbers:
+   a member that saw a completed all-reduce fail while its peers committed is one step
+   behind and is *rolled forward* with a peer's reduced buffer. Then every survivor calls the
+   pure ``rectlr.decide(layout, live, stacks, depth, computed)`` with the same inputs (what
+   each group computed this step follows from the plans, which every survivor knows), so all
+   get the same plan without a coordinator round trip. Each survivor computes its ``patch``
+   types, re-sums exactly its newly assigned types and retries; loop until commit.
+5. A :class:`~unbroken.core.rectlr.WipeOut`: the survivors restore the snapshot, wait for
+   replacements of the dead slots, and admit them (below); :class:`WipeOutError` if none come.
+
+Spares: a warm spare posts a join record; rank 0 reports the count in the buffer, so all
+members admit it at the same step boundary: a new generation with the joiner, the snapshot
+broadcast from a member (sha256-verified by the joiner; a bad copy is refused and the next
+member's used), and a fresh plan (depth 1 once every slot is live again). Identity: ``uid`` is
+the process, ``slot`` its place in the layout; a spare takes over a dead slot under a new uid.
 
 The data plan (:mod:`unbroken.core.shards`) is a pure function of (seed, step, type), so any
-group can compute any shard; the plan state (stacks, depth, assignment) carries over to the
-following steps, so the dead group's types stay with the survivors that took them.
+group can compute any shard, and the data position is the step: exactly-once holds across
+restarts (a ``restore`` event rolls the ledger back).
 
-Known limits of this slice
---------------------------
-* A group that dies *after* its contribution left (inside the all-reduce) can let some ranks
-  commit a step that others retry. That divergence is detected (the in-band step check fails
-  on the next all-reduce, :class:`DivergenceError`), not repaired; the repair is a
-  roll-forward from a committed peer's reduced gradient.
-* A wipe-out is an error; restarts from the in-memory snapshot and spares are next.
+Known limits
+------------
+* A failure in the middle of an admission is handled by the next all-reduce failing, but a
+  joiner whose state copy broke exits (the launcher must send another).
+* The state copy is an all-reduce of the whole state (fine for this size, not for 10k groups).
 """
 
 from __future__ import annotations
