@@ -9,6 +9,11 @@ simulator never need it.
 * :mod:`unbroken.runtime.stacked` - the stacked data-parallel step: per-type gradients, the
   all-reduce, and on failure re-form + ``core.rectlr.decide`` + patch compute + retry.
 * :mod:`unbroken.runtime.stacked_worker` - its worker process and ``StackedCluster``.
+* :mod:`unbroken.runtime.snapshot` / :mod:`unbroken.runtime.checkpoint` - the every-step
+  in-memory snapshot and the durable (DCP) checkpoints, both checksummed.
+* :mod:`unbroken.runtime.gpt`, :mod:`unbroken.runtime.module_trainer` - trainers: the demo's
+  byte-level GPT, and an adapter for a user's (model, optimizer, dataset, loss).
+* :mod:`unbroken.runtime.store_host` - the coordinator's store in a process of its own.
 """
 
 from __future__ import annotations
