@@ -138,6 +138,7 @@ def test_the_planner_never_imports_torch(tmp_path):
     (["--faults", "kill:9@20"], "kill:9@20"),
     (["--faults", "kill:1@20,hang:1@30"], "hang:1@30"),
     (["--steps", "abc"], "abc"),
+    (["--faults", "stall:2@10"], "needs --guard act"),
 ])
 def test_demo_bad_input_is_one_line_exit_2(args, needle, tmp_path):
     r = run("demo", "--out", str(tmp_path), *args)

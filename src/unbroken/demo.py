@@ -86,6 +86,10 @@ def check(req: DemoRequest) -> list[Fault]:
         raise ValueError(f"--steps {req.steps}: need at least 2 steps")
     if req.guard not in ("log", "act"):
         raise ValueError(f"--guard {req.guard!r}: expected 'log' or 'act'")
+    stalls = [f for f in req.fault_list() if f.kind == "stall"]
+    if stalls and req.guard != "act":
+        raise ValueError(f"fault 'stall:{stalls[0].group}@{stalls[0].step}' needs --guard act "
+                         f"(a log-only guard cannot end a stall)")
     if req.ckpt_every < 1:
         raise ValueError(f"--ckpt-every {req.ckpt_every}: must be at least 1")
     if req.spares is not None and req.spares < 0:
@@ -196,7 +200,8 @@ def run_demo(req: DemoRequest, *, emit_line: Callable[[str], None] | None = None
                            ckpt_every=req.ckpt_every, resume=attempt > 0,
                            die_at={f.group: f.step for f in pending if f.kind == "kill"},
                            stop_at={f.group: f.step for f in pending if f.kind == "hang"},
-                           slow_from={f.group: f.step for f in pending if f.kind == "slow"})
+                           slow_from={f.group: f.step for f in pending if f.kind == "slow"},
+                           stall_at={f.group: f.step for f in pending if f.kind == "stall"})
         try:
             done = _supervise(c, req, emit, declare_dead, fired, guard,
                               restarting=attempt > 0)
@@ -229,6 +234,12 @@ def run_demo(req: DemoRequest, *, emit_line: Callable[[str], None] | None = None
     return report
 
 
+# no new step for this long while nobody is being re-formed: a stall heartbeats cannot see
+# (a hang is found by staleness in 1 s and masked within 2 s; a wipe-out waiting for a cold
+# spare shows every survivor in the same wait, which localisation leaves alone)
+STALL_S = 3.0
+
+
 class _Restart(Exception):
     """No replacement can cover a wipe-out: restart every group from the durable checkpoint."""
 
@@ -257,6 +268,7 @@ def _supervise(c, req: DemoRequest, emit, declare_dead, fired: set, guard,
     restarts_src: set[str] = set()
     seen: set[int] = set()      # uids that have been members of some generation
     wiped: dict[int, float] = {}  # step -> first wipe-out event time
+    top_step, last_step_t = [-1], [time.time()]  # newest committed step and when it came
     deadline = time.monotonic() + req.timeout
 
     def replace(uid: int, how: str) -> None:
@@ -306,6 +318,8 @@ def _supervise(c, req: DemoRequest, emit, declare_dead, fired: set, guard,
                 emit(ev, src=f"group-{u}")
                 if name == "commit":
                     guard.on_commit(ev, uid=u)
+                    if ev["step"] > top_step[0]:
+                        top_step[0], last_step_t[0] = ev["step"], time.time()
                 if name == "joined":
                     emit({"event": "join", "uid": u, "slot": ev["slot"], "step": ev["step"]})
                 if name == "wipeout":
@@ -323,14 +337,19 @@ def _supervise(c, req: DemoRequest, emit, declare_dead, fired: set, guard,
                         declare_dead(c.store, gone)
                         replace(gone, "heartbeat")
         guard.poll(time.time())
+        if req.guard == "act" and top_step[0] >= 0 and time.time() - last_step_t[0] > STALL_S:
+            last_step_t[0] = time.time()  # re-arm: one localisation per stall period
+            live = sorted(u for u in members if u not in finished and c.procs[u].poll() is None)
+            guard.localise_stall({u: c.procs[u].pid for u in live},
+                                 {u: slot_of[u] for u in live}, Path(c.journal_dir))
         while guard.evictions:  # acting guard: evict a straggler like a hung group
-            gone = guard.evictions.pop(0)
+            gone, how = guard.evictions.pop(0)
             if gone in members and gone not in handled and gone not in finished \
                     and c.procs[gone].poll() is None:
                 c.procs[gone].send_signal(signal.SIGKILL)
                 c.procs[gone].wait(timeout=10)
                 declare_dead(c.store, gone)
-                replace(gone, "fail-slow")
+                replace(gone, how)
         for u in sorted(members):
             if u in finished:
                 continue

@@ -36,6 +36,12 @@ from unbroken.core.ladder import Fault, FaultKind, LadderPolicy, LadderState, Ru
 
 __all__ = ["Guard"]
 
+
+def _now() -> float:
+    import time
+
+    return time.time()
+
 _XID_ACTION = {"restart_app": "restart-app", "reset_gpu": "reset-gpu",
                "reboot_node": "reboot", "investigate": "investigate", "ignore": None}
 
@@ -48,7 +54,7 @@ class Guard:
         # act=True: a straggler the ladder would mask or evict is handed to the launcher in
         # ``evictions`` (it kills the group; the runtime masks it and a spare takes over)
         self.act = act
-        self.evictions: list[int] = []
+        self.evictions: list[tuple[int, str]] = []  # (group uid, which detector)
         self.state = LadderState(standby=standby)
         self.policy = policy or LadderPolicy()
         self.losses: list[float] = []
@@ -64,14 +70,15 @@ class Guard:
 
             self.xid = XidSource(xid_log)
 
-    def _ladder(self, fault: Fault, t: float, what: str, actionable: bool = False):
+    def _ladder(self, fault: Fault, t: float, what: str, actionable: bool = False,
+                how: str = "fail-slow"):
         d, reason = decide(fault, self.state, self.policy, t)
         acting = self.act and actionable and d.rung in (Rung.MASK, Rung.EVICT)
         self.emit({"event": "ladder", "for": what, "mode": "act" if acting else "log-only",
                    "rung": d.rung.name.lower() if d.rung is not None else None,
                    "groups": list(d.groups), "exit_code": d.exit_code, "reason": reason, "t": t})
         if acting:
-            self.evictions.extend(d.groups)
+            self.evictions.extend((g, how) for g in d.groups)
         return d
 
     def _failslow(self, now: float) -> None:
@@ -92,6 +99,31 @@ class Guard:
                              now, f"fail-slow group {g}", actionable=True)
         except Exception as exc:
             self._fail("fail-slow", exc)
+
+    def localise_stall(self, pids: dict[int, int], slots: dict[int, int], fault_dir,
+                       rounds: int = 5) -> None:
+        """No step for a while but every heartbeat fresh: dump every member's stacks (py-spy,
+        else faulthandler), up to ``rounds`` times until two rounds agree on the outlier's
+        data-parallel group (byterobust §6), and hand it to the ladder."""
+        try:
+            from unbroken.core.stacks import Coord, vote
+            from unbroken.detect.stacks import localise
+
+            coords = {u: Coord(slots[u], 0, 0) for u in pids}
+            verdicts, reason, chosen = [], "", None
+            for _ in range(rounds):
+                verdicts.append(localise(pids, coords, fault_dir=fault_dir).verdict)
+                chosen, reason = vote(verdicts)
+                if chosen is not None:
+                    break
+            self.emit({"event": "alert", "how": "stack", "group": list(chosen.ranks)
+                       if chosen else None, "reason": reason})
+            if chosen is not None:
+                self._ladder(Fault(FaultKind.HANG, groups=tuple(int(u) for u in chosen.ranks),
+                                   maskable=True), _now(), f"stall of {list(chosen.ranks)}",
+                             actionable=True, how="stack")
+        except Exception as exc:
+            self._fail("stack", exc)
 
     def _fail(self, name: str, exc: BaseException) -> None:
         if name not in self.broken:

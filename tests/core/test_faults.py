@@ -16,7 +16,7 @@ def test_parse_sorted_by_step_and_whitespace_tolerant():
     got = parse_faults(" kill:2@61 , hang : 3 @ 60,kill:1@20 ", groups=4, steps=200)
     assert got == [Fault("kill", 1, 20), Fault("hang", 3, 60), Fault("kill", 2, 61)]
     assert parse_faults("none", 4, 200) == [] and parse_faults(" NONE ", 4, 200) == []
-    assert KINDS == ("kill", "hang", "slow")
+    assert KINDS == ("kill", "hang", "slow", "stall")
 
 
 @pytest.mark.parametrize("spec, words", [

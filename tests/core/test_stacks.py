@@ -264,3 +264,17 @@ def test_errors_name_the_bad_value():
         covering_group([9], {0: Coord(0, 0, 0)})
     with pytest.raises(StacksError, match="outliers=.. is empty"):
         covering_group([], {0: Coord(0, 0, 0)})
+
+
+def test_vote_needs_two_rounds_that_agree_on_the_same_eviction():
+    from unbroken.core.stacks import StackVerdict, vote
+
+    def v(action, ranks):
+        return StackVerdict(action, "dp" if action == "evict" else "job", 2, ranks, ranks,
+                            (), ())
+
+    chosen, reason = vote([v("evict", (2,)), v("inconclusive", (0, 1, 2, 3)), v("evict", (2,))])
+    assert chosen is not None and chosen.ranks == (2,) and "2 of 3" in reason
+    chosen, _ = vote([v("evict", (2,)), v("evict", (3,)), v("inconclusive", (0, 1, 2, 3))])
+    assert chosen is None  # two rounds, two different answers: no eviction
+    assert vote([v("none", ())] * 3)[0] is None

@@ -115,3 +115,19 @@ def test_acting_guard_evicts_the_straggler_and_a_spare_takes_its_slot(tmp_path):
     early = [firsts[k + 1] - firsts[k] for k in range(1, 9)]
     assert sorted(late)[len(late) // 2] < 1.5 * sorted(early)[len(early) // 2]
     assert slow_from < det["t"]
+
+
+@pytest.mark.timeout(200)
+def test_stall_invisible_to_heartbeats_is_localised_by_stacks_and_evicted(tmp_path):
+    # group 2's training thread blocks for good at step 10 while its heartbeat goes on: no
+    # heartbeat, no exit, no gloo error. The acting guard sees no step for 3 s, dumps every
+    # member's stacks, finds the odd one out, evicts it; the runtime masks it, a spare joins.
+    rep = demo("--steps", "30", "--faults", "stall:2@10", "--guard", "act",
+               "--out", str(tmp_path))
+    assert rep["steps"] == 30 and rep["exactly_once"] is True
+    assert rep["max_abs_param_diff"] < 1e-9 and rep["joins"] == 1
+    events = [json.loads(x) for x in (tmp_path / "journal.jsonl").read_text().splitlines()]
+    (alert,) = [e for e in events if e["event"] == "alert"]
+    assert alert["how"] == "stack" and alert["group"] == [2], alert
+    (det,) = [e for e in events if e["event"] == "detected"]
+    assert det["how"] == "stack" and det["slot"] == 2

@@ -14,7 +14,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-KINDS = ("kill", "hang", "slow")  # slow: the group turns into a straggler from that step
+KINDS = ("kill", "hang", "slow", "stall")
+# slow: the group turns into a straggler from that step; stall: its training thread blocks for
+# good while its heartbeat goes on (only stack aggregation can find it)
 
 _TOKEN = re.compile(r"^\s*([A-Za-z]+)\s*:\s*(-?\d+)\s*@\s*(-?\d+)\s*$")
 

@@ -283,3 +283,19 @@ def aggregate(
         f"{len(top)}/{n} stacks agree; outliers {list(outliers)} -> smallest covering group "
         f"is {where} ({len(members)} ranks: {list(members)})",
     )
+
+
+def vote(verdicts: list[StackVerdict], need: int = 2) -> tuple[StackVerdict | None, str]:
+    """Agreement over repeated dump rounds: a training loop that polls a collective is caught
+    in different innermost frames from one dump to the next, so one round can be
+    inconclusive; the first ``evict`` verdict that ``need`` rounds agree on (same ranks) is
+    the answer. Returns (verdict or None, reason)."""
+    seen: dict[tuple, int] = {}
+    for v in verdicts:
+        if v.action == "evict":
+            seen[v.ranks] = seen.get(v.ranks, 0) + 1
+            if seen[v.ranks] >= need:
+                return v, (f"{seen[v.ranks]} of {len(verdicts)} dump rounds agree on evicting "
+                           f"{v.kind} group {v.index} (ranks {list(v.ranks)})")
+    kinds = [v.action for v in verdicts]
+    return None, f"no {need} dump rounds agree on an eviction ({kinds})"

@@ -253,6 +253,8 @@ class Inject:
     corrupt_snapshot: bool = False     # serve a snapshot with one flipped element (once)
     slow_from: int | None = None       # from step K on, every gradient takes slow_s longer
     slow_s: float = 0.06
+    stall_at: int | None = None        # the main thread blocks for good at step K while the
+    #                                    heartbeat thread beats on (a user-code deadlock)
 
 
 # layout of the all-reduce buffer after the gradient: N coverage slots, then these
@@ -408,6 +410,10 @@ class StackedRunner:
             self._fault("kill")
         if inj.stop_at == self.step:
             self._fault("hang")
+        if inj.stall_at == self.step:
+            self.journal({"event": "fault", "kind": "stall", "group": self.my_slot,
+                          "uid": self.uid, "step": self.step, "t": time.time()})
+            _stuck_in_user_code()
         while True:
             buf = self._pack()
             ok = self.comm.allreduce(buf)
@@ -673,6 +679,14 @@ class StackedRunner:
         self.journal({"event": "joined", "step": self.step, "gen": gen, "slot": slot,
                       "t": time.time()})
         return self.run()
+
+
+def _stuck_in_user_code() -> None:
+    """The injected stall: blocks forever without holding the GIL, so the heartbeat thread
+    keeps the group looking alive; only its stack shows where it is."""
+    import threading
+
+    threading.Event().wait()
 
 
 def ledger_records(journals: dict[int, list[dict]]) -> list[tuple[int, int, int]]:

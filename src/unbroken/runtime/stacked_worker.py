@@ -63,6 +63,8 @@ def worker_main(argv: list[str] | None = None) -> None:
     ap.add_argument("--slow-from", type=int, default=None,
                     help="from this step on, every gradient takes --slow-s longer (straggler)")
     ap.add_argument("--slow-s", type=float, default=0.06)
+    ap.add_argument("--stall-at", type=int, default=None,
+                    help="block the main thread for good at this step (heartbeat goes on)")
     ap.add_argument("--heartbeat", type=float, default=0.1)
     ap.add_argument("--staleness", type=float, default=1.0)
     ap.add_argument("--pg-timeout", type=float, default=30.0)
@@ -86,6 +88,11 @@ def worker_main(argv: list[str] | None = None) -> None:
     )
 
     torch.set_num_threads(1)
+    from unbroken.detect.stacks import install_faulthandler
+
+    # stack dumps on SIGUSR1 for hang localisation when py-spy is not there
+    install_faulthandler(os.path.join(a.journal, "stacks") if os.path.isdir(
+        os.path.join(a.journal, "stacks")) else a.journal)
     cfg = TrainConfig.from_json(a.config)
     if a.from_env:
         a.uid = int(os.environ["RANK"])
@@ -108,7 +115,7 @@ def worker_main(argv: list[str] | None = None) -> None:
     inject = Inject(die_at=a.die_at, stop_at=a.stop_at, die_in_patch=a.die_in_patch,
                     die_after_replan=a.die_after_replan, die_in_retry=a.die_in_retry,
                     drop_commit_at=a.drop_commit_at, corrupt_snapshot=a.corrupt_snapshot,
-                    slow_from=a.slow_from, slow_s=a.slow_s)
+                    slow_from=a.slow_from, slow_s=a.slow_s, stall_at=a.stall_at)
     try:
         comm = FTComm(a.uid, list(range(cfg.groups)), host=a.host, port=a.port,
                       heartbeat_period=a.heartbeat, staleness=a.staleness,
@@ -155,6 +162,7 @@ class StackedCluster(LocalCluster):
                  stop_at: dict[int, int] | None = None,
                  drop_commit_at: dict[int, int] | None = None,
                  slow_from: dict[int, int] | None = None,
+                 stall_at: dict[int, int] | None = None,
                  die_after_replan=(), die_in_patch=(), die_in_retry=(), corrupt_snapshot=(),
                  spares: int = 0, heartbeat: float = 0.1, staleness: float = 1.0,
                  pg_timeout: float = 30.0, wipeout_wait: float = 60.0,
@@ -186,7 +194,8 @@ class StackedCluster(LocalCluster):
         flags = {"--die-after-replan": die_after_replan, "--die-in-patch": die_in_patch,
                  "--die-in-retry": die_in_retry, "--corrupt-snapshot": corrupt_snapshot}
         steps = {"--die-at": die_at or {}, "--stop-at": stop_at or {},
-                 "--drop-commit-at": drop_commit_at or {}, "--slow-from": slow_from or {}}
+                 "--drop-commit-at": drop_commit_at or {}, "--slow-from": slow_from or {},
+                 "--stall-at": stall_at or {}}
         for u in range(cfg.groups + spares):
             extra = [f for f, us in flags.items() if u in us]
             for f, m in steps.items():
