@@ -158,6 +158,11 @@ class FTComm:
         self.store = store
         self.heartbeat_period = float(heartbeat_period)
         self.staleness = float(staleness)
+        # Until this worker's first collective completes, every member is still starting up
+        # (imports, model build): a starved start-up must not look like a hang, so silence is
+        # judged against a longer limit. After that op completed, every member got past it.
+        self.startup_staleness = max(self.staleness, 5.0)
+        self._warm = False
         self.pg_timeout = float(pg_timeout)
         self.rendezvous_timeout = float(rendezvous_timeout)
         self.poll_interval = float(poll_interval)
@@ -245,6 +250,7 @@ class FTComm:
                     self._abandon(gen, work, buf, f"gloo error: {_short(exc)}")
                     return False
                 tensor.copy_(buf)
+                self._warm = True
                 return True
             poll_store = time.monotonic() >= next_store_poll
             if poll_store:
@@ -289,7 +295,7 @@ class FTComm:
                 joined = [int(st.get(f"rdzv/{gen}/joined/{i}")) for i in range(1, count + 1)]
                 peer_died = st.check([f"abort/{old}/gloo"])
                 live = self.live_now(rendezvous_staleness(
-                    self.staleness, self.heartbeat_period, peer_died))
+                    self._staleness(), self.heartbeat_period, peer_died))
                 came = [u for u in expect if st.check([f"rdzv/{gen}/joiner/{u}"])]
                 gone = [u for u in expect if u not in came and st.check([f"dead/{u}"])]
                 if (rendezvous_ready(joined, live) and len(came) + len(gone) == len(expect)) \
@@ -315,6 +321,9 @@ class FTComm:
         ev["recovery_s"] = round(ev["ready_at"] - detected_at, 4)
         self.journal.append(ev)
         return list(new)
+
+    def _staleness(self) -> float:
+        return self.staleness if self._warm else self.startup_staleness
 
     def join(self, gen: int, timeout: float | None = None) -> list[int]:
         """Joining side of an admission: enter generation ``gen`` (named by the members).
@@ -367,7 +376,7 @@ class FTComm:
         with self._lock:
             obs, dead, members = dict(self._obs), set(self._dead), list(self._members)
         obs.pop(self.uid, None)
-        return live_members(members, obs, time.monotonic(), staleness or self.staleness,
+        return live_members(members, obs, time.monotonic(), staleness or self._staleness(),
                             dead - {self.uid})
 
     def close(self) -> None:
@@ -483,7 +492,7 @@ class FTComm:
                     self._dead |= dead
                     self._dead_epoch = epoch
                     obs, all_dead = dict(self._obs), set(self._dead)
-                live = live_members(members, obs, now, self.staleness, all_dead - {me})
+                live = live_members(members, obs, now, self._staleness(), all_dead - {me})
                 lost = [m for m in members if m not in live and m != me]
                 if lost and self._aborted_gen < gen:
                     why = "declared dead" if set(lost) & all_dead else "stale heartbeat"
