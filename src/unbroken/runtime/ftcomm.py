@@ -18,8 +18,8 @@ So survivors do not try to fix the old group. They *abandon* it and build a new 
    while watching an abort flag in the store (``abort/<gen>``), so no thread ever blocks in gloo.
 2. A heartbeat thread (own store client) bumps ``hb/<uid>`` every ``heartbeat_period`` seconds
    and watches the other members. A member whose counter has not moved for ``staleness``
-   seconds, or that a coordinator declared dead (``declare_dead``), makes it set
-   ``abort/<gen>``. A gloo error does the same, so all survivors stop within milliseconds.
+   seconds (5 s until the first collective has completed: start-up is slow, not hung), or
+   that a coordinator declared dead (``declare_dead``), makes it set ``abort/<gen>``. A gloo error does the same, so all survivors stop within milliseconds.
 3. On abort the in-flight ``Work``, its process group and the buffer are moved to a
    *graveyard*: kept referenced forever, never waited on and never freed, because the gloo
    threads may still touch them. The caller's tensor is untouched (we reduce into a copy).
