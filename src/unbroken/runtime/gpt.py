@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from unbroken.core.shards import DataPlan
-from unbroken.runtime.stacked import TrainConfig, apply_sum, flat, optimizer_state_tensors
+from unbroken.runtime.stacked import ParamTrainer, TrainConfig
 
 __all__ = ["CORPUS_BYTES", "VOCAB", "RECOMMENDED_LR", "stdlib_corpus", "GPT", "GPTTrainer"]
 
@@ -129,7 +129,7 @@ class GPT(torch.nn.Module):
         return self.head(self.ln_f(x))
 
 
-class GPTTrainer:
+class GPTTrainer(ParamTrainer):
     """Byte-level float64 GPT + AdamW, a :class:`~unbroken.runtime.stacked.TrainerLike`.
 
     Every group builds an identical one from the config; ``grad(step, t)`` (mean next-byte
@@ -172,16 +172,4 @@ class GPTTrainer:
         x, y = self.batch(step, shard_type)
         logits = self.model(x)
         loss = F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1))
-        self.last_loss[shard_type] = float(loss.detach())
-        gs = torch.autograd.grad(loss, self.params)
-        return torch.cat([g.reshape(-1) for g in gs])
-
-    def apply(self, total: torch.Tensor) -> None:
-        """Optimizer step with grad = ``total`` / N (the sum of the N shard-type gradients)."""
-        apply_sum(self.params, self.opt, total, self.cfg.groups)
-
-    def flat_params(self) -> torch.Tensor:
-        return flat(self.params)
-
-    def state_tensors(self) -> list[torch.Tensor]:
-        return optimizer_state_tensors(self.params, self.opt)
+        return self._flat_grad(loss, shard_type)

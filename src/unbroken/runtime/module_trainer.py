@@ -27,14 +27,14 @@ import torch
 from torch.utils.data import default_collate
 
 from unbroken.core.shards import DataPlan
-from unbroken.runtime.stacked import apply_sum, flat, optimizer_state_tensors
+from unbroken.runtime.stacked import ParamTrainer
 
 __all__ = ["ModuleTrainer"]
 
 _EAGER = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)
 
 
-class ModuleTrainer:
+class ModuleTrainer(ParamTrainer):
     """``TrainerLike`` over (model, optimizer, dataset, loss_fn).
 
     ``dataset[i]`` returns one sample (e.g. ``(x, y)``); ``collate`` turns a list of samples
@@ -77,18 +77,4 @@ class ModuleTrainer:
         batch = self._to(self.collate([self.dataset[i]
                                        for i in self.data.shard(step, shard_type)]))
         pred, target = self.forward(self.model, batch)
-        loss = self.loss_fn(pred, target)
-        self.last_loss[shard_type] = float(loss.detach())
-        gs = torch.autograd.grad(loss, self.params, allow_unused=True)
-        return torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1)
-                          .to(torch.float64) for p, g in zip(self.params, gs)])
-
-    def apply(self, total: torch.Tensor) -> None:
-        """Optimizer step with grad = ``total`` / N (the sum of the N shard-type gradients)."""
-        apply_sum(self.params, self.opt, total, self.cfg.groups)
-
-    def flat_params(self) -> torch.Tensor:
-        return flat(self.params)
-
-    def state_tensors(self) -> list[torch.Tensor]:
-        return optimizer_state_tensors(self.params, self.opt)
+        return self._flat_grad(self.loss_fn(pred, target), shard_type)

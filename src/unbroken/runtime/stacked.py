@@ -146,7 +146,33 @@ def make_trainer(cfg: TrainConfig) -> TrainerLike:
                      f"'package.module:factory')")
 
 
-class Trainer:
+class ParamTrainer:
+    """The part every trainer shares: ``params``, ``opt``, ``cfg`` and ``last_loss`` set by the
+    subclass; the shard gradient as one flat float64 vector, the optimizer step from the sum
+    of the N shard gradients, and the state listing."""
+
+    params: list[torch.Tensor]
+    opt: torch.optim.Optimizer
+    last_loss: dict[int, float]
+
+    def _flat_grad(self, loss: torch.Tensor, shard_type: int) -> torch.Tensor:
+        self.last_loss[shard_type] = float(loss.detach())
+        gs = torch.autograd.grad(loss, self.params, allow_unused=True)
+        return torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1)
+                          .to(torch.float64) for p, g in zip(self.params, gs)])
+
+    def apply(self, total: torch.Tensor) -> None:
+        """Optimizer step with grad = ``total`` / N (the sum of the N shard-type gradients)."""
+        apply_sum(self.params, self.opt, total, self.cfg.groups)
+
+    def flat_params(self) -> torch.Tensor:
+        return flat(self.params)
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        return optimizer_state_tensors(self.params, self.opt)
+
+
+class Trainer(ParamTrainer):
     """A 2-layer float64 MLP regression on a seeded synthetic dataset, SGD with momentum.
 
     Every group builds an identical one from the config; the gradient of shard type ``t`` at
@@ -175,18 +201,7 @@ class Trainer:
     def grad(self, step: int, shard_type: int) -> torch.Tensor:
         idx = torch.tensor(self.data.shard(step, shard_type), device=self.device)
         loss = torch.nn.functional.mse_loss(self.model(self.x[idx]), self.y[idx])
-        self.last_loss[shard_type] = float(loss.detach())
-        gs = torch.autograd.grad(loss, self.params)
-        return torch.cat([g.reshape(-1) for g in gs])
-
-    def apply(self, total: torch.Tensor) -> None:
-        apply_sum(self.params, self.opt, total, self.cfg.groups)
-
-    def flat_params(self) -> torch.Tensor:
-        return flat(self.params)
-
-    def state_tensors(self) -> list[torch.Tensor]:
-        return optimizer_state_tensors(self.params, self.opt)
+        return self._flat_grad(loss, shard_type)
 
 
 def apply_sum(params: list[torch.Tensor], opt: torch.optim.Optimizer, total: torch.Tensor,
