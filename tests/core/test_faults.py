@@ -3,7 +3,10 @@
 import pytest
 
 from unbroken.core.faults import (
+    CHAOS_XIDS,
     KINDS,
+    REMOVING,
+    chaos_faults,
     Fault,
     FaultSpecError,
     default_faults,
@@ -16,7 +19,7 @@ def test_parse_sorted_by_step_and_whitespace_tolerant():
     got = parse_faults(" kill:2@61 , hang : 3 @ 60,kill:1@20 ", groups=4, steps=200)
     assert got == [Fault("kill", 1, 20), Fault("hang", 3, 60), Fault("kill", 2, 61)]
     assert parse_faults("none", 4, 200) == [] and parse_faults(" NONE ", 4, 200) == []
-    assert KINDS == ("kill", "hang", "slow", "stall")
+    assert KINDS == ("kill", "hang", "slow", "stall", "nan", "flip", "xid", "update")
 
 
 @pytest.mark.parametrize("spec, words", [
@@ -30,6 +33,10 @@ def test_parse_sorted_by_step_and_whitespace_tolerant():
     ("kill:1@20,", ["''", "malformed"]),
     ("none,kill:1@20", ["'none'", "malformed"]),
     ("", ["empty"]),
+    ("nan7:1@20", ["'nan7:1@20'", "only xid takes a number"]),
+    ("update:1@20", ["'update:1@20'", "update@step"]),
+    ("kill@20", ["'kill@20'", "malformed"]),
+    ("flip:1@20,slow:1@30", ["duplicate group 1"]),
 ])
 def test_parse_errors_name_the_token_and_why(spec, words):
     with pytest.raises(FaultSpecError) as ei:
@@ -63,3 +70,33 @@ def test_format_is_inverse_of_parse():
     spec = "kill:0@1,hang:5@7,kill:2@7"
     assert format_faults(parse_faults(spec, 6, 8)) == spec
     assert format_faults([]) == "none"
+
+
+def test_new_kinds_parse_and_format_round_trip():
+    spec = "nan:1@10,xid43:1@20,update@30,flip:1@40,xid:2@50"
+    got = parse_faults(spec, 4, 200)
+    assert [f.kind for f in got] == ["nan", "xid", "update", "flip", "xid"]
+    assert got[1].code == 43 and got[4].code == 79  # plain xid: 79, the evict class
+    assert got[2].group == -1
+    assert format_faults(got) == "nan:1@10,xid43:1@20,update@30,flip:1@40,xid79:2@50"
+    # nan and xid leave the group's process alone, so they may share a group with a removal
+    assert parse_faults(format_faults(got), 4, 200) == got
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("groups, steps", [(4, 200), (4, 60), (6, 300)])
+def test_chaos_is_seeded_valid_and_complete(seed, groups, steps):
+    faults = chaos_faults(seed, groups, steps)
+    assert faults == chaos_faults(seed, groups, steps)
+    assert parse_faults(format_faults(faults), groups, steps) == faults
+    kinds = sorted(f.kind for f in faults)
+    assert kinds == sorted(["kill", "hang", "slow", "flip", "nan", "xid", "update"])
+    assert len({f.step for f in faults}) == len(faults)  # one fault per step
+    removed = {f.group: f.step for f in faults if f.kind in REMOVING}
+    nan = next(f for f in faults if f.kind == "nan")
+    assert removed.get(nan.group, steps) > nan.step  # the nan's group is alive then
+    assert next(f for f in faults if f.kind == "xid").code in CHAOS_XIDS
+
+
+def test_chaos_differs_between_seeds():
+    assert len({format_faults(chaos_faults(s, 4, 200)) for s in range(8)}) == 8

@@ -121,3 +121,21 @@ def test_redundant_pairs_refuse_bad_input():
         redundant_check_pairs(stacks, -1, 0)
     with pytest.raises(ReplayError, match="shape"):
         redundant_check_pairs(np.arange(5), 0, 0)
+
+
+def test_digest_mismatches_keeps_only_disagreeing_types():
+    from unbroken.core.replay import digest_mismatches
+
+    d = {0: {0: 5, 1: 5}, 1: {1: 7, 2: 8}, 2: {2: 9}, 3: {}}
+    assert digest_mismatches(d) == {1: {1: 7, 2: 8}}
+    assert digest_mismatches({0: {0: 1, 1: 1}}) == {}
+
+
+def test_majority_names_the_odd_machine_and_refuses_a_tie():
+    from unbroken.core.replay import majority_culprits
+
+    names, why = majority_culprits({1: {0: 4, 1: 4, 2: 9, 3: 4}, 2: {0: 6, 1: 6, 2: 1, 3: 6}})
+    assert names == (2,) and "culprit [2]" in why
+    names, why = majority_culprits({1: {0: 4, 1: 9}})
+    assert names == () and "no majority" in why
+    assert majority_culprits({1: {0: 4, 1: 4, 2: 4}})[0] == ()

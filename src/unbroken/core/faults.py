@@ -1,12 +1,27 @@
 """The demo's fault schedule: which group fails how, at which step.
 
 A schedule is written ``kind:group@step`` joined by commas, e.g. ``kill:1@20,hang:3@60,kill:2@61``,
-or ``none`` for a failure-free run. ``kill`` ends the group's process (SIGKILL: its peers see it
-vanish); ``hang`` freezes it (alive but silent: only the heartbeat timeout can find it).
+or ``none`` for a failure-free run. The kinds:
+
+==========  ======================================================================================
+``kill``    the group's process ends (SIGKILL: its peers see it vanish)
+``hang``    it freezes (SIGSTOP: alive but silent, only the heartbeat timeout can find it)
+``slow``    it turns into a straggler from that step (only the guard's fail-slow detector sees it)
+``stall``   its training thread blocks for good while its heartbeat goes on (stack aggregation)
+``nan``     one NaN in its gradient at that step, once (an implicit failure: no culprit named)
+``flip``    from that step on it corrupts every gradient it computes by one bit (silent data
+            corruption: finite, tiny, found only by comparing redundant hosts bit for bit)
+``xid``     a GPU XID line for the process holding the group's *slot* then, written to the
+            kernel log the guard watches (``xid79:2@50``; plain ``xid`` is XID 79)
+``update``  a code update is queued at that step (``update@90``, job-wide): the demo's update is
+            a bad one whose training step raises, so only a rollback recovers
+==========  ======================================================================================
 
 Validation is strict, like the rest of ``unbroken.core``: a step must lie in ``1..steps-1`` (step 0
 is the time origin of the ETTR accounting and the last step has nothing left to protect), a group
-in ``0..groups-1``, and a group fails at most once (a dead group cannot die again). Pure: no I/O.
+in ``0..groups-1``, and a group's process is removed by at most one fault (``kill``, ``hang``,
+``slow``, ``stall``, ``flip``: a dead group cannot die again). ``nan`` leaves the group alive and
+``xid`` names a slot, so those may repeat. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -14,11 +29,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-KINDS = ("kill", "hang", "slow", "stall")
-# slow: the group turns into a straggler from that step; stall: its training thread blocks for
-# good while its heartbeat goes on (only stack aggregation can find it)
+import numpy as np
 
-_TOKEN = re.compile(r"^\s*([A-Za-z]+)\s*:\s*(-?\d+)\s*@\s*(-?\d+)\s*$")
+KINDS = ("kill", "hang", "slow", "stall", "nan", "flip", "xid", "update")
+#: kinds that end the group's process (a group may be named by one of them only)
+REMOVING = frozenset({"kill", "hang", "slow", "stall", "flip"})
+#: kinds only an acting guard can recover from (log-only would hang or poison the run)
+NEED_ACT = frozenset({"stall", "nan", "flip", "update"})
+XID_DEFAULT = 79  # "GPU fell off the bus": the reboot class, evicted at once
+
+_TOKEN = re.compile(r"^\s*([A-Za-z]+)(\d*)\s*(?::\s*(-?\d+)\s*)?@\s*(-?\d+)\s*$")
 
 
 class FaultSpecError(ValueError):
@@ -28,8 +48,17 @@ class FaultSpecError(ValueError):
 @dataclass(frozen=True)
 class Fault:
     kind: str   # one of KINDS
-    group: int  # the group's uid (the layout slot of an original group)
+    group: int  # the group's uid (the layout slot of an original group); xid: a slot;
+    #             update: -1 (job-wide)
     step: int   # the step during which it fails
+    code: int | None = None  # xid: the XID number
+
+    @property
+    def spec(self) -> str:
+        if self.kind == "update":
+            return f"update@{self.step}"
+        kind = f"xid{self.code}" if self.kind == "xid" else self.kind
+        return f"{kind}:{self.group}@{self.step}"
 
 
 def parse_faults(spec: str, groups: int, steps: int) -> list[Fault]:
@@ -47,20 +76,28 @@ def parse_faults(spec: str, groups: int, steps: int) -> list[Fault]:
         if not m:
             raise FaultSpecError(f"fault {token.strip()!r}: malformed (expected kind:group@step, "
                                  f"e.g. kill:1@20)")
-        kind, group, step = m.group(1).lower(), int(m.group(2)), int(m.group(3))
+        kind, digits, step = m.group(1).lower(), m.group(2), int(m.group(4))
         name = token.strip()
         if kind not in KINDS:
             raise FaultSpecError(f"fault {name!r}: unknown kind {kind!r} "
-                                 f"(expected {' or '.join(KINDS)})")
-        if not 0 <= group < groups:
+                                 f"(expected {', '.join(KINDS)})")
+        if digits and kind != "xid":
+            raise FaultSpecError(f"fault {name!r}: only xid takes a number ({kind}{digits})")
+        if (m.group(3) is None) != (kind == "update"):
+            raise FaultSpecError(f"fault {name!r}: malformed (expected kind:group@step, or "
+                                 f"update@step)")
+        group = -1 if kind == "update" else int(m.group(3))
+        code = (int(digits) if digits else XID_DEFAULT) if kind == "xid" else None
+        if kind != "update" and not 0 <= group < groups:
             raise FaultSpecError(f"fault {name!r}: group {group} out of range 0..{groups - 1}")
         if not 1 <= step < steps:
             raise FaultSpecError(f"fault {name!r}: step {step} out of range 1..{steps - 1}")
-        if group in first_step:
-            raise FaultSpecError(f"fault {name!r}: duplicate group {group} (it already fails at "
-                                 f"step {first_step[group]}; a group can fail once)")
-        first_step[group] = step
-        faults.append(Fault(kind, group, step))
+        if kind in REMOVING:
+            if group in first_step:
+                raise FaultSpecError(f"fault {name!r}: duplicate group {group} (it already "
+                                     f"fails at step {first_step[group]}; a group can fail once)")
+            first_step[group] = step
+        faults.append(Fault(kind, group, step, code))
     return sorted(faults, key=lambda f: f.step)  # stable: ties keep the order given
 
 
@@ -88,4 +125,47 @@ def format_faults(faults: list[Fault]) -> str:
     """The spec text of ``faults``: the inverse of :func:`parse_faults`."""
     if not faults:
         return "none"
-    return ",".join(f"{f.kind}:{f.group}@{f.step}" for f in faults)
+    return ",".join(f.spec for f in faults)
+
+
+#: the chaos run's XIDs: two evict-at-once classes and two restart-in-place ones (backendai §3)
+CHAOS_XIDS = (79, 119, 43, 31)
+
+
+def chaos_faults(seed: int, groups: int, steps: int) -> list[Fault]:
+    """A seeded mix of every kind the guard handles: kill, hang, slow, flip (each on its own
+    group, as many as there are groups), one nan, one xid and one code update.
+
+    Steps are spread over 8 %..85 % of the run, one fault per equal window with a seeded offset
+    in its first third, so incidents rarely overlap and a short run still gets all of them; the
+    nan goes to a group that is still alive at its step. Same seed, same schedule.
+    """
+    rng = np.random.default_rng([int(seed), 0xC4A05])
+    removing = ["kill", "hang", "slow", "flip"][:groups]
+    kinds = [str(k) for k in rng.permutation(removing + ["nan", "xid", "update"])]
+    last = max(i for i, k in enumerate(kinds) if k in REMOVING)
+    if kinds.index("nan") > last:  # some original group must still be alive for the nan
+        i = kinds.index("nan")
+        kinds[i], kinds[last] = kinds[last], kinds[i]
+    lo, hi = max(1, steps * 8 // 100), max(2, steps * 85 // 100)
+    width = max(1, (hi - lo) // len(kinds))
+    at = [min(steps - 1, lo + i * width + int(rng.integers(0, max(1, width // 3))))
+          for i in range(len(kinds))]
+    victims = [int(g) for g in rng.permutation(groups)[:len(removing)]]
+    gone = {}  # group -> step its process is removed
+    out: list[Fault] = []
+    for kind, step in zip(kinds, at):
+        if kind in REMOVING:
+            g = victims.pop(0)
+            gone[g] = step
+            out.append(Fault(kind, g, step))
+    for kind, step in zip(kinds, at):
+        if kind == "nan":
+            alive = [g for g in range(groups) if gone.get(g, steps) > step]
+            out.append(Fault("nan", int(rng.choice(alive)), step))
+        elif kind == "xid":
+            out.append(Fault("xid", int(rng.integers(0, groups)), step,
+                             int(rng.choice(CHAOS_XIDS))))
+        elif kind == "update":
+            out.append(Fault("update", -1, step))
+    return sorted(out, key=lambda f: f.step)

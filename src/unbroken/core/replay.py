@@ -56,6 +56,8 @@ __all__ = [
     "next_round",
     "redundant_check_pairs",
     "rounds_promised",
+    "digest_mismatches",
+    "majority_culprits",
 ]
 
 HORIZONTAL, VERTICAL = "horizontal", "vertical"
@@ -259,3 +261,35 @@ def rounds_promised() -> int:
     """Dual-phase replay finishes in at most this many replay rounds, at any scale (§5)."""
     return 2
 
+
+
+def digest_mismatches(digests: dict[int, dict[int, int]]) -> dict[int, dict[int, int]]:
+    """The shard types whose hosts computed different bits: ``{type: {host: digest}}`` in,
+    the entries with more than one distinct digest out (hosts that did not compute a type are
+    simply absent)."""
+    return {int(t): dict(ds) for t, ds in sorted(digests.items()) if len(set(ds.values())) > 1}
+
+
+def majority_culprits(digests: dict[int, dict[int, int]]) -> tuple[tuple[int, ...], str]:
+    """The machines whose replayed digest differs from the strict majority of the others'
+    for some type (every machine recomputed the suspect types on the same parameters and
+    data). A type with no strict majority names nobody: the replay is then inconclusive for
+    it (ByteRobust's "isolate quickly rather than locate precisely" falls to a restart)."""
+    culprits: set[int] = set()
+    notes = []
+    for t, ds in sorted(digests.items()):
+        if not ds:
+            continue
+        counts: dict[int, int] = {}
+        for d in ds.values():
+            counts[d] = counts.get(d, 0) + 1
+        top, n = max(counts.items(), key=lambda kv: kv[1])
+        if 2 * n <= len(ds):
+            notes.append(f"type {t}: no majority among {len(ds)}")
+            continue
+        odd = sorted(w for w, d in ds.items() if d != top)
+        culprits.update(odd)
+        notes.append(f"type {t}: {n}/{len(ds)} agree" + (f", {odd} differ" if odd else ""))
+    names = tuple(sorted(culprits))
+    return names, "; ".join(notes) + (f" -> culprit {list(names)}" if names else
+                                      " -> no culprit")

@@ -92,6 +92,10 @@ class TrainConfig:
     snapshot: bool = True
     # "cpu" (gloo) or "cuda" / "cuda:<i>" (NCCL): configuration, not a code path of its own
     device: str = "cpu"
+    # every sdc_every-th step every group also computes the other shard types it hosts and the
+    # hosts compare them bit for bit (0: off). Equal to ckpt_every, the checkpoint written
+    # after a passing check is a verified roll-back target (see _incident)
+    sdc_every: int = 0
 
     @property
     def backend(self) -> str:
@@ -270,14 +274,33 @@ class Inject:
     slow_s: float = 0.06
     stall_at: int | None = None        # the main thread blocks for good at step K while the
     #                                    heartbeat thread beats on (a user-code deadlock)
+    nan_at: int | None = None          # one NaN in the first gradient of step K, once
+    flip_from: int | None = None       # from step K on, one flipped mantissa bit in every
+    #                                    gradient this group computes (silent data corruption)
 
 
-# layout of the all-reduce buffer after the gradient: N coverage slots, then these
-_LOSS, _JOIN, _LOST, _COUNT, _STEP = range(-5, 0)
+# layout of the all-reduce buffer after the gradient: N coverage slots, N*N digest slots
+# (type t, slot w) when sdc_every > 0, then these
+_ERR, _CODE, _LOSS, _JOIN, _LOST, _COUNT, _STEP = range(-7, 0)
+_TAIL = 7
 
 
 class CoordinatorLostError(RuntimeError):
     """The coordinator's store is gone: every member stopped after the same committed step."""
+
+
+class GuardStopError(RuntimeError):
+    """The guard's ladder gave up on an incident (exit ``EXIT_NO_PROGRESS``)."""
+
+
+def digest52(t: torch.Tensor) -> int:
+    """A 52-bit digest of a tensor's bytes (never 0: 0 marks "not computed"); exact in a
+    float64, so digests travel through the summing all-reduce unchanged."""
+    import hashlib
+
+    h = int.from_bytes(hashlib.blake2b(t.detach().cpu().contiguous().numpy().tobytes(),
+                                       digest_size=8).digest(), "little") & ((1 << 52) - 1)
+    return h or 1
 
 
 class StackedRunner:
@@ -294,8 +317,17 @@ class StackedRunner:
                  inject: Inject | None = None, on_fault: Callable[[str], None] | None = None,
                  slot: int | None = None, wipeout_wait: float = 60.0,
                  ckpt_dir: str | None = None, ckpt_every: int = 50,
-                 trainer: TrainerLike | None = None) -> None:
+                 trainer: TrainerLike | None = None, verdicts: bool = False,
+                 verdict_wait: float = 60.0) -> None:
         self.cfg = cfg
+        # verdicts=True: a bad step check (a step error, a non-finite sum, an SDC mismatch)
+        # waits for the guard's ladder decision (store ``verdict/<step>/<n>``); False: the
+        # incident is journaled and the step goes on as without a guard (log-only)
+        self.verdicts, self.verdict_wait = verdicts, verdict_wait
+        self.incidents = 0      # incidents at the current step (the verdict key's n)
+        self.code_applied = 0   # code records ``code/<n>`` applied (hot updates, rollbacks)
+        self.version = "v0"
+        self.step_error: str | None = None
         self.uid = uid
         self.comm = comm
         self.journal = journal
@@ -316,6 +348,7 @@ class StackedRunner:
         self.grads_step = -1
         self.compute_s, self.compute_n = 0.0, 0
         self._slow_told = False
+        self._faults_told: set[tuple[str, int]] = set()
         self.computed: dict[int, set[int]] = {}
         self.last_buf: torch.Tensor | None = None
         self.ckpt = None
@@ -342,10 +375,44 @@ class StackedRunner:
 
     def _meta(self) -> dict:
         return {"step": self.step, "slot_of": {str(u): s for u, s in self.slot_of.items()},
-                "admitted": self.admitted}
+                "admitted": self.admitted, "code": self.code_applied}
 
     def _buflen(self) -> int:
-        return self.trainer.numel + self.cfg.groups + 5
+        return self.trainer.numel + self.cfg.groups + self._ndigest() + _TAIL
+
+    def _ndigest(self) -> int:
+        return self.cfg.groups ** 2 if self.cfg.sdc_every > 0 else 0
+
+    def _check_step(self) -> bool:
+        return self.cfg.sdc_every > 0 and (self.step + 1) % self.cfg.sdc_every == 0
+
+    def _hosted(self) -> list[int]:
+        """The shard types this group's slot hosts (its full stack in the layout)."""
+        return list(self.layout.stack(self.my_slot))
+
+    def _grad(self, t: int) -> torch.Tensor:
+        """The trainer's gradient, with the injected numeric faults."""
+        g = self.trainer.grad(self.step, t)
+        inj = self.inject
+        if inj.nan_at == self.step:
+            inj.nan_at = None
+            self._told("nan")
+            g = g.clone()
+            g[0] = float("nan")
+        if inj.flip_from is not None and self.step >= inj.flip_from:
+            if self.step == inj.flip_from:
+                self._told("flip")
+            g = g.clone()
+            bits = g[:1].view(torch.int64)
+            bits ^= 1 << 20  # a low mantissa bit: finite, tiny, invisible to the loss
+        return g
+
+    def _told(self, kind: str) -> None:
+        key = (kind, self.step)
+        if key not in self._faults_told:
+            self._faults_told.add(key)
+            self.journal({"event": "fault", "kind": kind, "group": self.my_slot,
+                          "uid": self.uid, "step": self.step, "t": time.time()})
 
     def _reset_plan(self, live: list[int]) -> None:
         """Fresh plan for ``live`` slots at a step boundary (start, or after an admission)."""
@@ -373,10 +440,18 @@ class StackedRunner:
             self.grads, self.grads_step = {}, self.step
             self.computed = {w: set(ts) for w, ts in self.contrib.items()}
             self.compute_s, self.compute_n = 0.0, 0
+            self.step_error = None
         t0 = time.perf_counter()
-        for t in self.contrib.get(self.my_slot, ()):
-            if t not in self.grads:
-                self.grads[t] = self.trainer.grad(self.step, t)
+        mine = list(self.contrib.get(self.my_slot, ()))
+        if self._check_step():  # the redundant check: the other hosted types, digests only
+            mine += [t for t in self._hosted() if t not in mine]
+        for t in mine:
+            if t not in self.grads and self.step_error is None:
+                try:
+                    self.grads[t] = self._grad(t)
+                except Exception as exc:  # the training code failed: every member must hear
+                    self._step_failed(exc)  # of it in-band, or the others wait in the collective
+                    break
                 self.compute_n += 1
                 inj = self.inject
                 if inj.slow_from is not None and self.step >= inj.slow_from:
@@ -390,16 +465,33 @@ class StackedRunner:
         # shard, so a survivor computing a stack of two after a masked failure is not "slow")
         self.compute_s += time.perf_counter() - t0
 
+    def _step_failed(self, exc: BaseException) -> None:
+        import traceback
+
+        self.step_error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        self.journal({"event": "step_error", "step": self.step, "version": self.version,
+                      "error": self.step_error[-500:],
+                      "where": traceback.format_exc(limit=-3)[-1500:], "t": time.time()})
+
     def _pack(self) -> torch.Tensor:
         tr, n = self.trainer, self.cfg.groups
         buf = torch.zeros(self._buflen(), dtype=torch.float64, device=self.dev)
-        for t in self.contrib.get(self.my_slot, ()):
-            buf[:tr.numel] += self.grads[t]
-            buf[tr.numel + t] += 1.0
-            buf[_LOSS] += tr.last_loss.get(t, float("nan"))
+        if self.step_error is not None:
+            buf[_ERR] = 1.0  # contributes nothing; every member sees the error at the commit
+        else:
+            for t in self.contrib.get(self.my_slot, ()):
+                buf[:tr.numel] += self.grads[t]
+                buf[tr.numel + t] += 1.0
+                buf[_LOSS] += tr.last_loss.get(t, float("nan"))
+            if self._check_step():
+                d0 = tr.numel + n
+                for t in self._hosted():
+                    if t in self.grads:
+                        buf[d0 + t * n + self.my_slot] = float(digest52(self.grads[t]))
         if self.comm.rank == 0 and not self.comm.store_lost:
-            try:  # one observer, so every member sees the same count
+            try:  # one observer, so every member sees the same counts
                 buf[_JOIN] = float(self.comm.store.add("join/count", 0))
+                buf[_CODE] = float(self.comm.store.add("code/count", 0))
             except Exception:
                 self.comm.store_lost = True
         # any member that lost the coordinator makes every member stop after this commit
@@ -437,8 +529,12 @@ class StackedRunner:
                 self.comm.fail("injected: completed all-reduce treated as failed")
                 ok = False
             if ok:
-                self._commit(buf)
-                return
+                found = self._step_check(buf)
+                if found is None or self._incident(*found):
+                    self._commit(buf)
+                    return
+                self._ensure_grads()  # a verdict: recompute (retry, rollback, restore)
+                continue
             self._recover()
             if self.grads_step != self.step:  # rolled forward into the next step
                 self._ensure_grads()
@@ -458,6 +554,7 @@ class StackedRunner:
         tr.apply(buf[:tr.numel])
         self.last_buf = buf
         self.join_seen = max(self.join_seen, int(buf[_JOIN]))
+        self.incidents = 0
         self.step += 1
         if self.snap is not None:
             self.snap.capture(tr.state_tensors(), self._meta())
@@ -472,9 +569,150 @@ class StackedRunner:
         if self.ckpt is not None and self.step % self.ckpt_every == 0 \
                 and self.comm.rank == 0 and self.step < self.cfg.steps:
             self.ckpt.save_async(self.step, tr.state_tensors(), self._meta())
+        if int(buf[_CODE]) > self.code_applied:  # a hot update, at the same boundary for all
+            self._apply_code(int(buf[_CODE]))
         if float(buf[_LOST]) > 0:
             raise CoordinatorLostError(
                 f"the coordinator's store is gone; stopped after step {k} on every member")
+
+    # ------------------------------------------------------------------ incidents
+    def _step_check(self, buf: torch.Tensor) -> tuple[str, dict] | None:
+        """What every member reads from the same reduced buffer: a member's step error, a
+        non-finite sum (NaN at the step it appears), or hosts of a type whose gradients differ
+        bit for bit. None: commit."""
+        tr, n = self.trainer, self.cfg.groups
+        if float(buf[_ERR]) > 0:
+            return "code", {"errors": int(buf[_ERR]), "version": self.version}
+        if not bool(torch.isfinite(buf[:tr.numel]).all()) or not np.isfinite(float(buf[_LOSS])):
+            return "implicit", {"nonfinite": int((~torch.isfinite(buf[:tr.numel])).sum())}
+        if self._check_step():
+            from unbroken.core.replay import digest_mismatches
+
+            d0 = tr.numel + n
+            cells = buf[d0:d0 + n * n].view(n, n)
+            digests = {t: {w: int(cells[t, w]) for w in range(n) if float(cells[t, w]) > 0}
+                       for t in range(n)}
+            bad = digest_mismatches(digests)
+            if bad:
+                return "sdc", {"mismatch": {str(t): {str(w): d for w, d in ds.items()}
+                                            for t, ds in bad.items()}}
+            self.journal({"event": "sdc_check", "step": self.step, "ok": True,
+                          "types": sum(1 for ds in digests.values() if len(ds) > 1),
+                          "t": time.time()})
+        return None
+
+    def _incident(self, kind: str, detail: dict) -> bool:
+        """Journal the incident; with verdicts, carry out the guard's decisions until one lets
+        the step go on. True: commit this buffer (log-only); False: recompute the step."""
+        n = self.incidents
+        self.incidents += 1
+        self.journal({"event": "incident", "kind": kind, "step": self.step, "n": n,
+                      "gen": self.comm.generation, "members": self.comm.members,
+                      "slot": self.my_slot, **detail, "t": time.time()})
+        if self.verdicts and self.comm.rank == 0:  # one key to wait on (the journal says more)
+            self.comm.store.set(f"incident/{self.step}/{n}", json.dumps({"kind": kind, **detail}))
+        if not self.verdicts:
+            if kind == "code":
+                raise RuntimeError(f"step {self.step}: the training code failed on a member "
+                                   f"({self.step_error or 'see its journal'})")
+            return True  # log-only: the step goes on as it would without a guard
+        while True:
+            v = self._await_verdict(n)
+            if int(v.get("code", 0)) > self.code_applied:
+                self._apply_code(int(v["code"]))
+            action = v.get("action")
+            self.journal({"event": "verdict", "step": self.step, "n": n, **v,
+                          "t": time.time()})
+            if action == "retry":
+                self.grads_step = -1
+                return False
+            if action == "restore":
+                self._restore_to(int(v["step"]))
+                return False
+            if action == "commit":
+                return True
+            if action == "replay":
+                self._replay([int(t) for t in v["types"]], n)
+                n = self.incidents
+                self.incidents += 1
+                continue
+            raise GuardStopError(f"step {self.step}: the guard stopped the job: "
+                                 f"{v.get('reason', action)}")
+
+    def _await_verdict(self, n: int) -> dict:
+        key = f"verdict/{self.step}/{n}"
+        try:
+            self.comm.store.wait([key], timedelta(seconds=self.verdict_wait))
+        except Exception as exc:
+            raise GuardStopError(f"step {self.step}: no verdict for incident {n} within "
+                                 f"{self.verdict_wait:.0f}s ({exc})") from None
+        return json.loads(self.comm.store.get(key))
+
+    def _replay(self, types: list[int], n: int) -> None:
+        """Dual-phase replay reduced to what SPARe's redundancy allows: every member computes
+        the suspect types on the same parameters and data; the digests go through one
+        all-reduce, so the guard sees each machine's answer and takes the majority."""
+        g = self.cfg.groups
+        buf = torch.zeros(len(types) * g, dtype=torch.float64, device=self.dev)
+        for i, t in enumerate(types):
+            buf[i * g + self.my_slot] = float(digest52(self._grad(t)))
+        ok = self.comm.allreduce(buf)
+        cells = buf.view(len(types), g)
+        found = {str(t): {str(w): int(cells[i, w]) for w in range(g) if float(cells[i, w]) > 0}
+                 for i, t in enumerate(types)}
+        if self.comm.rank == 0:
+            self.comm.store.set(f"replay/{self.step}/{n}", json.dumps(
+                {"ok": bool(ok), "digests": found,
+                 "uids": {str(self.slot_of[u]): u for u in self.comm.members}}))
+        self.journal({"event": "replay", "step": self.step, "n": n, "ok": bool(ok),
+                      "members": self.comm.members,
+                      "uids": {str(self.slot_of[u]): u for u in self.comm.members},
+                      "digests": found, "t": time.time()})
+
+    def _restore_to(self, step: int) -> None:
+        """Roll back in place to the durable checkpoint of ``step`` (verified by the SDC check
+        of the step before it); every member loads the same one."""
+        if self.ckpt is None:
+            raise GuardStopError(f"restore to step {step}: no checkpoint directory")
+        if self.comm.rank == 0:
+            self.ckpt.wait()
+        path = self.ckpt.directory / f"step-{step:08d}"
+        if step == 0:  # nothing verified yet: the seeded initial state is the clean one
+            tensors, meta = make_trainer(self.cfg).state_tensors(), {"step": 0}
+        else:
+            deadline = time.monotonic() + self.verdict_wait
+            while not path.is_dir():  # rank 0's background save may still be renaming it
+                if time.monotonic() > deadline:
+                    raise GuardStopError(f"restore to step {step}: {path} never appeared")
+                time.sleep(0.01)
+            tensors, meta = self.ckpt.load(self.trainer.state_tensors(), path)
+        with torch.no_grad():
+            for dst, src in zip(self.trainer.state_tensors(), tensors):
+                dst.copy_(src)
+        self.step = int(meta["step"])
+        self.grads_step = -1
+        if self.snap is not None:
+            self.snap.capture(self.trainer.state_tensors(), self._meta())
+        self.journal({"event": "restore", "step": self.step, "source": "checkpoint",
+                      "path": str(path), "reason": "verdict", "t": time.time()})
+
+    def _apply_code(self, upto: int) -> None:
+        """Hot update (or rollback) to the newest code record ``code/<upto>``: build the
+        trainer of that version and carry the training state over; no process restarts."""
+        rec = json.loads(self.comm.store.get(f"code/{upto}"))
+        self.code_applied = upto
+        if rec["version"] == self.version:
+            return
+        from dataclasses import replace as _replace
+
+        new = make_trainer(_replace(self.cfg, model=rec["model"]))
+        with torch.no_grad():
+            for dst, src in zip(new.state_tensors(), self.trainer.state_tensors()):
+                dst.copy_(src)
+        old, self.trainer, self.version = self.version, new, rec["version"]
+        self.grads_step = -1
+        self.journal({"event": "code", "step": self.step, "from": old, "to": self.version,
+                      "model": rec["model"], "n": upto, "t": time.time()})
 
     def save_checkpoint_now(self) -> str | None:
         """Durable checkpoint of the committed state, written by the generation's rank 0 only
@@ -499,6 +737,8 @@ class StackedRunner:
             for dst, src in zip(self.trainer.state_tensors(), tensors):
                 dst.copy_(src)
         self.step = int(meta["step"])
+        if int(meta.get("code", 0)) > self.code_applied:
+            self._apply_code(int(meta["code"]))
         if self.snap is not None:
             self.snap.capture(self.trainer.state_tensors(), self._meta())
         # a roll-back: commits of steps >= this one made before it no longer count
@@ -550,7 +790,7 @@ class StackedRunner:
             if mine and self.inject.die_in_patch:
                 self._fault("kill")
             for t in mine:
-                self.grads[t] = self.trainer.grad(self.step, t)
+                self.grads[t] = self._grad(t)
             missing = set(self.contrib.get(self.my_slot, ())) - set(self.grads)
             assert not missing, f"plan assigns types {missing} that were never computed"
             self.journal({"event": "replan", "step": self.step, "gen": self.comm.generation,
@@ -673,6 +913,8 @@ class StackedRunner:
                     meta = self.snap.restore_into(self.trainer.state_tensors())
                     self.step = int(meta["step"])
                     self.admitted = int(meta["admitted"])
+                    if int(meta.get("code", 0)) > self.code_applied:  # the running version
+                        self._apply_code(int(meta["code"]))
                     self.slot_of = {int(u): int(s) for u, s in meta["slot_of"].items()}
                 return True
         raise DivergenceError("every member's snapshot failed its checksum at the joiner")

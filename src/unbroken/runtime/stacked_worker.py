@@ -19,7 +19,8 @@ committed steps survive it) and reports through the store:
 
 Exit codes: 0 done, 3 error, 4 unmaskable wipe-out without replacements, 5 the coordinator
 (the store host) is gone: every member stopped after the same committed step and rank 0 wrote a
-durable checkpoint of it (``--ckpt-dir``), from which ``--resume`` continues.
+durable checkpoint of it (``--ckpt-dir``), from which ``--resume`` continues; 6 the guard's
+ladder gave up on an incident (``--verdicts``), or no verdict came.
 
 ``StackedCluster`` reuses :class:`~unbroken.runtime.ftcomm_worker.LocalCluster` (store hosting,
 waiting on keys and process exits, kill, close) and only starts this worker instead.
@@ -65,6 +66,11 @@ def worker_main(argv: list[str] | None = None) -> None:
     ap.add_argument("--slow-s", type=float, default=0.06)
     ap.add_argument("--stall-at", type=int, default=None,
                     help="block the main thread for good at this step (heartbeat goes on)")
+    ap.add_argument("--nan-at", type=int, default=None, help="one NaN in a gradient, once")
+    ap.add_argument("--flip-from", type=int, default=None,
+                    help="from this step on, flip one bit of every gradient (silent corruption)")
+    ap.add_argument("--verdicts", action="store_true",
+                    help="on a bad step check, wait for the guard's verdict/<step>/<n>")
     ap.add_argument("--heartbeat", type=float, default=0.1)
     ap.add_argument("--staleness", type=float, default=1.0)
     ap.add_argument("--pg-timeout", type=float, default=30.0)
@@ -79,8 +85,10 @@ def worker_main(argv: list[str] | None = None) -> None:
     import torch
 
     from unbroken.runtime.ftcomm import FTComm, StoreLostError
+    from unbroken.core.ladder import EXIT_NO_PROGRESS
     from unbroken.runtime.stacked import (
         CoordinatorLostError,
+        GuardStopError,
         Inject,
         StackedRunner,
         TrainConfig,
@@ -115,14 +123,15 @@ def worker_main(argv: list[str] | None = None) -> None:
     inject = Inject(die_at=a.die_at, stop_at=a.stop_at, die_in_patch=a.die_in_patch,
                     die_after_replan=a.die_after_replan, die_in_retry=a.die_in_retry,
                     drop_commit_at=a.drop_commit_at, corrupt_snapshot=a.corrupt_snapshot,
-                    slow_from=a.slow_from, slow_s=a.slow_s, stall_at=a.stall_at)
+                    slow_from=a.slow_from, slow_s=a.slow_s, stall_at=a.stall_at,
+                    nan_at=a.nan_at, flip_from=a.flip_from)
     try:
         comm = FTComm(a.uid, list(range(cfg.groups)), host=a.host, port=a.port,
                       heartbeat_period=a.heartbeat, staleness=a.staleness,
                       pg_timeout=a.pg_timeout, joining=a.standby, backend=cfg.backend)
         runner = StackedRunner(cfg, a.uid, comm, journal, inject=inject, on_fault=on_fault,
                                wipeout_wait=a.wipeout_wait, ckpt_dir=a.ckpt_dir,
-                               ckpt_every=a.ckpt_every)
+                               ckpt_every=a.ckpt_every, verdicts=a.verdicts)
         if a.resume:
             runner.resume()
         if a.standby:
@@ -133,6 +142,9 @@ def worker_main(argv: list[str] | None = None) -> None:
             params = runner.run()
         finish(comm, a.uid, {"params": params.tolist(), "steps": runner.step,
                              "journal": comm.journal})
+    except GuardStopError as exc:
+        code = EXIT_NO_PROGRESS
+        journal({"event": "guard_stop", "error": str(exc), "t": time.time()})
     except WipeOutError as exc:
         code = 4
         if comm is not None:
@@ -163,6 +175,8 @@ class StackedCluster(LocalCluster):
                  drop_commit_at: dict[int, int] | None = None,
                  slow_from: dict[int, int] | None = None,
                  stall_at: dict[int, int] | None = None,
+                 nan_at: dict[int, int] | None = None,
+                 flip_from: dict[int, int] | None = None, verdicts: bool = False,
                  die_after_replan=(), die_in_patch=(), die_in_retry=(), corrupt_snapshot=(),
                  spares: int = 0, heartbeat: float = 0.1, staleness: float = 1.0,
                  pg_timeout: float = 30.0, wipeout_wait: float = 60.0,
@@ -188,14 +202,16 @@ class StackedCluster(LocalCluster):
                         "--staleness", str(staleness), "--pg-timeout", str(pg_timeout),
                         "--wipeout-wait", str(wipeout_wait), "--ckpt-every", str(ckpt_every),
                         *(["--ckpt-dir", ckpt_dir] if ckpt_dir else []),
-                        *(["--resume"] if resume else [])]
+                        *(["--resume"] if resume else []),
+                        *(["--verdicts"] if verdicts else [])]
         self.procs = {}
         self._errs = {}
         flags = {"--die-after-replan": die_after_replan, "--die-in-patch": die_in_patch,
                  "--die-in-retry": die_in_retry, "--corrupt-snapshot": corrupt_snapshot}
         steps = {"--die-at": die_at or {}, "--stop-at": stop_at or {},
                  "--drop-commit-at": drop_commit_at or {}, "--slow-from": slow_from or {},
-                 "--stall-at": stall_at or {}}
+                 "--stall-at": stall_at or {}, "--nan-at": nan_at or {},
+                 "--flip-from": flip_from or {}}
         for u in range(cfg.groups + spares):
             extra = [f for f, us in flags.items() if u in us]
             for f, m in steps.items():
