@@ -119,7 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sim = sub.add_parser("simulate", help="discrete-event simulation of one configuration")
     _scenario_args(sim, None)
-    sim.add_argument("--strategy", choices=("ckpt", "rep", "spare"), required=True)
+    sim.add_argument("--strategy", choices=("ckpt", "rep", "spare", "ladder"), required=True,
+                     help="ladder: the recovery ladder (core.ladder) through a fault mix; "
+                          "--redundancy is SPARe's r for masking (default 1: no masking)")
     sim.add_argument("--redundancy", type=_positive_int)
     sim.add_argument("--seeds", type=_positive_int, default=1, help="number of seeds")
     sim.add_argument("--seed", type=_nonneg_int, default=0, help="first seed")
@@ -134,6 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--r-max", type=_positive_int, default=20)
     pl.add_argument("--jobs", type=_positive_int, help="worker processes (default: all cores)")
     pl.add_argument("--png", default="out/plan.png", help="where to write the figure")
+    pl.add_argument("--ladder", action="store_true",
+                    help="also report the recovery ladder's ETTR at SPARe's best r")
     pl.add_argument("--json", action="store_true")
 
     de = sub.add_parser("demo", help="train a small GPT on 4 groups through real faults")
@@ -200,6 +204,10 @@ def cmd_simulate(a: argparse.Namespace) -> dict:
     from unbroken.sim.sweep import Job, run_jobs, summarize
 
     sc = _scenario(a)
+    if a.strategy == "ladder":
+        from unbroken.plan import ladder_summary
+
+        return ladder_summary(sc, a.redundancy or 1, a.seeds, a.seed, ckpt_every=a.ckpt_every)
     if a.strategy == "ckpt":
         if a.redundancy not in (None, 1):
             raise UsageError(f"--redundancy {a.redundancy} conflicts with --strategy ckpt "
@@ -226,7 +234,8 @@ def cmd_plan(a: argparse.Namespace) -> dict:
     from unbroken.plan import PlanRequest, check, jobs_for, make_plan
     from unbroken.plot import plan_figure
 
-    req = PlanRequest(_scenario(a), seeds=a.seeds, seed=a.seed, r_max=a.r_max, workers=a.jobs)
+    req = PlanRequest(_scenario(a), seeds=a.seeds, seed=a.seed, r_max=a.r_max, workers=a.jobs,
+                      ladder=a.ladder)
     if req.r_max < 2:
         raise UsageError(f"--r-max {a.r_max} leaves nothing to sweep (need at least 2)")
     check(req)
@@ -292,8 +301,17 @@ def main(argv: list[str] | None = None) -> int:
 
         print_report(con, data)
         return 0
+    if data.get("strategy") == "ladder":  # simulate --strategy ladder
+        from unbroken.plan import ladder_lines
+
+        con.print("\n".join(ladder_lines(data)), highlight=False)
+        return 0
     {"theory": view.theory_table, "simulate": view.simulate_table,
      "plan": view.plan_tables}[a.command](data, con)
+    if "ladder" in data and a.command == "plan":
+        from unbroken.plan import ladder_lines
+
+        con.print("\n".join(ladder_lines(data["ladder"])), highlight=False)
     return 0
 
 

@@ -6,6 +6,10 @@ over several seeds with the same policy code the runtime uses (seconds), and rec
 configuration with the lowest simulated time-to-train. Checkpoint/restart alone is reported
 from theory and from a capped simulation: at a 5-minute MTBF and a 60-minute restart it does
 not finish.
+
+With ``ladder=True`` the plan also plays the recovery ladder (``sim.ladder``) on the scenario at
+SPARe's best simulated redundancy: its ETTR with the default ``core.ladder`` policy and with the
+cheap rungs (mask, evict, retry) switched off, so a user sees what the ladder is worth there.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ from typing import Callable
 from unbroken.core import placement, theory
 from unbroken.core.recommend import Candidate, best_in_theory, best_simulated, recommend
 from unbroken.core.scenario import Scenario
+from unbroken.core.ladder import LadderPolicy
 from unbroken.sim.engine import RunResult
+from unbroken.sim.ladder import simulate_ladder, summarize_ladder, without_cheap_rungs
 from unbroken.sim.sweep import Job, run_jobs, summarize
 
 STRATEGY_NAMES = {"spare": "SPARe+CKPT", "rep": "Rep+CKPT", "ckpt": "CKPT only"}
@@ -30,6 +36,7 @@ class PlanRequest:
     seed: int = 0
     r_max: int = 20
     workers: int | None = None
+    ladder: bool = False
 
 
 def redundancies(req: PlanRequest, strategy: str) -> list[int]:
@@ -105,6 +112,13 @@ def make_plan(req: PlanRequest,
     out["recommendation"] = {"strategy": choice.strategy, "redundancy": choice.redundancy,
                              "ckpt_every": choice.ckpt_every, "ttt_over_t0": choice.sim_ttt,
                              "availability": choice.sim_availability, "reason": reason}
+    if req.ladder:
+        r = out["spare"]["best"]["redundancy"]
+        out["ladder"] = ladder_summary(sc, r, req.seeds, req.seed)
+        cheap = ladder_summary(sc, r, req.seeds, req.seed, policy=without_cheap_rungs())
+        out["ladder"]["without_cheap_rungs"] = {
+            k: cheap[k] for k in ("ettr", "ettr_std", "ttt_over_t0", "gave_up", "completed",
+                                  "rung_counts")}
     out["r_star_closed_form"] = theory.r_star_closed_form(sc.groups)
     out["seeds"] = req.seeds
     out["wall_s"] = time.perf_counter() - t_start
@@ -116,3 +130,32 @@ def _scenario_dict(sc: Scenario) -> dict:
     d["t_allreduce"] = sc.allreduce
     d["gpus_per_group"] = sc.gpus / sc.groups
     return d
+
+
+def ladder_summary(sc: Scenario, redundancy: int, seeds: int = 1, seed: int = 0,
+                   policy: LadderPolicy | None = None, ckpt_every: int | None = None) -> dict:
+    """The recovery ladder on ``sc`` over ``seeds`` seeds from ``seed`` (``sim.ladder``)."""
+    t0 = time.perf_counter()
+    results = [simulate_ladder(sc, redundancy=redundancy, seed=s, policy=policy,
+                               ckpt_every=ckpt_every) for s in range(seed, seed + seeds)]
+    out = {"strategy": "ladder", "groups": sc.groups, "seeds": seeds,
+           **summarize_ladder(results)}
+    out["wall_s"] = time.perf_counter() - t0
+    return out
+
+
+def ladder_lines(ladder: dict) -> list[str]:
+    """The ladder's result as a few lines of text (the terminal view of plan / simulate)."""
+    lines = [f"Recovery ladder at r={ladder['redundancy']}, {ladder['standby']} warm standbys, "
+             f"checkpoint every {ladder['ckpt_every']} steps: ETTR {ladder['ettr']:.1%} "
+             f"(± {ladder['ettr_std']:.1%}, {ladder['seeds']} seeds), TTT/T0 "
+             f"{ladder['ttt_over_t0']:.2f}, gave up in {ladder['gave_up']}/{ladder['seeds']}"]
+    cheap = ladder.get("without_cheap_rungs")
+    if cheap:
+        lines.append(f"  without mask/evict/retry: ETTR {cheap['ettr']:.1%}, gave up in "
+                     f"{cheap['gave_up']}/{ladder['seeds']}")
+    rungs = ", ".join(f"{k} {v:.1f}" for k, v in ladder["rung_counts"].items())
+    lost = ", ".join(f"{k} {v / 3600:.2f} h" for k, v in ladder["lost_by_rung"].items())
+    lines.append(f"  rungs per run: {rungs or 'none'}")
+    lines.append(f"  time lost per run: {lost or 'none'}")
+    return lines
