@@ -1,7 +1,8 @@
 """The ``unbroken`` command: parse, call, print. Decisions live in unbroken.core.
 
 Exit codes: 0 success, 2 bad input (one line on stderr naming the bad value, no traceback),
-1 the demo could not finish (a worker error, no survivor left; the reason on stderr).
+1 the demo could not finish (a worker error, no survivor left; the reason on stderr), 6 the
+guard's ladder gave up on purpose (``core.ladder.EXIT_NO_PROGRESS``).
 """
 
 from __future__ import annotations
@@ -146,22 +147,29 @@ def build_parser() -> argparse.ArgumentParser:
     de.add_argument("--steps", type=_int, default=200)
     de.add_argument("--seed", type=_nonneg_int, default=0)
     de.add_argument("--faults", default=None,
-                    help="type:group@step,... (kill, hang) or 'none'; default: a kill, a "
-                         "hang and two failures close together")
+                    help="kind:group@step,... (kill, hang, slow, stall, nan, flip, xid[N], "
+                         "update@step) or 'none'; default: a kill, a hang and two failures "
+                         "close together")
+    de.add_argument("--chaos", type=_nonneg_int, default=None, metavar="SEED",
+                    help="a seeded mix of every fault kind (kill, hang, slow, nan, bit flip, "
+                         "XID, bad code update); implies --guard act")
     de.add_argument("--spares", type=_int, default=None,
                     help="warm standby processes (default: one per scheduled fault)")
     de.add_argument("--staleness", type=_positive_float, default=1.0,
                     help="heartbeat silence that marks a group hung (s)")
-    de.add_argument("--ckpt-every", type=_int, default=50,
+    de.add_argument("--ckpt-every", type=_int, default=None,
                     help="durable checkpoint every K steps (the fallback after a wipe-out "
-                         "that no spare can cover)")
+                         "that no spare can cover; default 50, 10 with --chaos)")
     de.add_argument("--metrics-port", type=_int, default=None,
                     help="serve ETTR and fault metrics for Prometheus on this port (0: any)")
     de.add_argument("--xid-log", default=None,
                     help="kernel-log file to watch for GPU XID lines (guard, log-only)")
-    de.add_argument("--guard", choices=("log", "act"), default="log",
-                    help="log: detections and ladder decisions are journaled only; act: a "
-                         "straggler is evicted (the runtime masks it, a spare takes over)")
+    de.add_argument("--guard", choices=("log", "act"), default=None,
+                    help="log (default): detections and ladder decisions are journaled only; "
+                         "act: the ladder's decisions are carried out")
+    de.add_argument("--sdc-every", type=_int, default=None,
+                    help="bitwise check of redundant hosts every K steps (0: off; default: "
+                         "--ckpt-every when a bit flip is scheduled)")
     de.add_argument("--out", default="out/demo", help="journal, figure, reference cache")
     de.add_argument("--json", action="store_true")
     return p
@@ -259,7 +267,8 @@ def cmd_demo(a: argparse.Namespace) -> dict:
     req = DemoRequest(groups=a.groups, redundancy=a.redundancy, steps=a.steps, seed=a.seed,
                       faults=a.faults, spares=a.spares, staleness=a.staleness, out=a.out,
                       ckpt_every=a.ckpt_every, metrics_port=a.metrics_port,
-                      xid_log=a.xid_log, guard=a.guard)
+                      xid_log=a.xid_log, chaos=a.chaos, sdc_every=a.sdc_every,
+                      guard=a.guard or ("act" if a.chaos is not None else "log"))
     check(req)  # bad input: one line before any process starts
     err = Console(stderr=True)
     view = LiveView({"groups": req.groups, "steps": req.steps})
@@ -286,6 +295,9 @@ def main(argv: list[str] | None = None) -> int:
         if type(e).__name__ == "MetricsError":  # raised before anything started
             sys.stderr.write(f"unbroken: error: {e}\n")
             return EXIT_USAGE
+        if type(e).__name__ == "DemoExit":  # stopped on purpose: its documented code
+            sys.stderr.write(f"unbroken: demo stopped: {e}\n")
+            return e.code
         if type(e).__name__ != "DemoError":
             raise
         sys.stderr.write(f"unbroken: demo failed: {e}\n")

@@ -6,8 +6,11 @@ What it runs
 GPT of :mod:`unbroken.runtime.gpt` on the Python standard library's sources, with redundancy
 ``r``; ``spares`` warm standby processes wait to replace dead groups. Faults are injected by the
 victims themselves at exact steps (``kill``: SIGKILL, ``hang``: SIGSTOP, ``slow``: every
-gradient 60 ms slower from then on, a straggler that only the guard reports), so a seed and a
-fault spec give the same run every time.
+gradient 60 ms slower from then on, ``nan``: one NaN in a gradient, ``flip``: one flipped bit
+in every gradient from then on; see :mod:`unbroken.core.faults`); ``xid`` lines and code
+``update`` s are written by this launcher when training reaches their step. A seed and a fault
+spec give the same run every time; ``--chaos SEED`` draws a spec with every kind
+(:func:`unbroken.core.faults.chaos_faults`).
 
 This process is the launcher and the coordinator: it hosts the store, watches the workers,
 posts a death notice when a process exits (the fast path for kills), evicts a hung group once
@@ -39,8 +42,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from unbroken.core.faults import Fault, default_faults, format_faults, parse_faults
+from unbroken.core.anomaly import stall_suspected
+from unbroken.core.faults import (
+    NEED_ACT,
+    REMOVING,
+    Fault,
+    chaos_faults,
+    default_faults,
+    format_faults,
+    parse_faults,
+)
+from unbroken.core.membership import left_behind
 from unbroken.core.placement import check as check_placement
+from unbroken.core.standby import refill
 
 __all__ = ["DemoRequest", "DemoError", "check", "run_demo"]
 
@@ -61,17 +75,34 @@ class DemoRequest:
     staleness: float = 1.0
     heartbeat: float = 0.1
     timeout: float = 600.0
-    ckpt_every: int = 50
+    ckpt_every: int | None = None  # None: 50, or 10 for a chaos run (see ckpt_interval)
     max_restarts: int = 3
     metrics_port: int | None = None  # serve ETTR on Prometheus /metrics (0: any free port)
     xid_log: str | None = None  # kernel-log file watched for GPU XIDs (guard, log-only)
-    guard: str = "log"  # "log": detections and ladder decisions journaled only; "act": evict
-    #                     a straggler the ladder would mask/evict
+    guard: str = "log"  # "log": detections and ladder decisions journaled only; "act": the
+    #                     guard's decisions are carried out (unbroken.guard)
+    chaos: int | None = None  # a seeded mix of every fault kind (needs --guard act)
+    sdc_every: int | None = None  # None: every ckpt_every steps when the faults hold a flip
 
     def fault_list(self) -> list[Fault]:
+        if self.chaos is not None:
+            return chaos_faults(self.chaos, self.groups, self.steps)
         if self.faults is None:
             return default_faults(self.groups, self.steps)
         return parse_faults(self.faults, self.groups, self.steps)
+
+    def ckpt_interval(self) -> int:
+        """Checkpoint period: ``ckpt_every``, or 10 for a chaos run (its SDC roll-back target,
+        so a bit flip costs at most 10 redone steps)."""
+        return self.ckpt_every if self.ckpt_every is not None else (
+            10 if self.chaos is not None else 50)
+
+    def sdc_interval(self, faults: list[Fault]) -> int:
+        """The redundant check's period: the checkpoint interval, so the checkpoint written
+        after a passing check is the verified roll-back target."""
+        if self.sdc_every is not None:
+            return self.sdc_every
+        return self.ckpt_interval() if any(f.kind == "flip" for f in faults) else 0
 
 
 def check(req: DemoRequest) -> list[Fault]:
@@ -86,11 +117,16 @@ def check(req: DemoRequest) -> list[Fault]:
         raise ValueError(f"--steps {req.steps}: need at least 2 steps")
     if req.guard not in ("log", "act"):
         raise ValueError(f"--guard {req.guard!r}: expected 'log' or 'act'")
-    stalls = [f for f in req.fault_list() if f.kind == "stall"]
-    if stalls and req.guard != "act":
-        raise ValueError(f"fault 'stall:{stalls[0].group}@{stalls[0].step}' needs --guard act "
-                         f"(a log-only guard cannot end a stall)")
-    if req.ckpt_every < 1:
+    if req.chaos is not None and (req.chaos < 0 or req.faults is not None):
+        raise ValueError(f"--chaos {req.chaos}: needs a seed >= 0 and no --faults"
+                         if req.chaos < 0 else "--chaos and --faults exclude each other")
+    needy = [f for f in req.fault_list() if f.kind in NEED_ACT]
+    if needy and req.guard != "act":
+        raise ValueError(f"fault {needy[0].spec!r} needs --guard act (a log-only guard cannot "
+                         f"end a stall, undo a NaN or corruption, or roll back code)")
+    if req.sdc_every is not None and req.sdc_every < 0:
+        raise ValueError(f"--sdc-every {req.sdc_every}: must be >= 0 (0: off)")
+    if req.ckpt_interval() < 1:
         raise ValueError(f"--ckpt-every {req.ckpt_every}: must be at least 1")
     if req.spares is not None and req.spares < 0:
         raise ValueError(f"--spares {req.spares}: must be >= 0")
@@ -101,18 +137,33 @@ def check(req: DemoRequest) -> list[Fault]:
 
 
 def spares_for(req: DemoRequest, faults: list[Fault]) -> int:
-    """Warm spares started with the job: they import and build the model *before* step 0, so
-    on a small machine their start-up does not slow training the way a late one does."""
-    return req.spares if req.spares is not None else max(1, len(faults))
+    """Warm spares started with the job, one per fault that takes a process away: they import
+    and build the model *before* step 0, so on a small machine their start-up does not slow
+    training the way a late one does."""
+    if req.spares is not None:
+        return req.spares
+    return max(1, sum(1 for f in faults if f.kind in REMOVING or f.kind == "xid"))
 
 
-def train_config(req: DemoRequest):
+def train_config(req: DemoRequest, sdc_every: int = 0):
     from unbroken.runtime.gpt import RECOMMENDED_LR
     from unbroken.runtime.stacked import TrainConfig
 
     return TrainConfig(groups=req.groups, redundancy=req.redundancy, steps=req.steps,
                        seed=req.seed, model="gpt", dataset_size=8192, shard_size=8,
-                       lr=RECOMMENDED_LR, snapshot=True)
+                       lr=RECOMMENDED_LR, snapshot=True, sdc_every=sdc_every)
+
+
+#: the code update the demo's ``update`` fault queues: a real shape bug (runtime.updates)
+BAD_UPDATE = {"gpt": "unbroken.runtime.updates:bad_gpt", "mlp": "unbroken.runtime.updates:bad_mlp"}
+
+
+class DemoExit(RuntimeError):
+    """The run stopped on purpose with a documented exit code (6: the ladder gave up)."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class _Tail:
@@ -143,11 +194,9 @@ def run_demo(req: DemoRequest, *, emit_line: Callable[[str], None] | None = None
 
     from unbroken.core.shards import exactly_once
     from unbroken.demo_report import build_report, plot_demo
-    from unbroken.runtime.ftcomm import declare_dead
     from unbroken.runtime.stacked import ledger_records
-    from unbroken.runtime.stacked_worker import StackedCluster
 
-    cfg = train_config(req)
+    cfg = train_config(req, req.sdc_interval(faults))
     exporter = None
     if req.metrics_port is not None:  # bind first: a bad port fails before anything starts
         from unbroken.metrics import MetricsExporter
@@ -161,6 +210,10 @@ def run_demo(req: DemoRequest, *, emit_line: Callable[[str], None] | None = None
     jdir.mkdir(exist_ok=True)
     for f in jdir.glob("group-*.jsonl"):
         f.unlink()  # journals append; a previous run's lines must not mix in
+    xid_log = req.xid_log
+    if xid_log is None and any(f.kind == "xid" for f in faults):
+        xid_log = str(out / "kernel.log")  # the injected XID lines go here (dmesg stand-in)
+        Path(xid_log).write_text("")
     events: list[dict] = []
     merged = open(out / "journal.jsonl", "w", buffering=1)
     last_export = [0.0]
@@ -182,29 +235,32 @@ def run_demo(req: DemoRequest, *, emit_line: Callable[[str], None] | None = None
     emit({"event": "start", "config": {"groups": req.groups, "redundancy": req.redundancy,
                                        "steps": req.steps, "seed": req.seed,
                                        "spares": spares, "model": cfg.model,
-                                       "staleness": req.staleness},
-          "faults": [{"kind": f.kind, "group": f.group, "step": f.step} for f in faults],
+                                       "staleness": req.staleness, "guard": req.guard,
+                                       "chaos": req.chaos, "sdc_every": cfg.sdc_every},
+          "faults": [{"kind": f.kind, "group": f.group, "step": f.step,
+                      **({"code": f.code} if f.code is not None else {})} for f in faults],
           "fault_spec": format_faults(faults)})
     ckdir = out / "ckpt"
     if ckdir.exists():
         shutil.rmtree(ckdir)  # a previous run's checkpoints must not be resumed from
+    from unbroken.core.ladder import LadderPolicy
     from unbroken.guard import Guard
 
-    guard = Guard(emit, standby=spares, xid_log=req.xid_log, act=req.guard == "act")
-    fired: set[tuple[str, int]] = set()  # (kind, slot) of faults already injected
+    holders: dict[int, int] = {}  # pid -> uid, for XID lines (the supervisor keeps it)
+    guard = Guard(emit, standby=spares, xid_log=xid_log, act=req.guard == "act",
+                  base_model=cfg.model, uid_of_pid=holders.get,
+                  ckpt_every=req.ckpt_interval(),
+                  # demo scale: a queued update is forced after 5 s (byterobust: 24 h)
+                  policy=LadderPolicy(update_deadline=5.0))
+    fired: set[tuple[str, int]] = set()  # (kind, group) of faults already injected
     attempt, done = 0, None
     while done is None:
         pending = [f for f in faults if (f.kind, f.group) not in fired]
-        c = StackedCluster(cfg, str(jdir), spares=spares, heartbeat=req.heartbeat,
-                           staleness=req.staleness, ckpt_dir=str(ckdir),
-                           ckpt_every=req.ckpt_every, resume=attempt > 0,
-                           die_at={f.group: f.step for f in pending if f.kind == "kill"},
-                           stop_at={f.group: f.step for f in pending if f.kind == "hang"},
-                           slow_from={f.group: f.step for f in pending if f.kind == "slow"},
-                           stall_at={f.group: f.step for f in pending if f.kind == "stall"})
+        by = lambda kind: {f.group: f.step for f in pending if f.kind == kind}  # noqa: E731
+        c = _cluster(cfg, jdir, spares, req, ckdir, attempt, by)
         try:
-            done = _supervise(c, req, emit, declare_dead, fired, guard,
-                              restarting=attempt > 0)
+            done = _Supervisor(c, req, emit, fired, guard, pending, xid_log, holders,
+                               restarting=attempt > 0).run()
         except _Restart as r:
             attempt += 1
             if attempt > req.max_restarts:
@@ -234,10 +290,17 @@ def run_demo(req: DemoRequest, *, emit_line: Callable[[str], None] | None = None
     return report
 
 
-# no new step for this long while nobody is being re-formed: a stall heartbeats cannot see
-# (a hang is found by staleness in 1 s and masked within 2 s; a wipe-out waiting for a cold
-# spare shows every survivor in the same wait, which localisation leaves alone)
-STALL_S = 3.0
+def _cluster(cfg, jdir: Path, spares: int, req: DemoRequest, ckdir: Path,
+                      attempt: int, by: Callable[[str], dict]):
+    """The cluster for one attempt; faults already injected are not injected again."""
+    from unbroken.runtime.stacked_worker import StackedCluster
+
+    return StackedCluster(cfg, str(jdir), spares=spares, heartbeat=req.heartbeat,
+                          staleness=req.staleness, ckpt_dir=str(ckdir),
+                          ckpt_every=req.ckpt_interval(), resume=attempt > 0,
+                          die_at=by("kill"), stop_at=by("hang"), slow_from=by("slow"),
+                          stall_at=by("stall"), nan_at=by("nan"), flip_from=by("flip"),
+                          verdicts=req.guard == "act")
 
 
 class _Restart(Exception):
@@ -252,132 +315,236 @@ def _journals(jdir: Path) -> dict[int, list[dict]]:
     return out
 
 
-def _supervise(c, req: DemoRequest, emit, declare_dead, fired: set, guard,
-               restarting: bool = False) -> dict[int, dict]:
-    """Watch processes and journals until every member finished; returns their ``done``.
-    Raises :class:`_Restart` when a wipe-out cannot get replacements."""
-    t_decided = time.time()
-    tails = {}
-    members = set(range(req.groups))   # uids that hold a slot
-    slot_of = {u: u for u in members}
-    pool = list(c.spares)              # warm spares not yet assigned
-    next_uid = req.groups + len(c.spares)
-    finished: dict[int, dict] = {}
-    handled: set[int] = set()
-    restarts: set[int] = set()  # generations whose restart was announced
-    restarts_src: set[str] = set()
-    seen: set[int] = set()      # uids that have been members of some generation
-    wiped: dict[int, float] = {}  # step -> first wipe-out event time
-    top_step, last_step_t = [-1], [time.time()]  # newest committed step and when it came
-    deadline = time.monotonic() + req.timeout
+_XID_TEXT = {79: "GPU has fallen off the bus.", 119: "Timeout after 6s of waiting for RPC "
+             "response from GPU0 GSP!", 43: "Ch 00000010", 31: "Ch 00000008, intr 10000000. "
+             "MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f12_34560000."}
 
-    def replace(uid: int, how: str) -> None:
-        nonlocal next_uid
-        handled.add(uid)
-        members.discard(uid)
-        emit({"event": "detected", "group": uid, "slot": slot_of[uid], "how": how})
-        if not pool:
-            emit({"event": "no_spare", "slot": slot_of[uid]})
+
+class _Supervisor:
+    """One attempt of the job: tails every group's journal, feeds the guard, carries out the
+    guard's orders and the launcher's own duties (death notices, spares), until every member
+    finished. Raises :class:`_Restart` when a wipe-out cannot get replacements."""
+
+    def __init__(self, c, req: DemoRequest, emit, fired: set, guard, pending: list[Fault],
+                 xid_log: str | None, holders: dict[int, int], restarting: bool) -> None:
+        self.c, self.req, self.emit, self.fired, self.guard = c, req, emit, fired, guard
+        self.restarting, self.xid_log, self.holders = restarting, xid_log, holders
+        self.t_decided = time.time()
+        self.tails: dict[int, _Tail] = {}
+        self.members = set(range(req.groups))   # uids that hold a slot
+        self.slot_of = {u: u for u in self.members}
+        self.pool = list(c.spares)              # warm spares not yet assigned
+        self.next_uid = req.groups + len(c.spares)
+        self.finished: dict[int, dict] = {}
+        self.handled: set[int] = set()
+        self.restarts: set[int] = set()  # generations whose restart was announced
+        self.restored = False
+        self.seen: set[int] = set()      # uids that have been members of some generation
+        self.wiped: dict[int, float] = {}  # step -> first wipe-out event time
+        self.top, self.last_step_t = -1, time.time()
+        self.launched = [f for f in pending if f.kind in ("xid", "update")]
+        for u in self.members:
+            holders[c.procs[u].pid] = u
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> dict[int, dict]:
+        from unbroken.runtime.ftcomm import declare_dead
+
+        self.declare_dead = declare_dead
+        deadline = time.monotonic() + self.req.timeout
+        while True:
+            for u in list(self.c.uids):
+                for ev in self._tail(u).read():
+                    self._on_event(u, ev)
+            self._launcher_faults()
+            self.guard.poll(time.time())
+            if self.req.guard == "act" and stall_suspected(time.time(), self.last_step_t,
+                                                           self.top >= 0):
+                self.last_step_t = time.time()  # re-arm: one localisation per stall period
+                live = self._live()
+                self.guard.localise_stall({u: self.c.procs[u].pid for u in live},
+                                          {u: self.slot_of[u] for u in live},
+                                          Path(self.c.journal_dir))
+            self._orders()
+            done = self._exits()
+            if done is not None:
+                return done
+            if time.monotonic() > deadline:
+                raise DemoError(f"no finish within {self.req.timeout:.0f}s")
+            try:  # wait on a member's exit (an event we care about) rather than a bare sleep
+                self.c.procs[min(self.members)].wait(timeout=0.02)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def _tail(self, u: int) -> _Tail:
+        if u not in self.tails:
+            tail = self.tails[u] = _Tail(Path(self.c.journal_dir) / f"group-{u}.jsonl")
+            if self.restarting:  # skip what the previous incarnation wrote
+                tail.pos = tail.path.stat().st_size if tail.path.exists() else 0
+        return self.tails[u]
+
+    def _live(self) -> list[int]:
+        return sorted(u for u in self.members
+                      if u not in self.finished and self.c.procs[u].poll() is None)
+
+    # ------------------------------------------------------------------ journal events
+    def _on_event(self, u: int, ev: dict) -> None:
+        name, emit = ev.get("event"), self.emit
+        if name == "fault":
+            self.fired.add((ev["kind"], ev.get("uid", ev["group"])))
+        if name == "restore" and self.restarting and not self.restored \
+                and ev.get("reason") != "verdict":
+            self.restored = True
+            emit({"event": "restart", "step": ev["step"], "source": ev["source"],
+                  "reason": "wipe-out without replacements", "t": self.t_decided,
+                  "t_ready": ev["t"]})
+        if name == "wipeout" and not self.pool:
+            emit(ev, src=f"group-{u}")
+            raise _Restart(f"wipe-out at step {ev['step']} and no spare left: "
+                           f"restart from the durable checkpoint")
+        if name == "restart":  # one per survivor; the driver's line counts it once
+            if ev["gen"] not in self.restarts:
+                self.restarts.add(ev["gen"])
+                emit({"event": "restart", "step": ev["step"], "source": ev["source"],
+                      "reason": "wipe-out", "t_ready": ev["t"],
+                      "t": self.wiped.get(ev["step"], ev["reform_at"])})
+            ev = {**ev, "event": "restarted"}
+        emit(ev, src=f"group-{u}")
+        now = time.time()
+        if name == "commit":
+            self.guard.on_commit(ev, uid=u)
+            if ev["step"] > self.top:
+                self.top, self.last_step_t = ev["step"], now
+        elif name == "incident":
+            self.guard.on_incident(ev, now)
+        elif name == "replay":
+            self.guard.on_replay(ev, now)
+        elif name == "sdc_check":
+            self.guard.on_check(ev)
+        elif name == "joined":
+            emit({"event": "join", "uid": u, "slot": ev["slot"], "step": ev["step"]})
+        elif name == "wipeout":
+            self.wiped.setdefault(ev["step"], ev["t"])
+        if "members" in ev and "gen" in ev:
+            self.seen.update(ev["members"])
+        if name in ("replan", "wipeout") and "members" in ev:
+            # a holder the survivors re-formed without while its process lives: a hang
+            for gone in left_behind((self.members & self.seen) - self.handled, ev["members"]):
+                if gone not in self.finished and self.c.procs[gone].poll() is None:
+                    self._evict(gone, "heartbeat")
+
+    # ------------------------------------------------------------------ faults and orders
+    def _launcher_faults(self) -> None:
+        """The faults this launcher writes itself once training reaches their step: an XID
+        line for the process holding the slot, a queued code update."""
+        for f in [f for f in self.launched if f.step <= self.top]:
+            self.launched.remove(f)
+            now = time.time()
+            if f.kind == "update":
+                model = BAD_UPDATE.get(self.c.cfg.model, BAD_UPDATE["mlp"])
+                self.emit({"event": "fault", "kind": "update", "group": -1, "step": f.step,
+                           "version": "v1", "model": model, "t": now})
+                self.fired.add(("update", -1))
+                self.guard.queue_update("v1", model, now)
+                continue
+            holder = [u for u in self._live() if self.slot_of[u] == f.group]
+            if not holder or self.xid_log is None:
+                self.emit({"event": "fault_skipped", "kind": f.kind, "group": f.group,
+                           "step": f.step, "reason": "no live holder of the slot"})
+                continue
+            uid, pid = holder[0], self.c.procs[holder[0]].pid
+            bus = f"0000:{f.group + 1:02x}:00"  # demo topology: slot s sits on bus s+1
+            line = (f"[{time.monotonic():12.6f}] NVRM: Xid (PCI:{bus}): {f.code}, pid={pid}, "
+                    f"name=python, {_XID_TEXT.get(f.code, 'injected')}\n")
+            self.emit({"event": "fault", "kind": "xid", "group": f.group, "uid": uid,
+                       "step": f.step, "code": f.code, "t": now})
+            self.fired.add(("xid", f.group))
+            with open(self.xid_log, "a") as log:
+                log.write(line)
+
+    def _orders(self) -> None:
+        st = self.c.store
+        while self.guard.orders:
+            order = self.guard.orders.pop(0)
+            verb = order[0]
+            if verb == "code":
+                _, n, rec = order
+                st.set(f"code/{n}", json.dumps(rec))
+                st.add("code/count", 1)  # rank 0 reads it: every member swaps at one boundary
+                self.emit({"event": "code_posted", "n": n, **rec})
+            elif verb == "verdict":
+                _, key, obj = order
+                st.set(key, json.dumps(obj))
+                self.emit({"event": "verdict_posted", "key": key, **obj})
+            elif verb in ("evict", "respawn"):
+                _, gone, how = order
+                if gone in self.members and gone not in self.handled \
+                        and gone not in self.finished and self.c.procs[gone].poll() is None:
+                    self._evict(gone, how, fresh=verb == "respawn")
+
+    def _evict(self, uid: int, how: str, fresh: bool = False) -> None:
+        self.c.procs[uid].send_signal(signal.SIGKILL)
+        self.c.procs[uid].wait(timeout=10)
+        self.declare_dead(self.c.store, uid)
+        self._replace(uid, how, fresh=fresh)
+
+    def _replace(self, uid: int, how: str, fresh: bool = False) -> None:
+        """The slot of a dead ``uid`` goes to a warm spare, or (``fresh``: retry in place) to a
+        new process started for it now."""
+        self.handled.add(uid)
+        self.members.discard(uid)
+        slot = self.slot_of[uid]
+        self.emit({"event": "detected", "group": uid, "slot": slot, "how": how})
+        if fresh:
+            self._spawn()
+            spare = self.pool.pop()  # the one just started, not a warm one
+        elif self.pool:
+            spare = self.pool.pop(0)
+        else:
+            self.emit({"event": "no_spare", "slot": slot})
             return
-        spare = pool.pop(0)
-        slot_of[spare] = slot_of[uid]
-        members.add(spare)
-        c.assign(spare, slot_of[uid])
-        emit({"event": "assign", "uid": spare, "slot": slot_of[uid]})
-        if not pool:  # the warm pool is used up: start one more so a later fault is covered
-            c.spawn(next_uid, standby=True)  # (its start-up takes CPU from training here)
-            pool.append(next_uid)
-            next_uid += 1
+        self.slot_of[spare] = slot
+        self.members.add(spare)
+        self.c.assign(spare, slot)
+        self.emit({"event": "assign", "uid": spare, "slot": slot,
+                   **({"fresh": True} if fresh else {})})
+        for _ in range(refill(len(self.pool))):  # keep one warm for the next fault (its
+            self._spawn()                        # start-up takes CPU from training here)
 
-    while True:
-        for u in list(c.uids):
-            if u not in tails:
-                tail = tails[u] = _Tail(Path(c.journal_dir) / f"group-{u}.jsonl")
-                if restarting:  # skip what the previous incarnation wrote
-                    tail.pos = tail.path.stat().st_size if tail.path.exists() else 0
-            for ev in tails[u].read():
-                name = ev.get("event")
-                if name == "fault":
-                    fired.add((ev["kind"], ev["group"]))
-                if name == "restore" and restarting and "restore" not in restarts_src:
-                    restarts_src.add("restore")
-                    emit({"event": "restart", "step": ev["step"], "source": ev["source"],
-                          "reason": "wipe-out without replacements", "t": t_decided,
-                          "t_ready": ev["t"]})
-                if name == "wipeout" and not pool:
-                    emit(ev, src=f"group-{u}")
-                    raise _Restart(f"wipe-out at step {ev['step']} and no spare left: "
-                                   f"restart from the durable checkpoint")
-                if name == "restart":  # one per survivor; the driver's line counts it once
-                    if ev["gen"] not in restarts:
-                        restarts.add(ev["gen"])
-                        emit({"event": "restart", "step": ev["step"], "source": ev["source"],
-                              "reason": "wipe-out", "t_ready": ev["t"],
-                              "t": wiped.get(ev["step"], ev["reform_at"])})
-                    ev = {**ev, "event": "restarted"}
-                emit(ev, src=f"group-{u}")
-                if name == "commit":
-                    guard.on_commit(ev, uid=u)
-                    if ev["step"] > top_step[0]:
-                        top_step[0], last_step_t[0] = ev["step"], time.time()
-                if name == "joined":
-                    emit({"event": "join", "uid": u, "slot": ev["slot"], "step": ev["step"]})
-                if name == "wipeout":
-                    wiped.setdefault(ev["step"], ev["t"])
-                if "members" in ev and "gen" in ev:
-                    seen.update(ev["members"])
-                if name in ("replan", "wipeout") and "members" in ev:
-                    # a former member the survivors re-formed without while its process lives:
-                    # a hang (spares not yet admitted were never members, so never evicted)
-                    for gone in sorted((members & seen) - set(ev["members"]) - handled):
-                        if gone in finished or c.procs[gone].poll() is not None:
-                            continue
-                        c.procs[gone].send_signal(signal.SIGKILL)
-                        c.procs[gone].wait(timeout=10)
-                        declare_dead(c.store, gone)
-                        replace(gone, "heartbeat")
-        guard.poll(time.time())
-        if req.guard == "act" and top_step[0] >= 0 and time.time() - last_step_t[0] > STALL_S:
-            last_step_t[0] = time.time()  # re-arm: one localisation per stall period
-            live = sorted(u for u in members if u not in finished and c.procs[u].poll() is None)
-            guard.localise_stall({u: c.procs[u].pid for u in live},
-                                 {u: slot_of[u] for u in live}, Path(c.journal_dir))
-        while guard.evictions:  # acting guard: evict a straggler like a hung group
-            gone, how = guard.evictions.pop(0)
-            if gone in members and gone not in handled and gone not in finished \
-                    and c.procs[gone].poll() is None:
-                c.procs[gone].send_signal(signal.SIGKILL)
-                c.procs[gone].wait(timeout=10)
-                declare_dead(c.store, gone)
-                replace(gone, how)
-        for u in sorted(members):
-            if u in finished:
+    def _spawn(self) -> None:
+        self.c.spawn(self.next_uid, standby=True)
+        self.holders[self.c.procs[self.next_uid].pid] = self.next_uid
+        self.pool.append(self.next_uid)
+        self.next_uid += 1
+
+    # ------------------------------------------------------------------ process exits
+    def _exits(self) -> dict[int, dict] | None:
+        c = self.c
+        for u in sorted(self.members):
+            if u in self.finished:
                 continue
             if c.store.check([f"done/{u}"]):
-                finished[u] = json.loads(c.store.get(f"done/{u}"))
+                self.finished[u] = json.loads(c.store.get(f"done/{u}"))
                 continue
             if c.store.check([f"error/{u}"]):
                 raise DemoError(f"group {u} failed:\n{c.store.get(f'error/{u}').decode()}")
             rc = c.procs[u].poll()
-            if rc is None or u in handled:
+            if rc is None or u in self.handled:
                 continue
             if rc == -signal.SIGKILL:
-                declare_dead(c.store, u)  # the launcher saw the exit: no heartbeat wait
-                replace(u, "exit")
+                self.declare_dead(c.store, u)  # the launcher saw the exit: no heartbeat wait
+                self._replace(u, "exit")
             elif rc == 4:
                 raise _Restart(f"group {u} gave up waiting for replacements (exit 4)")
+            elif rc == 6:
+                raise DemoExit(f"group {u} stopped: the guard's ladder gave up (exit 6)", 6)
             else:
                 raise DemoError(f"group {u} exited with code {rc}:\n{c.stderr(u)[-2000:]}")
-        if members and members <= set(finished):
-            return {u: finished[u] for u in sorted(members)}
-        if not members:
+        if self.members and self.members <= set(self.finished):
+            return {u: self.finished[u] for u in sorted(self.members)}
+        if not self.members:
             raise _Restart("every group is gone and no spare is left")
-        if time.monotonic() > deadline:
-            raise DemoError(f"no finish within {req.timeout:.0f}s")
-        try:  # wait on a member's exit (an event we care about) rather than a bare sleep
-            c.procs[min(members)].wait(timeout=0.02)
-        except subprocess.TimeoutExpired:
-            pass
+        return None
 
 
 def _reference(cfg, out: Path):

@@ -22,9 +22,26 @@ Detectors wired here:
 
 A detector that fails is reported once and switched off; it never raises into the run.
 
-``act=True`` (``unbroken demo --guard act``) lets one decision through: a straggler the ladder
-would mask or evict is evicted by the launcher (SIGKILL, death notice), the runtime masks it
-and a warm spare takes its slot. Everything else stays log-only until its rung exists.
+``act=True`` (``unbroken demo --guard act``) carries the decisions out. The guard does not touch
+processes or the store itself: it appends *orders* to ``self.orders`` and the launcher executes
+them in order —
+
+* ``("evict", uid, how)``: SIGKILL, death notice; the runtime masks the group and a warm spare
+  takes its slot (``EVICT``, and ``MASK`` of a live straggler or a stalled group);
+* ``("respawn", uid, how)``: the same, but a fresh process restarts in the *same* slot
+  (``RETRY`` of one group: an XID of the restart-app class);
+* ``("code", n, record)``: code record ``code/<n>`` (a version and its trainer factory); every
+  member hot-swaps at the same step boundary (a lazily applied update, a forced one, a rollback);
+* ``("verdict", key, obj)``: the answer to a runtime incident (``StackedRunner._incident``):
+  ``retry`` the step, ``replay`` suspect types on every member, ``restore`` the verified
+  checkpoint, or ``stop`` (the ladder gave up: exit 6).
+
+Runtime incidents, read from the groups' journals, map onto ladder faults: a step error ->
+``CODE``, a non-finite sum -> ``IMPLICIT``, a bitwise mismatch of redundant hosts -> ``SDC``;
+the replay's majority names the corrupt machine -> ``CORRUPT`` (evicted at once, then every
+member restores the last checkpoint whose SDC check passed). Each answer is journaled as
+``ladder`` (the decision and its reason) and, once carried out, ``resolved`` (what the report's
+ETTR accounting charges the fault's time to).
 """
 
 from __future__ import annotations
@@ -32,7 +49,21 @@ from __future__ import annotations
 from typing import Callable
 
 from unbroken.core.anomaly import FailSlowPolicy, bucket_rounds, failslow, numeric_event
-from unbroken.core.ladder import Fault, FaultKind, LadderPolicy, LadderState, Rung, decide
+from unbroken.core.ladder import (
+    Committed,
+    Decision,
+    Fault,
+    FaultKind,
+    LadderPolicy,
+    LadderState,
+    Rung,
+    Tried,
+    advance,
+    decide,
+    queue_update,
+    update_due,
+)
+from unbroken.core.replay import majority_culprits
 
 __all__ = ["Guard"]
 
@@ -46,16 +77,28 @@ _XID_ACTION = {"restart_app": "restart-app", "reset_gpu": "reset-gpu",
                "reboot_node": "reboot", "investigate": "investigate", "ignore": None}
 
 
+_INCIDENT_KIND = {"code": FaultKind.CODE, "implicit": FaultKind.IMPLICIT,
+                  "sdc": FaultKind.SDC}
+
+
 class Guard:
     def __init__(self, emit: Callable[[dict], None], *, standby: int = 0,
                  xid_log: str | None = None, policy: LadderPolicy | None = None,
-                 act: bool = False) -> None:
+                 act: bool = False, base_model: str = "gpt",
+                 uid_of_pid: Callable[[int], int | None] = lambda pid: None,
+                 ckpt_every: int = 50) -> None:
         self.emit = emit
-        # act=True: a straggler the ladder would mask or evict is handed to the launcher in
-        # ``evictions`` (it kills the group; the runtime masks it and a spare takes over)
         self.act = act
-        self.evictions: list[tuple[int, str]] = []  # (group uid, which detector)
+        self.orders: list[tuple] = []  # for the launcher, executed in order (module docstring)
+        self.uid_of_pid = uid_of_pid
         self.state = LadderState(standby=standby)
+        self.models = {"v0": base_model}  # code version -> trainer factory
+        self.code_n = 0                   # code records posted
+        self.top = -1                     # newest committed step
+        self.verified = 0                 # newest checkpoint step whose SDC check passed
+        self.ckpt_every = ckpt_every
+        self.answered: set[tuple[str, int, int]] = set()  # (what, step, n) already answered
+        self.opened: dict[tuple[int, int], float] = {}    # incident (step, n) -> first seen
         self.policy = policy or LadderPolicy()
         self.losses: list[float] = []
         self.seen: set[int] = set()
@@ -71,15 +114,162 @@ class Guard:
             self.xid = XidSource(xid_log)
 
     def _ladder(self, fault: Fault, t: float, what: str, actionable: bool = False,
-                how: str = "fail-slow"):
+                how: str = "fail-slow", answered: bool = False):
+        """Decide and journal; ``actionable`` decisions on named groups become process orders
+        here, ``answered`` ones (runtime incidents) are carried out by the caller."""
         d, reason = decide(fault, self.state, self.policy, t)
-        acting = self.act and actionable and d.rung in (Rung.MASK, Rung.EVICT)
-        self.emit({"event": "ladder", "for": what, "mode": "act" if acting else "log-only",
+        acting = self.act and actionable and d.rung in (Rung.MASK, Rung.EVICT, Rung.RETRY)
+        mode = "act" if acting or (answered and self.act) else "log-only"
+        self.emit({"event": "ladder", "for": what, "mode": mode,
                    "rung": d.rung.name.lower() if d.rung is not None else None,
                    "groups": list(d.groups), "exit_code": d.exit_code, "reason": reason, "t": t})
         if acting:
-            self.evictions.extend((g, how) for g in d.groups)
+            # RETRY of named groups: restart their processes in place (same slot, fresh
+            # process); MASK / EVICT: take them out, a warm spare takes the slot
+            verb = "respawn" if d.rung is Rung.RETRY else "evict"
+            self.orders.extend((verb, g, how) for g in d.groups)
+            self._tried(d)
         return d
+
+    # ------------------------------------------------------------------ acting
+    def _tried(self, d: Decision) -> None:
+        """Book a carried-out decision; a lazily queued update it carries is posted now."""
+        if d.version is not None and d.version != self.state.running:
+            self._post_code(d.version)
+        self.state = advance(self.state, Tried(d), self.policy)
+
+    def _post_code(self, version: str) -> int:
+        self.code_n += 1
+        self.orders.append(("code", self.code_n,
+                            {"version": version, "model": self.models[version]}))
+        return self.code_n
+
+    def queue_update(self, version: str, model: str, now: float) -> None:
+        """A code update arrives: queued, applied lazily at the next restart the ladder
+        decides, forced after ``policy.update_deadline`` (byterobust §7)."""
+        self.models[version] = model
+        self.state = queue_update(self.state, version, now)
+        self.emit({"event": "ladder", "for": f"update {version}", "mode": "act" if self.act
+                   else "log-only", "rung": None, "groups": [], "exit_code": None,
+                   "reason": f"update {version} queued: applied at the next restart, forced "
+                             f"after {self.policy.update_deadline:g}s", "t": now})
+
+    def _forced_update(self, now: float) -> None:
+        d, reason = update_due(self.state, self.policy, now)
+        if d is None or not self.act:
+            return
+        self.emit({"event": "ladder", "for": f"update {d.version}", "mode": "act",
+                   "rung": "retry", "groups": [], "exit_code": None, "reason": reason, "t": now})
+        self._tried(d)
+
+    def _verdict(self, step: int, n: int, obj: dict) -> None:
+        self.orders.append(("verdict", f"verdict/{step}/{n}", obj))
+
+    def _resolved(self, incident: str, t: float, detected: float, how: str,
+                  **extra) -> None:
+        self.emit({"event": "resolved", "incident": incident, "detected_t": detected,
+                   "how": how, "t": t, **extra})
+
+    def on_incident(self, ev: dict, now: float) -> None:
+        """A member's ``incident`` line (every member writes one; the first is answered)."""
+        key = ("incident", int(ev["step"]), int(ev["n"]))
+        if key in self.answered:
+            return
+        self.answered.add(key)
+        kind = _INCIDENT_KIND.get(ev.get("kind"))
+        if kind is None:
+            self._fail("incident", ValueError(f"unknown incident kind {ev.get('kind')!r}"))
+            return
+        step, n, t_seen = key[1], key[2], float(ev.get("t", now))
+        self.emit({"event": "alert", "how": ev["kind"], "group": None, "step": step,
+                   "reason": _incident_reason(ev), "t": t_seen})
+        self._answer(Fault(kind), ev, step, n, now, t_seen)
+
+    def _answer(self, fault: Fault, ev: dict, step: int, n: int, now: float,
+                t_seen: float) -> None:
+        what = f"{fault.kind.value} at step {step}"
+        d = self._ladder(fault, now, what, answered=True)
+        if not self.act:
+            return
+        incident = ev.get("kind", fault.kind.value)
+        if d.rung is None or d.rung is Rung.REQUEUE:
+            # requeueing needs a scheduler this demo does not have: stopping is what is left
+            self._verdict(step, n, {"action": "stop", "reason": f"ladder: {what} -> "
+                                    f"{d.rung.name.lower() if d.rung else 'give up'}"})
+            self.state = advance(self.state, Tried(d), self.policy)
+            return
+        if d.rung is Rung.REPLAY:
+            types = sorted(int(t) for t in ev.get("mismatch", {})) or \
+                list(range(len(ev.get("members", [])) or 1))
+            self._verdict(step, n, {"action": "replay", "types": types})
+            self.state = advance(self.state, Tried(d), self.policy)
+            self.opened[(step, n + 1)] = t_seen
+            return
+        if d.rung in (Rung.RETRY, Rung.ROLLBACK):
+            code = self._post_code(d.version) if d.version not in (None,
+                                                                    self.state.running) else 0
+            self.state = advance(self.state, Tried(d), self.policy)
+            self._verdict(step, n, {"action": "retry", **({"code": code} if code else {})})
+            how = (f"rollback {ev.get('version', '?')} -> {d.version}" if d.rung is Rung.ROLLBACK
+                   else "retry in place" + (f" with update {d.version}" if code else ""))
+            self._resolved(incident, now, t_seen, how, step=step)
+            return
+        # RESTART (or anything that needs the committed state rebuilt): the verified checkpoint
+        target = self._restore_target()
+        self.state = advance(self.state, Tried(d), self.policy)
+        self._verdict(step, n, {"action": "restore", "step": target})
+        self._restored(incident, now, t_seen, target, f"{d.rung.name.lower()} from checkpoint")
+
+    def _restore_target(self) -> int:
+        if self.verified:
+            return self.verified
+        return max(0, (self.top + 1) // self.ckpt_every * self.ckpt_every)
+
+    def _restored(self, incident: str, now: float, t_seen: float, target: int,
+                  how: str) -> None:
+        self.emit({"event": "restart", "step": target, "source": "checkpoint",
+                   "reason": f"{incident}: roll back to step {target}", "t": now,
+                   "t_ready": now})
+        self._resolved(incident, now, t_seen, f"{how} @ step {target}", step=target,
+                       restart=True)
+
+    def on_replay(self, ev: dict, now: float) -> None:
+        """The digests every member replayed: the majority names the corrupt machine, which
+        is evicted at once; then every member restores the verified checkpoint."""
+        step, n = int(ev["step"]), int(ev["n"])
+        key = ("replay", step, n)
+        if key in self.answered:
+            return
+        self.answered.add(key)
+        t_seen = self.opened.pop((step, n + 1), float(ev.get("t", now)))
+        digests = {int(t): {int(w): int(d) for w, d in ds.items()}
+                   for t, ds in ev.get("digests", {}).items()}
+        slots, why = majority_culprits(digests)
+        uids = tuple(int(ev["uids"][str(s)]) for s in slots if str(s) in ev.get("uids", {}))
+        self.emit({"event": "alert", "how": "replay", "group": list(uids) or None,
+                   "step": step, "reason": why, "t": now})
+        if not uids:  # inconclusive: nothing to evict, the state is suspect: roll back
+            d = self._ladder(Fault(FaultKind.IMPLICIT), now, f"replay at step {step}: {why}",
+                             answered=True)
+            if self.act and d.rung is not None:
+                target = self._restore_target()
+                self.state = advance(self.state, Tried(d), self.policy)
+                self._verdict(step, n + 1, {"action": "restore", "step": target})
+                self._restored("sdc", now, t_seen, target, "inconclusive replay: restore")
+            return
+        d = self._ladder(Fault(FaultKind.CORRUPT, groups=uids, maskable=True), now,
+                         f"corrupt {list(uids)}", actionable=True, how="replay")
+        if self.act:
+            target = self._restore_target()
+            self._verdict(step, n + 1, {"action": "restore", "step": target})
+            self._restored("sdc", now, t_seen, target,
+                           f"replay named {list(uids)}: {d.rung.name.lower() if d.rung else '?'}"
+                           f", restore")
+
+    def on_check(self, ev: dict) -> None:
+        """A passing SDC check at step k: the checkpoint written after it is verified."""
+        if ev.get("ok") and (int(ev["step"]) + 1) % self.ckpt_every == 0:
+            self.verified = max(self.verified, int(ev["step"]) + 1)
 
     def _failslow(self, now: float) -> None:
         if "fail-slow" in self.broken or self.slow_start is None:
@@ -144,6 +334,9 @@ class Guard:
                 self._fail("fail-slow", exc)
         if "numeric" in self.broken or ev.get("step") in self.seen:
             return
+        if isinstance(ev.get("step"), int) and ev["step"] > self.top:
+            self.top = ev["step"]
+            self.state = advance(self.state, Committed(1), self.policy)
         try:
             self.seen.add(ev["step"])
             loss = float(ev["loss"])
@@ -159,9 +352,10 @@ class Guard:
             self._fail("numeric", exc)
 
     def poll(self, now: float) -> None:
-        """Fail-slow over the rounds so far; new kernel-log lines: XID faults (malformed lines
-        as warnings)."""
+        """Fail-slow over the rounds so far; a queued update past its deadline; new kernel-log
+        lines: XID faults (malformed lines as warnings)."""
         self._failslow(now)
+        self._forced_update(now)
         if self.xid is None or "xid" in self.broken:
             return
         try:
@@ -172,12 +366,30 @@ class Guard:
                 self.emit({"event": "detector_warning", "detector": "xid",
                            "message": f"line {bad.lineno}: {bad.error}"[:300]})
             for hit in read.hits:
-                self.emit({"event": "alert", "how": "xid", "group": None,
+                uid = self.uid_of_pid(hit.event.pid) if hit.event.pid is not None else None
+                self.emit({"event": "alert", "how": "xid", "group": uid,
                            "code": hit.event.code, "action": hit.action, "pci": hit.event.pci,
                            "reason": hit.reason, "t": now})
                 action = _XID_ACTION.get(hit.action, hit.action)
                 if action is not None:
-                    self._ladder(Fault(FaultKind.XID, xid_action=action), now,
-                                 f"xid {hit.event.code}")
+                    groups = (uid,) if uid is not None else ()
+                    d = self._ladder(Fault(FaultKind.XID, groups=groups, xid_action=action,
+                                           maskable=bool(groups)), now,
+                                     f"xid {hit.event.code}", actionable=True, how="xid")
+                    if self.act and groups and d.rung in (Rung.MASK, Rung.EVICT, Rung.RETRY):
+                        verb = "restart in place" if d.rung is Rung.RETRY else "evict"
+                        self._resolved("xid", now, now, f"{verb} group {uid}", group=uid,
+                                       code=hit.event.code)
         except Exception as exc:
             self._fail("xid", exc)
+
+
+def _incident_reason(ev: dict) -> str:
+    kind = ev.get("kind")
+    if kind == "code":
+        return f"{ev.get('errors', '?')} member(s) failed the step on {ev.get('version', '?')}"
+    if kind == "implicit":
+        return f"{ev.get('nonfinite', '?')} non-finite gradient element(s) in the reduced sum"
+    mism = ev.get("mismatch", {})
+    return "bitwise mismatch: " + "; ".join(
+        f"type {t} hosts {sorted(int(w) for w in hosts)}" for t, hosts in sorted(mism.items()))

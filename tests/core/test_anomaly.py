@@ -200,3 +200,11 @@ def test_peer_outliers_reject_bad_input():
         peer_outliers({0: [1.0]})
     with pytest.raises(AnomalyError, match="band=50"):
         PeerPolicy(band=50)
+
+
+def test_stall_needs_a_first_step_and_a_quiet_threshold():
+    from unbroken.core.anomaly import STALL_S, stall_suspected
+
+    assert not stall_suspected(100.0, 0.0, started=False)  # start-up is not a stall
+    assert not stall_suspected(10.0 + STALL_S, 10.0, started=True)
+    assert stall_suspected(10.0 + STALL_S + 0.01, 10.0, started=True)

@@ -95,7 +95,9 @@ def test_chaos_is_seeded_valid_and_complete(seed, groups, steps):
     removed = {f.group: f.step for f in faults if f.kind in REMOVING}
     nan = next(f for f in faults if f.kind == "nan")
     assert removed.get(nan.group, steps) > nan.step  # the nan's group is alive then
-    assert next(f for f in faults if f.kind == "xid").code in CHAOS_XIDS
+    xid = next(f for f in faults if f.kind == "xid")
+    assert xid.code in CHAOS_XIDS
+    assert removed[xid.group] < xid.step  # the XID's slot is held by a spare by then
 
 
 def test_chaos_differs_between_seeds():

@@ -61,3 +61,11 @@ def test_rendezvous_waits_a_few_beats_only_when_a_peer_process_is_known_gone():
     assert rendezvous_staleness(1.0, 0.1, peer_died=True) == pytest.approx(0.2)
     # never longer than the ordinary staleness
     assert rendezvous_staleness(0.2, 0.1, peer_died=True) == 0.2
+
+
+def test_left_behind_is_every_holder_the_new_generation_lacks():
+    from unbroken.core.membership import left_behind
+
+    assert left_behind([0, 1, 2, 3], [0, 1, 3]) == [2]
+    assert left_behind([0, 1], [0, 1, 4]) == []  # a joiner is not a holder left behind
+    assert left_behind([3, 1, 2], []) == [1, 2, 3]

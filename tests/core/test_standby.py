@@ -74,3 +74,10 @@ def test_bad_inputs_raise_one_line_naming_the_value(call, word):
         call()
     assert word in str(ei.value) and "\n" not in str(ei.value)
     assert isinstance(ei.value, ValueError)
+
+
+def test_refill_tops_the_warm_pool_up_to_its_target():
+    from unbroken.core.standby import refill
+
+    assert refill(0) == 1 and refill(1) == 0 and refill(3) == 0
+    assert refill(1, target=4) == 3

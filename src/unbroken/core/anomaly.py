@@ -390,3 +390,16 @@ def peer_outliers(signals: Mapping[Hashable, Mapping[str, float]],
         for g, zs in flags.items())
     return flags, (f"peers: {detail} (|z| > {policy.z:g} and outside the peers' "
                    f"P{policy.band:g}-P{100 - policy.band:g}){note}")
+
+
+#: No new committed step for this long while nobody is being re-formed suggests a stall that
+#: heartbeats cannot see: a hang is found by staleness in 1 s and masked within 2 s, and a
+#: wipe-out waiting for a cold spare shows every survivor in the same wait (which stack
+#: aggregation leaves alone), so 3 s is past both.
+STALL_S = 3.0
+
+
+def stall_suspected(now: float, last_step_t: float, started: bool,
+                    threshold: float = STALL_S) -> bool:
+    """Whether to dump stacks: training has committed a step, and none for ``threshold`` s."""
+    return started and now - last_step_t > threshold

@@ -33,6 +33,10 @@ Definitions used here, all derived from the journal:
   wipeout, restart), ``decide_s`` from there to the wipeout/restart decision, ``restart_s =
   t_ready - wipeout.t`` (restore from the snapshot/checkpoint), ``recompute_s`` from ready to the
   next new step minus ``step_s`` (redone steps included). Unknown parts are None.
+  A fault the guard answers (``nan``, ``flip``, ``update``, ``xid``: kinds whose incident the
+  runtime reports, see ``RESOLVED_BY``) ends at the guard's first ``resolved`` event for that
+  incident kind: ``detect_s = detected_t - t_fault``, ``decide_s = t - detected_t``; a
+  resolution that restored a checkpoint (``restart``) is not masked.
 * **masked** -- the fault was resolved without a restart and training went on past its step.
 * **series** -- per timeline point ``(t - origin, cumulative ETTR, ETTR over the last W
   intervals)``, for plotting.
@@ -44,8 +48,11 @@ import statistics
 from dataclasses import dataclass, field
 
 # events that mark an interval as not failure-free
-_DISRUPTIVE = frozenset({"fault", "detected", "replan", "wipeout", "restart", "join"})
-_FAILURE = frozenset({"fault", "detected", "replan", "wipeout", "restart"})
+_DISRUPTIVE = frozenset({"fault", "detected", "replan", "wipeout", "restart", "join",
+                         "incident"})
+_FAILURE = frozenset({"fault", "detected", "replan", "wipeout", "restart", "incident"})
+#: injected fault kind -> the incident kind whose ``resolved`` event ends it
+RESOLVED_BY = {"nan": "implicit", "flip": "sdc", "update": "code", "xid": "xid"}
 MIN_BASELINE = 3  # pre-failure clean intervals needed before they alone define step_s
 
 
@@ -227,13 +234,26 @@ def ettr_report(events: list[dict], *, window: int = 20) -> EttrReport:
             return e.get("event") in ("replan", "wipeout") and not (
                 isinstance(members, list) and g in members)
 
-        res = _first(evs, resolves, tf)
+        incident = RESOLVED_BY.get(f.get("kind"))
+        if incident is not None:
+            res = _first(evs, lambda e, i=incident: e.get("event") == "resolved"
+                         and e.get("incident") == i, tf)
+        else:
+            res = _first(evs, resolves, tf)
         detected = _first(evs, lambda e: e.get("event") == "detected" and e.get("group") == g,
                           tf)
         detect = decide = recompute = restart_s = None
         end_t: float | None = None
         masked, how = False, "unresolved"
-        if res is not None and res["event"] == "replan":
+        if res is not None and res["event"] == "resolved":
+            seen = _num(res.get("detected_t"))
+            end_t = float(res["t"])
+            if seen is not None:
+                detect, decide = max(0.0, seen - tf), max(0.0, end_t - seen)
+            masked = not res.get("restart", False)
+            restart_s = 0.0 if res.get("restart") else None
+            how = str(res.get("how", "resolved"))
+        elif res is not None and res["event"] == "replan":
             rt = float(res["t"])
             # several groups journal the same replan: take the earliest reform start
             same = [e for e in evs if e.get("event") == "replan" and e.get("step") ==

@@ -116,3 +116,15 @@ def rendezvous_staleness(staleness: float, heartbeat_period: float, peer_died: b
 def next_members(joined: Iterable[Hashable]) -> list:
     """Member list of the next generation: the distinct joiners, sorted (rank = index)."""
     return sorted(set(joined))
+
+
+def left_behind(holders: Iterable[Hashable], reformed: Iterable[Hashable]) -> list:
+    """Slot holders a re-formed generation left out: the launcher evicts them.
+
+    ``holders``: uids that hold a slot and have been a member of some generation (a spare not
+    yet admitted was never a member, so it is never "left behind"); ``reformed``: the members
+    the survivors re-formed with. A holder left out whose process still lives is hung (a death
+    would have been seen by the launcher first): it must be killed before the spare that takes
+    its slot is admitted, or a SIGCONT would bring back a second owner of the slot.
+    """
+    return sorted(set(holders) - set(reformed))

@@ -96,3 +96,13 @@ def p_from_mtbf(group_mtbf: float, window: float) -> float:
                 or v <= 0:
             raise StandbyError(f"{name}={v!r} must be a finite number > 0")
     return -math.expm1(-window / group_mtbf)
+
+
+def refill(warm: int, target: int = 1) -> int:
+    """Spares to start now so that ``target`` warm ones wait (never negative).
+
+    The demo keeps at least one: a spare started after the pool ran dry still covers the next
+    fault, but its start-up competes with training for CPU, so the launcher starts the whole
+    expected need (one per scheduled fault) before step 0 and only tops up from here.
+    """
+    return max(0, int(target) - int(warm))
