@@ -139,6 +139,15 @@ def test_the_planner_never_imports_torch(tmp_path):
     (["--faults", "kill:1@20,hang:1@30"], "hang:1@30"),
     (["--steps", "abc"], "abc"),
     (["--faults", "stall:2@10"], "needs --guard act"),
+    (["--faults", "nan:1@10"], "'nan:1@10' needs --guard act"),
+    (["--faults", "flip:1@10", "--guard", "log"], "'flip:1@10' needs --guard act"),
+    (["--faults", "update:1@10"], "update@step"),
+    (["--chaos", "3", "--faults", "none"], "exclude each other"),
+    (["--chaos", "-1"], "-1"),
+    (["--ladder", "retry=often"], "retry='often'"),
+    (["--ladder", "mask=0,evict=0,retry=0,rollback=0,replay=0,restart=0,requeue=0"],
+     "zero attempts on every rung"),
+    (["--ladder", "time_budget=-5"], "time_budget=-5"),
 ])
 def test_demo_bad_input_is_one_line_exit_2(args, needle, tmp_path):
     r = run("demo", "--out", str(tmp_path), *args)

@@ -167,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     de.add_argument("--guard", choices=("log", "act"), default=None,
                     help="log (default): detections and ladder decisions are journaled only; "
                          "act: the ladder's decisions are carried out")
+    de.add_argument("--ladder", default=None, metavar="SPEC",
+                    help="ladder policy overrides: rung attempts and budgets, e.g. "
+                         "'retry=1,rollback=0,time_budget=600'")
     de.add_argument("--sdc-every", type=_int, default=None,
                     help="bitwise check of redundant hosts every K steps (0: off; default: "
                          "--ckpt-every when a bit flip is scheduled)")
@@ -268,6 +271,7 @@ def cmd_demo(a: argparse.Namespace) -> dict:
                       faults=a.faults, spares=a.spares, staleness=a.staleness, out=a.out,
                       ckpt_every=a.ckpt_every, metrics_port=a.metrics_port,
                       xid_log=a.xid_log, chaos=a.chaos, sdc_every=a.sdc_every,
+                      ladder=a.ladder,
                       guard=a.guard or ("act" if a.chaos is not None else "log"))
     check(req)  # bad input: one line before any process starts
     err = Console(stderr=True)

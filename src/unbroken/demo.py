@@ -83,6 +83,17 @@ class DemoRequest:
     #                     guard's decisions are carried out (unbroken.guard)
     chaos: int | None = None  # a seeded mix of every fault kind (needs --guard act)
     sdc_every: int | None = None  # None: every ckpt_every steps when the faults hold a flip
+    unguarded: bool = False  # bench only: run faults that need an acting guard under log-only,
+    #                          to measure what happens without one
+    ladder: str | None = None  # ladder policy overrides, "retry=1,time_budget=600" (core.ladder)
+
+    def policy(self):
+        """The guard's ladder policy: the defaults at demo scale (a queued update is forced
+        after 5 s, not 24 h), then ``ladder``'s overrides."""
+        from unbroken.core.ladder import LadderPolicy, parse_policy
+
+        base = LadderPolicy(update_deadline=5.0)
+        return parse_policy(self.ladder, base) if self.ladder else base
 
     def fault_list(self) -> list[Fault]:
         if self.chaos is not None:
@@ -121,9 +132,10 @@ def check(req: DemoRequest) -> list[Fault]:
         raise ValueError(f"--chaos {req.chaos}: needs a seed >= 0 and no --faults"
                          if req.chaos < 0 else "--chaos and --faults exclude each other")
     needy = [f for f in req.fault_list() if f.kind in NEED_ACT]
-    if needy and req.guard != "act":
+    if needy and req.guard != "act" and not req.unguarded:
         raise ValueError(f"fault {needy[0].spec!r} needs --guard act (a log-only guard cannot "
                          f"end a stall, undo a NaN or corruption, or roll back code)")
+    req.policy()  # an impossible ladder budget is bad input, before anything starts
     if req.sdc_every is not None and req.sdc_every < 0:
         raise ValueError(f"--sdc-every {req.sdc_every}: must be >= 0 (0: off)")
     if req.ckpt_interval() < 1:
@@ -243,15 +255,12 @@ def run_demo(req: DemoRequest, *, emit_line: Callable[[str], None] | None = None
     ckdir = out / "ckpt"
     if ckdir.exists():
         shutil.rmtree(ckdir)  # a previous run's checkpoints must not be resumed from
-    from unbroken.core.ladder import LadderPolicy
     from unbroken.guard import Guard
 
     holders: dict[int, int] = {}  # pid -> uid, for XID lines (the supervisor keeps it)
     guard = Guard(emit, standby=spares, xid_log=xid_log, act=req.guard == "act",
                   base_model=cfg.model, uid_of_pid=holders.get,
-                  ckpt_every=req.ckpt_interval(),
-                  # demo scale: a queued update is forced after 5 s (byterobust: 24 h)
-                  policy=LadderPolicy(update_deadline=5.0))
+                  ckpt_every=req.ckpt_interval(), policy=req.policy())
     fired: set[tuple[str, int]] = set()  # (kind, group) of faults already injected
     attempt, done = 0, None
     while done is None:

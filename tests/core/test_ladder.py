@@ -233,3 +233,31 @@ def test_bad_faults_states_and_times_are_refused():
         decide(Fault("hang", (1,)), LadderState(incident_start=10.0), POLICY, 5.0)
     with pytest.raises(LadderError, match="inf"):
         decide(Fault("hang", (1,)), LadderState(), POLICY, float("inf"))
+
+
+def test_parse_policy_sets_attempts_and_fields_over_the_defaults():
+    from unbroken.core.ladder import parse_policy
+
+    p = parse_policy("retry=1, rollback=0, time_budget=600, resolved_after=3")
+    assert p.limit(Rung.RETRY) == 1 and p.limit(Rung.ROLLBACK) == 0
+    assert p.limit(Rung.MASK) == LadderPolicy().limit(Rung.MASK)
+    assert p.time_budget == 600 and p.resolved_after == 3
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("retry", ["'retry'", "key=value"]),
+    ("retry=lots", ["retry='lots'", "not a number"]),
+    ("retry=1.5", ["retry='1.5'", "integer"]),
+    ("frobnicate=1", ["unknown key 'frobnicate'"]),
+    ("mask=0,evict=0,retry=0,rollback=0,replay=0,restart=0,requeue=0", ["zero attempts"]),
+    ("time_budget=0", ["time_budget=0", "> 0"]),
+    ("backoff_cap=1", ["backoff_cap=1", "below"]),
+])
+def test_parse_policy_rejects_impossible_budgets_in_one_line(spec, words):
+    from unbroken.core.ladder import parse_policy
+
+    with pytest.raises(LadderError) as ei:
+        parse_policy(spec)
+    assert "\n" not in str(ei.value)
+    for w in words:
+        assert w in str(ei.value)

@@ -93,6 +93,7 @@ __all__ = [
     "advance",
     "queue_update",
     "update_due",
+    "parse_policy",
 ]
 
 #: Exit code of a job whose ladder gave up (same value as ``core.retry.EXIT_NO_PROGRESS``).
@@ -562,3 +563,40 @@ def update_due(state: LadderState, policy: LadderPolicy, now: float,
     d = Decision(rung=Rung.RETRY, at=now, version=state.pending, incident=False)
     return d, (f"retry in place to apply update {state.pending}: queued {waited:g}s ago, "
                f"deadline {policy.update_deadline:g}s")
+
+
+_POLICY_FIELDS = ("time_budget", "update_deadline", "backoff_base", "backoff_cap",
+                  "resolved_after", "good_after", "quarantine_after")
+
+
+def parse_policy(spec: str, base: LadderPolicy | None = None) -> LadderPolicy:
+    """A policy from ``key=value`` pairs joined by commas, over ``base`` (the defaults).
+
+    Keys are rung names (their attempts per incident: ``retry=1,rollback=0``) or policy
+    fields (``time_budget=600``; seconds for the times, integers for the counts). Raises
+    :class:`LadderError` naming the bad pair, or the impossible budget ``LadderPolicy`` finds.
+    """
+    base = base if base is not None else LadderPolicy()
+    attempts = {r.name.lower(): n for r, n in base.max_attempts.items()}
+    fields = {f: getattr(base, f) for f in _POLICY_FIELDS}
+    for pair in str(spec).split(","):
+        key, eq, value = (x.strip() for x in pair.partition("="))
+        if not eq or not key or not value:
+            raise LadderError(f"ladder policy: {pair.strip()!r} is not key=value")
+        key = key.lower().replace("-", "_")
+        try:
+            num = float(value)
+        except ValueError:
+            raise LadderError(f"ladder policy: {key}={value!r} is not a number") from None
+        if key in attempts or key in ("resolved_after", "good_after", "quarantine_after"):
+            if not num.is_integer():
+                raise LadderError(f"ladder policy: {key}={value!r} must be an integer")
+            num = int(num)
+        if key in attempts:
+            attempts[key] = num
+        elif key in fields:
+            fields[key] = num
+        else:
+            raise LadderError(f"ladder policy: unknown key {key!r} (a rung: "
+                              f"{', '.join(attempts)}; or {', '.join(_POLICY_FIELDS)})")
+    return LadderPolicy(max_attempts=attempts, **fields)

@@ -1,0 +1,128 @@
+"""The acting guard: runtime incidents, replays and XID lines in, ladder decisions journaled and
+orders out (the launcher carries them out; tests/runtime/test_incidents.py and the chaos run
+check that the runtime does what the orders say)."""
+
+from __future__ import annotations
+
+from unbroken.core.ladder import LadderPolicy
+from unbroken.guard import Guard
+
+
+def make(act=True, **kw):
+    out: list[dict] = []
+    return Guard(out.append, act=act, base_model="mlp", ckpt_every=10, **kw), out
+
+
+def commits(g: Guard, upto: int, t0: float = 100.0) -> None:
+    for k in range(upto):
+        g.on_commit({"event": "commit", "step": k, "loss": 2.0, "t": t0 + k * 0.1}, uid=0)
+
+
+def incident(kind, step, n=0, **extra):
+    return {"event": "incident", "kind": kind, "step": step, "n": n, "members": [0, 1, 2, 3],
+            "t": 200.0, **extra}
+
+
+def test_nan_retries_in_place_once_then_escalates():
+    g, out = make()
+    commits(g, 5)
+    g.on_incident(incident("implicit", 5, nonfinite=1), 200.1)
+    g.on_incident(incident("implicit", 5, nonfinite=1), 200.1)  # a second member: same answer
+    assert g.orders == [("verdict", "verdict/5/0", {"action": "retry"})]
+    (lad,) = [e for e in out if e["event"] == "ladder"]
+    assert lad["rung"] == "retry" and lad["mode"] == "act"
+    (res,) = [e for e in out if e["event"] == "resolved"]
+    assert res["incident"] == "implicit" and res["detected_t"] == 200.0
+    g.orders.clear()
+    for n in (1, 2):  # the NaN keeps coming back in the same incident: retry, then replay
+        g.on_incident(incident("implicit", 5, n=n, nonfinite=1), 200.2)
+    assert [o[2]["action"] for o in g.orders] == ["retry", "replay"]
+
+
+def test_a_bad_update_is_applied_lazily_or_at_its_deadline_and_rolled_back():
+    g, out = make(policy=LadderPolicy(update_deadline=5.0))
+    commits(g, 3)
+    g.queue_update("v1", "pkg:bad", 100.0)
+    g.poll(104.0)
+    assert g.orders == []  # waits for the next restart
+    g.poll(105.5)  # forced after the deadline
+    assert g.orders == [("code", 1, {"version": "v1", "model": "pkg:bad"})]
+    g.orders.clear()
+    g.on_incident(incident("code", 3, errors=4, version="v1"), 106.0)
+    assert g.orders == [("code", 2, {"version": "v0", "model": "mlp"}),
+                        ("verdict", "verdict/3/0", {"action": "retry", "code": 2})]
+    lad = [e for e in out if e["event"] == "ladder"]
+    assert lad[-1]["rung"] == "rollback" and "v1 -> v0" in lad[-1]["reason"]
+    assert g.state.running == "v0" and "v1" in g.state.rejected
+
+
+def test_a_queued_update_rides_along_with_the_next_retry():
+    g, _ = make()
+    commits(g, 3)
+    g.queue_update("v1", "pkg:new", 100.0)
+    g.on_incident(incident("implicit", 3, nonfinite=2), 101.0)
+    assert g.orders == [("code", 1, {"version": "v1", "model": "pkg:new"}),
+                        ("verdict", "verdict/3/0", {"action": "retry", "code": 1})]
+
+
+def test_sdc_mismatch_replays_then_evicts_the_majority_outlier_and_restores_verified():
+    g, out = make()
+    commits(g, 25)
+    for k in (9, 19):
+        g.on_check({"event": "sdc_check", "step": k, "ok": True})
+    g.on_incident(incident("sdc", 24, mismatch={"1": {"1": 5, "2": 6},
+                                                "2": {"2": 7, "3": 8}}), 300.0)
+    assert g.orders == [("verdict", "verdict/24/0", {"action": "replay", "types": [1, 2]})]
+    g.orders.clear()
+    g.on_replay({"event": "replay", "step": 24, "n": 0, "t": 300.2,
+                 "uids": {"0": 0, "1": 1, "2": 6, "3": 3},  # slot 2 is held by spare uid 6
+                 "digests": {"1": {"0": 5, "1": 5, "2": 9, "3": 5},
+                             "2": {"0": 7, "1": 7, "2": 1, "3": 7}}}, 300.3)
+    assert g.orders == [("evict", 6, "replay"),
+                        ("verdict", "verdict/24/1", {"action": "restore", "step": 20})]
+    res = [e for e in out if e["event"] == "resolved"][-1]
+    assert res["incident"] == "sdc" and res["restart"] and "[6]" in res["how"]
+    assert any(e["event"] == "restart" and e["step"] == 20 for e in out)
+
+
+def test_an_inconclusive_replay_names_nobody_and_rolls_back():
+    g, _ = make()
+    commits(g, 15)
+    g.on_check({"event": "sdc_check", "step": 9, "ok": True})
+    g.on_replay({"event": "replay", "step": 14, "n": 0, "uids": {"0": 0, "1": 1},
+                 "digests": {"1": {"0": 5, "1": 9}}}, 300.0)
+    assert ("evict" not in [o[0] for o in g.orders])
+    assert g.orders[-1] == ("verdict", "verdict/14/1", {"action": "restore", "step": 10})
+
+
+def test_a_ladder_with_no_rung_left_stops_the_job():
+    g, out = make(policy=LadderPolicy(max_attempts={"retry": 0, "rollback": 0, "replay": 0,
+                                                    "restart": 0, "requeue": 0}))
+    g.on_incident(incident("implicit", 2, nonfinite=1), 10.0)
+    (o,) = g.orders
+    assert o[1] == "verdict/2/0" and o[2]["action"] == "stop"
+    assert [e for e in out if e["event"] == "ladder"][-1]["exit_code"] == 6
+
+
+def test_xid_classes_map_to_respawn_in_place_or_evict(tmp_path):
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    g, out = make(xid_log=str(log), standby=2, uid_of_pid={4242: 1, 5151: 3}.get)
+    log.write_text("NVRM: Xid (PCI:0000:02:00): 43, pid=4242, name=python, Ch 00000010\n")
+    g.poll(50.0)
+    log.write_text(log.read_text()
+                   + "NVRM: Xid (PCI:0000:04:00): 79, pid=5151, name=python, GPU has fallen "
+                     "off the bus.\n")
+    g.poll(51.0)
+    assert g.orders == [("respawn", 1, "xid"), ("evict", 3, "xid")]
+    rungs = [(e["rung"], e["groups"]) for e in out if e["event"] == "ladder"]
+    assert rungs == [("retry", [1]), ("evict", [3])]
+
+
+def test_log_only_guard_decides_but_orders_nothing():
+    g, out = make(act=False)
+    g.on_incident(incident("implicit", 2, nonfinite=1), 10.0)
+    g.on_incident(incident("sdc", 3, mismatch={"0": {"0": 1, "1": 2}}), 11.0)
+    assert g.orders == []
+    assert [e["mode"] for e in out if e["event"] == "ladder"] == ["log-only", "log-only"]
+    assert not [e for e in out if e["event"] == "resolved"]
