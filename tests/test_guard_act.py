@@ -126,3 +126,26 @@ def test_log_only_guard_decides_but_orders_nothing():
     assert g.orders == []
     assert [e["mode"] for e in out if e["event"] == "ladder"] == ["log-only", "log-only"]
     assert not [e for e in out if e["event"] == "resolved"]
+
+
+def test_health_outlier_must_persist_three_rounds_and_is_reported_once():
+    g, out = make(act=False)
+
+    def round_(t, rss_of_2):
+        for u in range(4):
+            g.on_health({"event": "health", "t": t, "cpu_util": 0.9 + 0.01 * u,
+                         "rss_mb": rss_of_2 if u == 2 else 380.0 + u, "threads": 3 + (u == 0)},
+                        uid=u)
+        g.poll(t, live={0, 1, 2, 3})
+
+    round_(10.0, 2000.0)
+    round_(11.0, 2000.0)
+    round_(12.0, 381.0)   # back to normal: the count starts over
+    for t in (13.0, 14.0):
+        round_(t, 2400.0)
+    assert not [e for e in out if e["event"] == "alert"]
+    for t in (15.0, 16.0, 17.0):
+        round_(t, 2800.0)
+    (alert,) = [e for e in out if e["event"] == "alert"]
+    assert alert["how"] == "health" and alert["group"] == 2 and alert["signals"]["rss_mb"] > 4
+    assert g.orders == []  # log-only: an alert, never an action

@@ -366,7 +366,7 @@ class _Supervisor:
                 for ev in self._tail(u).read():
                     self._on_event(u, ev)
             self._launcher_faults()
-            self.guard.poll(time.time())
+            self.guard.poll(time.time(), live=self.members - set(self.finished))
             if self.req.guard == "act" and stall_suspected(time.time(), self.last_step_t,
                                                            self.top >= 0):
                 self.last_step_t = time.time()  # re-arm: one localisation per stall period
@@ -430,6 +430,8 @@ class _Supervisor:
             self.guard.on_replay(ev, now)
         elif name == "sdc_check":
             self.guard.on_check(ev)
+        elif name == "health":
+            self.guard.on_health(ev, u)
         elif name == "joined":
             emit({"event": "join", "uid": u, "slot": ev["slot"], "step": ev["step"]})
         elif name == "wipeout":

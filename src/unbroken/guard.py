@@ -15,6 +15,10 @@ Detectors wired here:
   failslow`, ByteRobust's 5 rounds of 10 s scaled to the demo);
 * **numeric** — a NaN/Inf or a more than 5x jump of the committed loss
   (:func:`unbroken.core.anomaly.numeric_event`): an implicit-failure fault;
+* **health** — every group's agent (:mod:`unbroken.detect.health`) journals its CPU use, memory
+  and threads once a second; each second the latest samples of the live groups are compared
+  peer-relatively (:func:`unbroken.core.anomaly.peer_outliers`, backendai.md §2), and a group
+  that stands out in 3 consecutive rounds is reported (an ``alert``, never an action);
 * **XID** — new lines of a kernel-log file (``--xid-log``; dmesg saved to a file, so it can be
   tested here) mapped by the XID catalog to an action class
   (:class:`unbroken.detect.xid_source.XidSource`); a malformed line is journaled as a
@@ -48,7 +52,14 @@ from __future__ import annotations
 
 from typing import Callable
 
-from unbroken.core.anomaly import FailSlowPolicy, bucket_rounds, failslow, numeric_event
+from unbroken.core.anomaly import (
+    FailSlowPolicy,
+    PeerPolicy,
+    bucket_rounds,
+    failslow,
+    numeric_event,
+    peer_outliers,
+)
 from unbroken.core.ladder import (
     Committed,
     Decision,
@@ -98,6 +109,10 @@ class Guard:
         self.verified = 0                 # newest checkpoint step whose SDC check passed
         self.ckpt_every = ckpt_every
         self.answered: set[tuple[str, int, int]] = set()  # (what, step, n) already answered
+        self.health: dict[int, dict] = {}     # uid -> latest health sample
+        self.health_hits: dict[int, int] = {}  # uid -> consecutive outlier rounds
+        self.health_round = 0.0
+        self.health_told: set[int] = set()
         self.opened: dict[tuple[int, int], float] = {}    # incident (step, n) -> first seen
         self.policy = policy or LadderPolicy()
         self.losses: list[float] = []
@@ -351,10 +366,45 @@ class Guard:
         except Exception as exc:  # a broken detector must not disturb training
             self._fail("numeric", exc)
 
-    def poll(self, now: float) -> None:
-        """Fail-slow over the rounds so far; a queued update past its deadline; new kernel-log
-        lines: XID faults (malformed lines as warnings)."""
+    #: health signals compared across peers, and the rounds an outlier must persist (thread
+    #: counts are reported, not compared: rank 0's checkpoint writer is one more, by design)
+    HEALTH_SIGNALS = ("cpu_util", "rss_mb")
+    HEALTH_ROUNDS = 3
+
+    def on_health(self, ev: dict, uid: int) -> None:
+        if "health" not in self.broken:
+            self.health[uid] = ev
+
+    def _health(self, now: float, live: set[int] | None) -> None:
+        if "health" in self.broken or now - self.health_round < 1.0:
+            return
+        self.health_round = now
+        try:
+            fresh = {u: {k: float(e[k]) for k in self.HEALTH_SIGNALS if k in e}
+                     for u, e in self.health.items()
+                     if now - float(e.get("t", 0)) < 2.5 and (live is None or u in live)}
+            flags, reason = peer_outliers({u: sig for u, sig in fresh.items() if sig},
+                                          PeerPolicy())
+            for u in list(self.health_hits):
+                if u not in flags:
+                    self.health_hits.pop(u)
+            for u, zs in flags.items():
+                self.health_hits[u] = self.health_hits.get(u, 0) + 1
+                if self.health_hits[u] >= self.HEALTH_ROUNDS and u not in self.health_told:
+                    self.health_told.add(u)
+                    self.emit({"event": "alert", "how": "health", "group": u,
+                               "signals": {k: round(z, 2) for k, z in zs.items()},
+                               "reason": f"{reason} ({self.HEALTH_ROUNDS} rounds in a row)",
+                               "t": now})
+        except Exception as exc:
+            self._fail("health", exc)
+
+    def poll(self, now: float, live: set[int] | None = None) -> None:
+        """Fail-slow over the rounds so far; health outliers among ``live`` groups; a queued
+        update past its deadline; new kernel-log lines: XID faults (malformed lines as
+        warnings)."""
         self._failslow(now)
+        self._health(now, live)
         self._forced_update(now)
         if self.xid is None or "xid" in self.broken:
             return

@@ -35,6 +35,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from datetime import timedelta
 
@@ -80,6 +81,8 @@ def worker_main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ckpt-every", type=int, default=50)
     ap.add_argument("--resume", action="store_true",
                     help="start from the newest valid checkpoint in --ckpt-dir")
+    ap.add_argument("--health-every", type=float, default=1.0,
+                    help="the health agent's period in s (0: off)")
     a = ap.parse_args(argv)
 
     import torch
@@ -113,9 +116,11 @@ def worker_main(argv: list[str] | None = None) -> None:
     comm = None
     code = 0
     jf = open(os.path.join(a.journal, f"group-{a.uid}.jsonl"), "a", buffering=1)
+    jlock = threading.Lock()  # the health agent's thread journals too
 
     def journal(ev: dict) -> None:
-        jf.write(json.dumps(ev) + "\n")  # line-buffered: in the kernel before the next step
+        with jlock:
+            jf.write(json.dumps(ev) + "\n")  # line-buffered: in the kernel before the next step
 
     def on_fault(kind: str) -> None:
         comm.store.set(f"{'stopped' if kind == 'hang' else 'killed'}/{a.uid}", repr(time.time()))
@@ -134,11 +139,22 @@ def worker_main(argv: list[str] | None = None) -> None:
                                ckpt_every=a.ckpt_every, verdicts=a.verdicts)
         if a.resume:
             runner.resume()
+
+        def start_health() -> None:  # a member's agent; a waiting spare has nothing to report
+            if a.health_every > 0:
+                from unbroken.detect.health import HealthAgent
+
+                HealthAgent(a.uid, journal, lambda: {
+                    "step": runner.step, "slot": runner.slot_of.get(a.uid),
+                    "compute_s": round(runner.compute_s / max(1, runner.compute_n), 6)},
+                    period=a.health_every).start()
         if a.standby:
             comm.store.set(f"standby/{a.uid}", "ready")  # warm: imports done, model built
             comm.store.wait([f"assign/{a.uid}"], timedelta(hours=24))
+            start_health()
             params = runner.join_and_run(int(comm.store.get(f"assign/{a.uid}")))
         else:
+            start_health()
             params = runner.run()
         finish(comm, a.uid, {"params": params.tolist(), "steps": runner.step,
                              "journal": comm.journal})

@@ -1,0 +1,45 @@
+"""The per-group health agent samples its own process and the runner's progress."""
+
+from __future__ import annotations
+
+import threading
+
+from unbroken.detect.health import HealthAgent, sample_process
+
+
+def test_sample_reports_process_signals_and_rates_between_samples():
+    step = {"step": 10}
+    agent = HealthAgent(3, lambda ev: None, lambda: dict(step))
+    first = agent.sample(now=100.0)
+    assert first["uid"] == 3 and first["step"] == 10 and first["rss_mb"] > 1
+    assert "cpu_util" not in first  # a rate needs two samples
+    sum(i * i for i in range(200_000))  # burn some CPU between the samples
+    step["step"] = 30
+    second = agent.sample(now=102.0)
+    assert second["step_rate"] == 10.0 and second["cpu_util"] > 0
+    assert second["threads"] >= 1 and second["cpu_s"] >= first["cpu_s"]
+
+
+def test_a_failing_probe_is_reported_once_and_never_raises():
+    def broken():
+        raise OSError("no /proc here")
+
+    agent = HealthAgent(0, lambda ev: None, broken)
+    a, b = agent.sample(now=1.0), agent.sample(now=2.0)
+    assert "no /proc here" in a["error"] and "error" not in b
+
+
+def test_the_agent_thread_reports_until_stopped():
+    got: list[dict] = []
+    seen = threading.Event()
+
+    def report(ev):
+        got.append(ev)
+        if len(got) >= 2:
+            seen.set()
+
+    agent = HealthAgent(1, report, lambda: {"step": 0}, period=0.01).start()
+    assert seen.wait(10)
+    agent.stop()
+    assert all(e["event"] == "health" for e in got)
+    assert sample_process()["cpu_s"] > 0
