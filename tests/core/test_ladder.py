@@ -261,3 +261,23 @@ def test_parse_policy_rejects_impossible_budgets_in_one_line(spec, words):
     assert "\n" not in str(ei.value)
     for w in words:
         assert w in str(ei.value)
+
+
+def test_faults_on_other_machines_open_their_own_incident():
+    policy = LadderPolicy(time_budget=100.0)
+    state = LadderState(standby=0)
+    for g, t in ((1, 0.0), (2, 60.0), (3, 120.0)):  # three independent deaths, 1 min apart
+        d, why = decide(Fault("death", (g,), maskable=True), state, policy, t)
+        assert d.rung is Rung.MASK and "try 1/" in why, why  # never the budget's requeue
+        state = advance(state, Tried(d), policy)
+        assert state.incident_groups == frozenset({g}) and state.incident_start == t
+    # the same machine again joins its incident: the second mask, then eviction/retry
+    d, why = decide(Fault("death", (3,), maskable=True), state, policy, 130.0)
+    assert d.rung is Rung.MASK and "try 2/" in why
+    state = advance(state, Tried(d), policy)
+    d, _ = decide(Fault("death", (3,), maskable=True), state, policy, 140.0)
+    assert d.rung is Rung.RETRY  # no standby to evict to, masks used up
+    # a fault naming nobody joins the open incident (it may be a consequence of it)
+    d, why = decide(Fault("implicit"), state, policy, 141.0)
+    state2 = advance(state, Tried(d), policy)
+    assert state2.incident_start == 120.0 and state2.incident_groups == frozenset({3})

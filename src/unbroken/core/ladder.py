@@ -60,6 +60,13 @@ Rules chosen here (not in the references)
   *tried* ``max_attempts[rung]`` times in the incident is skipped from then on, whatever the
   outcome of each try — a try that "worked" but was followed by another fault before the
   incident ended did not solve it.
+* **Other machines, other incident.** A fault that names groups, none of which the open
+  incident has named, starts an incident of its own (fresh attempts, fresh clock): at 10k+
+  GPUs independent failures arrive minutes apart, and pooling them into one incident would
+  spend its attempts and time budget on unrelated machines until the ladder gave up on a job
+  that masking keeps healthy (``sim.ladder`` found exactly that at a 5-minute MTBF). A fault
+  naming no group (NaN, SDC) may be a consequence of anything in flight, so it joins the open
+  incident; so does a fault on a group the incident already named (a recurring problem).
 * **The no-progress guard**: an incident older than ``time_budget`` (default 1 h) jumps straight
   to ``REQUEUE``; when ``REQUEUE`` has used its attempts too, the ladder gives up.
 * The lazily queued update is applied by every rung that restarts processes (``EVICT``,
@@ -258,6 +265,7 @@ class LadderState:
         attempts: rung -> tries in the current incident.
         incident_start: when the current incident began (None: no incident).
         steps: steps committed since the incident began; running_steps: on ``running``.
+        incident_groups: the groups the open incident's faults named.
         offences: machine -> evictions so far; quarantined: machines not to re-admit.
         rejected: code versions rolled back (never applied again).
     """
@@ -274,6 +282,7 @@ class LadderState:
     offences: Mapping[int, int] = field(default_factory=dict)
     quarantined: frozenset[int] = frozenset()
     rejected: frozenset[str] = frozenset()
+    incident_groups: frozenset[int] = frozenset()  # groups the open incident has named
 
     def __post_init__(self) -> None:
         if isinstance(self.standby, bool) or not isinstance(self.standby, int) or self.standby < 0:
@@ -420,6 +429,9 @@ def decide(fault: Fault, state: LadderState, policy: LadderPolicy, now: float,
     if not isinstance(policy, LadderPolicy):
         raise LadderError(f"policy {policy!r} is not a ladder.LadderPolicy")
     now = _check_time("now", now)
+    if _separate(fault.groups, state):
+        state = replace(state, attempts={}, incident_start=None, steps=0,
+                        incident_groups=frozenset())
     spent = 0.0
     if state.incident_start is not None:
         spent = now - state.incident_start
@@ -443,6 +455,12 @@ def decide(fault: Fault, state: LadderState, policy: LadderPolicy, now: float,
     reason = (f"give up: {where}; {why}; " + (", ".join(skipped) or "no rung left")
               + f" (exit {EXIT_NO_PROGRESS})")
     return Decision(rung=None, at=now, groups=fault.groups, exit_code=EXIT_NO_PROGRESS), reason
+
+
+def _separate(groups: tuple[int, ...], state: LadderState) -> bool:
+    """A fault on groups the open incident never named starts an incident of its own."""
+    return (state.incident_start is not None and bool(groups) and bool(state.incident_groups)
+            and not set(groups) & state.incident_groups)
 
 
 def _make(rung: Rung, fault: Fault, state: LadderState, policy: LadderPolicy, now: float,
@@ -502,7 +520,8 @@ def advance(state: LadderState, outcome: Outcome, policy: LadderPolicy | None = 
         steps = state.steps + n
         if steps >= policy.resolved_after:
             return replace(state, running_steps=running_steps, last_good=last_good,
-                           attempts={}, incident_start=None, steps=0)
+                           attempts={}, incident_start=None, steps=0,
+                           incident_groups=frozenset())
         return replace(state, running_steps=running_steps, last_good=last_good, steps=steps)
     if not isinstance(outcome, Tried):
         raise LadderError(f"outcome {outcome!r} is neither Tried nor Committed")
@@ -511,10 +530,14 @@ def advance(state: LadderState, outcome: Outcome, policy: LadderPolicy | None = 
         return state  # gave up: nothing was carried out
     new = state
     if d.incident:
+        if _separate(d.groups, state):  # the previous incident is left for its own faults
+            state = replace(state, attempts={}, incident_start=None, steps=0,
+                            incident_groups=frozenset())
         attempts = dict(state.attempts)
         attempts[d.rung] = attempts.get(d.rung, 0) + 1
         new = replace(state, attempts=attempts, incident_start=(
-            d.at if state.incident_start is None else state.incident_start))
+            d.at if state.incident_start is None else state.incident_start),
+            incident_groups=state.incident_groups | frozenset(d.groups))
     if d.rung is Rung.EVICT:
         offences = dict(state.offences)
         for g in d.groups:
