@@ -1,11 +1,12 @@
 # Two entry points for a fresh machine: `make demo` (the main job) and `make test`.
-# `make plan` is the planner (the first face); `make bench` runs every benchmark.
+# `make plan` is the planner (the first face); `make chaos` the guard's chaos run (every fault
+# kind at seeded steps); `make bench` runs every benchmark.
 # Every target creates .venv and installs the package with the pinned versions in requirements.lock.
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: demo plan test bench clean
+.PHONY: demo chaos plan test bench clean
 
 $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +16,9 @@ $(STAMP): pyproject.toml requirements.lock
 
 demo: $(STAMP)
 	$(VENV)/bin/unbroken demo
+
+chaos: $(STAMP)
+	$(VENV)/bin/unbroken demo --chaos 0 --out out/chaos
 
 plan: $(STAMP)
 	$(VENV)/bin/unbroken plan
@@ -29,6 +33,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/ftcomm_recovery.py
 	$(VENV)/bin/python bench/train_bars.py
 	$(VENV)/bin/python bench/detect_latency.py
+	$(VENV)/bin/python bench/chaos.py
 	$(VENV)/bin/pip install -q -c requirements.lock -e '.[baselines]'
 	$(VENV)/bin/python bench/kill_baselines.py
 

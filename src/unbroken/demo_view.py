@@ -16,7 +16,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from unbroken.core.ettr import ettr_report
+from unbroken.core.ettr import RESOLVED_BY, ettr_report
 
 _STYLE = {"live": "bold white on green", "dead": "bold white on red",
           "hung": "bold black on yellow", "joined": "bold white on blue",
@@ -38,6 +38,7 @@ class LiveView:
         self.events: list[dict] = []
         self.lines: deque[list] = deque(maxlen=lines)  # [text, style]; mutable to amend
         self._pending: dict[int, tuple[dict, list]] = {}  # group -> (fault, its line)
+        self._answers: dict[str, list] = {}  # incident kind -> [(fault, its line)] waiting
         self._seen: set[tuple] = set()  # replans/wipe-outs journaled by several groups
         self._ettr: tuple[int, float | None] = (-1, None)
 
@@ -93,10 +94,27 @@ class LiveView:
             g, kind = event.get("group"), event.get("kind", "?")
             if kind == "slow":  # a straggler keeps training: not a death
                 return self._add(f"step {event.get('step', '?'):<4} slow group {g}", "bold")[0]
+            if kind in RESOLVED_BY:  # the guard answers these (the group stays alive)
+                who = "job-wide" if kind == "update" else f"group {g}"
+                entry = self._add(f"step {event.get('step', '?'):<4} {kind}"
+                                  f"{event.get('code', '') if kind == 'xid' else ''} {who}",
+                                  "bold")
+                self._answers.setdefault(RESOLVED_BY[kind], []).append((event, entry))
+                return entry[0]
             self.status[g] = "hung" if kind == "hang" else "dead"
             entry = self._add(f"step {event.get('step', '?'):<4} {kind} group {g}", "bold")
             self._pending[g] = (event, entry)
             return entry[0]
+        if ev == "resolved":
+            waiting = self._answers.get(event.get("incident"), [])
+            if waiting:
+                f, entry = waiting.pop(0)
+                took = (f" in {t - f['t']:.2f} s" if isinstance(t, (int, float)) and
+                        isinstance(f.get("t"), (int, float)) else "")
+                entry[0] += f" -> {event.get('how', 'resolved')}{took}"
+                entry[1] = "green"
+                return entry[0]
+            return None
         if ev == "detected":
             g, how = event.get("group"), event.get("how", "?")
             if self.status.get(g) != "dead":
