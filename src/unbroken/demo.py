@@ -352,7 +352,7 @@ class _Supervisor:
         self.wiped: dict[int, float] = {}  # step -> first wipe-out event time
         self.top, self.last_step_t = -1, time.time()
         self.launched = [f for f in pending if f.kind in ("xid", "update")]
-        for u in self.members:
+        for u in self.members | set(self.pool):  # XID lines name the pid of any holder
             holders[c.procs[u].pid] = u
 
     # ------------------------------------------------------------------ the loop

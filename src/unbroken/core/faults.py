@@ -138,20 +138,22 @@ def chaos_faults(seed: int, groups: int, steps: int) -> list[Fault]:
 
     Steps are spread over 8 %..85 % of the run, one fault per equal window with a seeded offset
     in its first third, so incidents rarely overlap and a short run still gets all of them; the
-    nan goes to a group that is still alive at its step, the XID to a slot whose scheduled
-    victim is gone by then (so every fault fires). Same seed, same schedule.
+    nan goes to a group that is still alive at its step, the XID to the slot of the group
+    killed earlier (a spare holds it then, so every fault fires and each hits a different
+    process). Same seed, same schedule.
     """
     rng = np.random.default_rng([int(seed), 0xC4A05])
     removing = ["kill", "hang", "slow", "flip"][:groups]
     kinds = [str(k) for k in rng.permutation(removing + ["nan", "xid", "update"])]
-    last = max(i for i, k in enumerate(kinds) if k in REMOVING)
-    if kinds.index("nan") > last:  # some original group must still be alive for the nan
-        i = kinds.index("nan")
-        kinds[i], kinds[last] = kinds[last], kinds[i]
-    first = min(i for i, k in enumerate(kinds) if k in REMOVING)
-    if kinds.index("xid") < first:  # the XID hits a replaced slot, not a scheduled victim
-        i = kinds.index("xid")
-        kinds[i], kinds[first] = kinds[first], kinds[i]
+    for _ in range(len(kinds)):  # a few swaps settle both orderings
+        k, x, n = kinds.index("kill"), kinds.index("xid"), kinds.index("nan")
+        last = max(i for i, kind in enumerate(kinds) if kind in REMOVING)
+        if x < k:  # the XID hits the killed group's slot, held by its spare by then
+            kinds[k], kinds[x] = kinds[x], kinds[k]
+        elif n > last:  # some original group must still be alive for the nan
+            kinds[n], kinds[last] = kinds[last], kinds[n]
+        else:
+            break
     lo, hi = max(1, steps * 8 // 100), max(2, steps * 85 // 100)
     width = max(1, (hi - lo) // len(kinds))
     at = [min(steps - 1, lo + i * width + int(rng.integers(0, max(1, width // 3))))
@@ -168,10 +170,10 @@ def chaos_faults(seed: int, groups: int, steps: int) -> list[Fault]:
         if kind == "nan":
             alive = [g for g in range(groups) if gone.get(g, steps) > step]
             out.append(Fault("nan", int(rng.choice(alive)), step))
-        elif kind == "xid":  # a slot whose own victim is already gone: a spare holds it
-            replaced = sorted(g for g, at in gone.items() if at < step)
-            out.append(Fault("xid", int(rng.choice(replaced)), step,
-                             int(rng.choice(CHAOS_XIDS))))
+        elif kind == "xid":  # the killed group's slot: its spare holds it by then (a hang,
+            #                      straggler or flip is removed only once detected)
+            killed = next(f.group for f in out if f.kind == "kill")
+            out.append(Fault("xid", killed, step, int(rng.choice(CHAOS_XIDS))))
         elif kind == "update":
             out.append(Fault("update", -1, step))
     return sorted(out, key=lambda f: f.step)

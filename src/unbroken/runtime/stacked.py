@@ -394,17 +394,21 @@ class StackedRunner:
         """The trainer's gradient, with the injected numeric faults."""
         g = self.trainer.grad(self.step, t)
         inj = self.inject
+        if inj.nan_at is None and inj.flip_from is None:
+            return g
+        i = int(g.abs().argmax())  # the largest element: a parameter the data really uses
         if inj.nan_at == self.step:
             inj.nan_at = None
             self._told("nan")
             g = g.clone()
-            g[0] = float("nan")
+            g[i] = float("nan")
         if inj.flip_from is not None and self.step >= inj.flip_from:
             if self.step == inj.flip_from:
                 self._told("flip")
             g = g.clone()
-            bits = g[:1].view(torch.int64)
-            bits ^= 1 << 20  # a low mantissa bit: finite, tiny, invisible to the loss
+            bits = g[i:i + 1].view(torch.int64)
+            bits ^= 1 << 44  # a mantissa bit: the value moves by ~0.4 %, finite, and the loss
+            #                  does not show it
         return g
 
     def _told(self, kind: str) -> None:
