@@ -59,3 +59,15 @@ def test_a_broken_detector_is_switched_off_once_not_raised():
         g.on_commit({"event": "commit", "step": k, "loss": "not a number", "t": 1.0})
     warns = [e for e in out if e["event"] == "detector_warning"]
     assert len(warns) == 1 and warns[0]["detector"] == "numeric"
+
+
+def test_a_grad_norm_jump_is_an_implicit_fault_too():
+    out: list[dict] = []
+    g = Guard(out.append)
+    for k in range(62):
+        gn = 40.0 if k in (12, 60) else 1.0 + 0.01 * k  # early swings are not judged
+        g.on_commit({"event": "commit", "step": k, "loss": 3.0, "grad_norm": gn, "t": 1.0 + k})
+    (alert,) = [e for e in out if e["event"] == "alert"]
+    assert alert["signal"] == "grad_norm" and alert["step"] == 60 and alert["kind"] == "jump"
+    (lad,) = [e for e in out if e["event"] == "ladder"]
+    assert lad["rung"] == "retry" and "grad norm" in lad["for"]

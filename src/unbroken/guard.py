@@ -54,6 +54,7 @@ from typing import Callable
 
 from unbroken.core.anomaly import (
     FailSlowPolicy,
+    NumericPolicy,
     PeerPolicy,
     bucket_rounds,
     failslow,
@@ -88,6 +89,11 @@ _XID_ACTION = {"restart_app": "restart-app", "reset_gpu": "reset-gpu",
                "reboot_node": "reboot", "investigate": "investigate", "ignore": None}
 
 
+# gradient norms swing by 10-30x in the first tens of steps of a healthy run (the demo's GPT
+# under AdamW: 61 at step 10, 6x its recent median at step 33), so their jump check waits for
+# 50 committed steps and compares with the median of the last 50 (our choice)
+_NUMERIC = {"loss": NumericPolicy(), "grad_norm": NumericPolicy(window=50, min_history=50)}
+
 _INCIDENT_KIND = {"code": FaultKind.CODE, "implicit": FaultKind.IMPLICIT,
                   "sdc": FaultKind.SDC}
 
@@ -116,6 +122,7 @@ class Guard:
         self.opened: dict[tuple[int, int], float] = {}    # incident (step, n) -> first seen
         self.policy = policy or LadderPolicy()
         self.losses: list[float] = []
+        self.gnorms: list[float] = []
         self.seen: set[int] = set()
         self.slow_policy = FailSlowPolicy.demo()
         self.samples: list[tuple[float, int, float]] = []  # (t, group uid, compute_s)
@@ -354,15 +361,23 @@ class Guard:
             self.state = advance(self.state, Committed(1), self.policy)
         try:
             self.seen.add(ev["step"])
-            loss = float(ev["loss"])
-            found, reason = numeric_event(self.losses, loss)
-            self.losses.append(loss)
-            if found is not None:
+            # the committed loss and gradient norm: a NaN or a > 5x jump is an implicit
+            # failure (journaled with the ladder's answer; the step is committed already, the
+            # runtime's in-band check is what stops a NaN before it is)
+            for signal, history in (("loss", self.losses), ("grad_norm", self.gnorms)):
+                if signal not in ev:
+                    continue
+                value = float(ev[signal])
+                found, reason = numeric_event(history, value, _NUMERIC[signal])
+                history.append(value)
+                if found is None:
+                    continue
                 t = float(ev["t"])
                 self.emit({"event": "alert", "how": "numeric", "group": None,
-                           "step": ev["step"], "kind": found.kind, "value": loss,
-                           "reason": reason, "t": t})
-                self._ladder(Fault(FaultKind.IMPLICIT), t, f"numeric {found.kind}")
+                           "step": ev["step"], "kind": found.kind, "signal": signal,
+                           "value": value, "reason": f"{signal}: {reason}", "t": t})
+                what = f"numeric {found.kind}" + (" of grad norm" if signal != "loss" else "")
+                self._ladder(Fault(FaultKind.IMPLICIT), t, what)
         except Exception as exc:  # a broken detector must not disturb training
             self._fail("numeric", exc)
 

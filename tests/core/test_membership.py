@@ -69,3 +69,14 @@ def test_left_behind_is_every_holder_the_new_generation_lacks():
     assert left_behind([0, 1, 2, 3], [0, 1, 3]) == [2]
     assert left_behind([0, 1], [0, 1, 4]) == []  # a joiner is not a holder left behind
     assert left_behind([3, 1, 2], []) == [1, 2, 3]
+
+
+def test_wipeout_cover_takes_the_shortest_prefix_with_live_joiners_for_every_dead_slot():
+    from unbroken.core.membership import wipeout_cover
+
+    assert wipeout_cover([], []) == 0
+    assert wipeout_cover([(1, False)], [1, 2]) is None  # slot 2 still uncovered: keep waiting
+    recs = [(1, False), (1, False), (2, True), (2, False), (3, False)]
+    assert wipeout_cover(recs, [1, 2]) == 4  # a dead joiner covers nothing
+    assert wipeout_cover(recs, [3]) == 5
+    assert wipeout_cover(recs[:3], [1, 2]) is None

@@ -128,3 +128,22 @@ def left_behind(holders: Iterable[Hashable], reformed: Iterable[Hashable]) -> li
     its slot is admitted, or a SIGCONT would bring back a second owner of the slot.
     """
     return sorted(set(holders) - set(reformed))
+
+
+def wipeout_cover(records: Iterable[tuple[int, bool]], dead_slots: Iterable[int]) -> int | None:
+    """How many join records a wipe-out's survivors take, or None while they cannot cover yet.
+
+    ``records`` are the join records in the order the store numbered them, each ``(slot,
+    joiner_dead)``; the survivors take the shortest prefix in which every dead slot has a
+    joiner that is not known dead. Every survivor reads the same records in the same order, so
+    every survivor takes the same prefix and admits the same joiners without a vote.
+    """
+    need, covered = set(dead_slots), set()
+    if not need:
+        return 0
+    for i, (slot, joiner_dead) in enumerate(records, start=1):
+        if not joiner_dead:
+            covered.add(int(slot))
+        if need <= covered:
+            return i
+    return None

@@ -568,6 +568,7 @@ class StackedRunner:
                       "plan": {str(t): self._uid_of(w) for w, ts in self.contrib.items()
                                for t in ts},
                       "loss": float(buf[_LOSS]) / n, "rolled": rolled,
+                      "grad_norm": round(float(buf[:tr.numel].norm()) / n, 9),
                       "compute_s": round(self.compute_s / max(1, self.compute_n), 6),
                       "t": time.time()})
         if self.ckpt is not None and self.step % self.ckpt_every == 0 \
@@ -823,22 +824,25 @@ class StackedRunner:
         if self.snap is None:
             raise WipeOutError(f"step {k}: {d.reason}; no in-memory snapshot to restart from")
         # the first join records (in order) that cover every dead slot: the same for everyone
+        from unbroken.core.membership import wipeout_cover
+
         deadline = time.monotonic() + self.wipeout_wait
-        j, covered = self.admitted, set()
-        while not dead <= covered:
+        records: list[tuple[int, bool]] = []
+        while (took := wipeout_cover(records, dead)) is None:
+            j = self.admitted + len(records)
             if st.add("join/count", 0) > j:
-                j += 1
-                rec = json.loads(st.get(f"join/{j}"))
-                if not st.check([f"dead/{rec['uid']}"]):
-                    covered.add(int(rec["slot"]))
+                rec = json.loads(st.get(f"join/{j + 1}"))
+                records.append((int(rec["slot"]), st.check([f"dead/{rec['uid']}"])))
                 continue
             if time.monotonic() > deadline:
+                covered = {slot for slot, gone in records if not gone}
                 raise WipeOutError(f"step {k}: {d.reason}; no replacement for slots "
                                    f"{sorted(dead - covered)} within {self.wipeout_wait:.0f}s")
             try:
                 st.wait([f"join/{j + 1}"], timedelta(seconds=0.5))
             except Exception:
                 pass
+        j = self.admitted + took
         meta = self.snap.restore_into(self.trainer.state_tensors())
         if int(meta["step"]) != k:
             raise DivergenceError(f"snapshot is of step {meta['step']}, expected {k}")
