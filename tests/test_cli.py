@@ -148,6 +148,8 @@ def test_the_planner_never_imports_torch(tmp_path):
     (["--ladder", "mask=0,evict=0,retry=0,rollback=0,replay=0,restart=0,requeue=0"],
      "zero attempts on every rung"),
     (["--ladder", "time_budget=-5"], "time_budget=-5"),
+    (["--standby-p", "1.5"], "p=1.5"),
+    (["--standby-p", "0.1", "--spares", "2"], "exclude each other"),
 ])
 def test_demo_bad_input_is_one_line_exit_2(args, needle, tmp_path):
     r = run("demo", "--out", str(tmp_path), *args)

@@ -155,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "XID, bad code update); implies --guard act")
     de.add_argument("--spares", type=_int, default=None,
                     help="warm standby processes (default: one per scheduled fault)")
+    de.add_argument("--standby-p", type=float, default=None, metavar="P",
+                    help="size the warm pool as the P99 of Binomial(groups, P), P = a group's "
+                         "failure probability per refill window (instead of --spares)")
     de.add_argument("--staleness", type=_positive_float, default=1.0,
                     help="heartbeat silence that marks a group hung (s)")
     de.add_argument("--ckpt-every", type=_int, default=None,
@@ -271,7 +274,7 @@ def cmd_demo(a: argparse.Namespace) -> dict:
                       faults=a.faults, spares=a.spares, staleness=a.staleness, out=a.out,
                       ckpt_every=a.ckpt_every, metrics_port=a.metrics_port,
                       xid_log=a.xid_log, chaos=a.chaos, sdc_every=a.sdc_every,
-                      ladder=a.ladder,
+                      ladder=a.ladder, standby_p=a.standby_p,
                       guard=a.guard or ("act" if a.chaos is not None else "log"))
     check(req)  # bad input: one line before any process starts
     err = Console(stderr=True)

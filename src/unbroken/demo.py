@@ -71,6 +71,7 @@ class DemoRequest:
     seed: int = 0
     faults: str | None = None  # None: the default schedule for this size
     spares: int | None = None  # None: one warm spare per scheduled fault (at least one)
+    standby_p: float | None = None  # size the warm pool as the P99 of Binomial(groups, p)
     out: str = "out/demo"
     staleness: float = 1.0
     heartbeat: float = 0.1
@@ -142,6 +143,12 @@ def check(req: DemoRequest) -> list[Fault]:
         raise ValueError(f"--ckpt-every {req.ckpt_every}: must be at least 1")
     if req.spares is not None and req.spares < 0:
         raise ValueError(f"--spares {req.spares}: must be >= 0")
+    if req.standby_p is not None:
+        if req.spares is not None:
+            raise ValueError("--spares and --standby-p exclude each other")
+        from unbroken.core.standby import standby_size
+
+        standby_size(req.groups, req.standby_p)  # StandbyError (a ValueError) names p
     if not 0 < req.heartbeat < req.staleness:
         raise ValueError(f"--staleness {req.staleness}: must exceed the heartbeat period "
                          f"{req.heartbeat}")
@@ -154,6 +161,10 @@ def spares_for(req: DemoRequest, faults: list[Fault]) -> int:
     training the way a late one does."""
     if req.spares is not None:
         return req.spares
+    if req.standby_p is not None:  # byterobust §8: the P99 of Binomial(groups, p)
+        from unbroken.core.standby import standby_size
+
+        return standby_size(req.groups, req.standby_p)
     return max(1, sum(1 for f in faults if f.kind in REMOVING or f.kind == "xid"))
 
 
@@ -246,7 +257,8 @@ def run_demo(req: DemoRequest, *, emit_line: Callable[[str], None] | None = None
     spares = spares_for(req, faults)
     emit({"event": "start", "config": {"groups": req.groups, "redundancy": req.redundancy,
                                        "steps": req.steps, "seed": req.seed,
-                                       "spares": spares, "model": cfg.model,
+                                       "spares": spares, "standby_p": req.standby_p,
+                                       "model": cfg.model,
                                        "staleness": req.staleness, "guard": req.guard,
                                        "chaos": req.chaos, "sdc_every": cfg.sdc_every},
           "faults": [{"kind": f.kind, "group": f.group, "step": f.step,
