@@ -149,3 +149,12 @@ def test_health_outlier_must_persist_three_rounds_and_is_reported_once():
     (alert,) = [e for e in out if e["event"] == "alert"]
     assert alert["how"] == "health" and alert["group"] == 2 and alert["signals"]["rss_mb"] > 4
     assert g.orders == []  # log-only: an alert, never an action
+
+
+def test_an_incident_the_guard_cannot_read_stops_the_members_instead_of_leaving_them_waiting():
+    g, out = make()
+    g.on_incident(incident("gremlins", 4), 10.0)
+    assert g.orders[0][1] == "verdict/4/0" and g.orders[0][2]["action"] == "stop"
+    assert [e["detector"] for e in out if e["event"] == "detector_warning"] == ["incident"]
+    g.on_replay({"event": "replay", "step": 5, "n": 0, "digests": "garbage"}, 11.0)
+    assert g.orders[-1][1] == "verdict/5/1" and g.orders[-1][2]["action"] == "stop"

@@ -198,14 +198,25 @@ class Guard:
         if key in self.answered:
             return
         self.answered.add(key)
-        kind = _INCIDENT_KIND.get(ev.get("kind"))
-        if kind is None:
-            self._fail("incident", ValueError(f"unknown incident kind {ev.get('kind')!r}"))
-            return
-        step, n, t_seen = key[1], key[2], float(ev.get("t", now))
-        self.emit({"event": "alert", "how": ev["kind"], "group": None, "step": step,
-                   "reason": _incident_reason(ev), "t": t_seen})
-        self._answer(Fault(kind), ev, step, n, now, t_seen)
+        step, n = key[1], key[2]
+        try:
+            kind = _INCIDENT_KIND.get(ev.get("kind"))
+            if kind is None:
+                raise ValueError(f"unknown incident kind {ev.get('kind')!r}")
+            t_seen = float(ev.get("t", now))
+            self.emit({"event": "alert", "how": ev["kind"], "group": None, "step": step,
+                       "reason": _incident_reason(ev), "t": t_seen})
+            self._answer(Fault(kind), ev, step, n, now, t_seen)
+        except Exception as exc:
+            self._unanswerable(exc, step, n)
+
+    def _unanswerable(self, exc: BaseException, step: int, n: int) -> None:
+        """The guard itself failed on an incident the members wait on: say so and stop them
+        (exit 6) rather than leave them waiting or guess an answer."""
+        self._fail("incident", exc)
+        if self.act:
+            self._verdict(step, n, {"action": "stop",
+                                    "reason": f"the guard could not answer: {exc!r}"[:300]})
 
     def _answer(self, fault: Fault, ev: dict, step: int, n: int, now: float,
                 t_seen: float) -> None:
@@ -263,6 +274,12 @@ class Guard:
         if key in self.answered:
             return
         self.answered.add(key)
+        try:
+            self._replayed(ev, step, n, now)
+        except Exception as exc:
+            self._unanswerable(exc, step, n + 1)
+
+    def _replayed(self, ev: dict, step: int, n: int, now: float) -> None:
         t_seen = self.opened.pop((step, n + 1), float(ev.get("t", now)))
         digests = {int(t): {int(w): int(d) for w, d in ds.items()}
                    for t, ds in ev.get("digests", {}).items()}
