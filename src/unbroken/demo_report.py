@@ -17,7 +17,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from unbroken.core.ettr import ettr_report
+from unbroken.core.ettr import RESOLVED_BY, ettr_report
 
 
 def _config(events: list[dict]) -> dict:
@@ -125,12 +125,15 @@ def plot_demo(events: list[dict], path: str | os.PathLike) -> Path:
     fig, (ax_l, ax_e) = plt.subplots(2, 1, figsize=(10, 7))
     steps = sorted(k for k, v in r.losses.items() if math.isfinite(v))
     ax_l.plot(steps, [r.losses[k] for k in steps], "-", color="tab:blue", lw=1.2, label="loss")
-    colors = {"kill": "tab:red", "hang": "tab:orange"}
+    colors = {"kill": "tab:red", "hang": "tab:orange", "nan": "tab:brown", "flip": "tab:pink",
+              "xid": "tab:olive", "update": "tab:cyan"}
     for f in r.faults:
         c = colors.get(f.kind, "tab:gray")
         ls = "-" if f.masked else "--"
         ax_l.axvline(f.step, color=c, ls=ls, lw=1, alpha=0.8)
-        ax_l.annotate(f"{f.kind} g{f.group}" + ("" if f.masked else " (wipe-out)"),
+        who = f" g{f.group}" if f.group >= 0 else ""  # an update is job-wide
+        ax_l.annotate(f"{f.kind}{who}" + ("" if f.masked else " (rolled back)" if
+                                           f.kind in RESOLVED_BY else " (wipe-out)"),
                       xy=(f.step, 1), xycoords=("data", "axes fraction"), rotation=90,
                       va="top", ha="right", fontsize=8, color=c)
         ax_e.axvline(f.t_rel, color=c, ls=ls, lw=1, alpha=0.8)
@@ -145,8 +148,8 @@ def plot_demo(events: list[dict], path: str | os.PathLike) -> Path:
                 ax_e.axvline(ready - r.origin_t, color="tab:purple", ls=":", lw=1.5)
     ax_l.set_xlabel("step")
     ax_l.set_ylabel("loss")
-    ax_l.set_title("Training loss (solid marker: masked failure, dashed: wipe-out, "
-                   "dotted: restart)", fontsize=10)
+    ax_l.set_title("Training loss (solid: masked or answered in place, dashed: wipe-out or "
+                   "rolled back, dotted: restart)", fontsize=10)
     ax_l.grid(True, alpha=0.3)
     if r.series:
         ts = [s[0] for s in r.series]
