@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from unbroken.detect.health import HealthAgent, sample_process
 
 
+@pytest.mark.timeout(30)
 def test_sample_reports_process_signals_and_rates_between_samples():
     step = {"step": 10}
     agent = HealthAgent(3, lambda ev: None, lambda: dict(step))
     first = agent.sample(now=100.0)
     assert first["uid"] == 3 and first["step"] == 10 and first["rss_mb"] > 1
     assert "cpu_util" not in first  # a rate needs two samples
-    sum(i * i for i in range(200_000))  # burn some CPU between the samples
+    cpu0 = first["cpu_s"]
+    while sample_process()["cpu_s"] <= cpu0:  # burn CPU until the clock tick (10 ms) moves
+        sum(i * i for i in range(20_000))
     step["step"] = 30
     second = agent.sample(now=102.0)
     assert second["step_rate"] == 10.0 and second["cpu_util"] > 0
