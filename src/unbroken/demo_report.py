@@ -104,7 +104,8 @@ def print_report(console: Console, report: dict) -> None:
         ft.add_column(col, justify="left" if col in ("fault", "outcome") else "right")
     for f in faults:
         outcome = f.get("how") or ("masked" if f["masked"] else "restart")
-        ft.add_row(f"{f['kind']} group {f['group']} @ step {f['step']}",
+        who = f"group {f['group']}" if f["group"] >= 0 else "(job)"
+        ft.add_row(f"{f['kind']} {who} @ step {f['step']}",
                    f"[green]{outcome}[/]" if f["masked"] else f"[red]{outcome}[/]",
                    _s(f["lost_s"]), _s(f["detect_s"]), _s(f["decide_s"]),
                    _s(f["recompute_s"]), _s(f["restart_s"]))
