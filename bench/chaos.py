@@ -184,20 +184,30 @@ def _top_step(events: list[dict]) -> int:
                 and isinstance(e.get("step"), int)), default=-1)
 
 
+def _run(req, seed: int, out: Path) -> tuple[dict | None, dict]:
+    """``run_demo(req)``: (report, {}) or, when the run could not finish, (None, a record of
+    where it stopped)."""
+    from unbroken.demo import DemoError, DemoExit, run_demo
+
+    t0 = time.monotonic()
+    try:
+        return run_demo(req), {}
+    except (DemoError, DemoExit) as exc:
+        events = _journal(out)
+        return None, {"seed": seed, "failed": f"failed: {exc}"[:2000],
+                      "wall_s": round(time.monotonic() - t0, 1), "top_step": _top_step(events),
+                      "journal_tail": _tail(events)}
+
+
 def guarded(seed: int, steps: int, out: Path) -> dict:
     from unbroken.core.faults import format_faults
-    from unbroken.demo import DemoError, DemoExit, DemoRequest, run_demo
+    from unbroken.demo import DemoRequest
 
     req = DemoRequest(chaos=seed, steps=steps, guard="act", out=str(out))
     spec = format_faults(req.fault_list())
-    t0 = time.monotonic()
-    try:
-        rep = run_demo(req)
-    except (DemoError, DemoExit) as exc:
-        events = _journal(out)
-        return {"seed": seed, "fault_spec": spec, "failed": f"failed: {exc}"[:2000],
-                "wall_s": round(time.monotonic() - t0, 1), "top_step": _top_step(events),
-                "journal_tail": _tail(events)}
+    rep, failed = _run(req, seed, out)
+    if rep is None:
+        return {**failed, "fault_spec": spec}
     events = _journal(out)
     costs = rep["time_lost_per_fault"]
     ok, problems = handled(events, costs)
@@ -212,21 +222,16 @@ def guarded(seed: int, steps: int, out: Path) -> dict:
 
 
 def baseline(seed: int, steps: int, out: Path, ref_from: Path | None) -> dict:
-    from unbroken.demo import DemoError, DemoExit, DemoRequest, run_demo
+    from unbroken.demo import DemoRequest
 
     req = DemoRequest(chaos=seed, steps=steps, guard="log", unguarded=True, out=str(out))
     out.mkdir(parents=True, exist_ok=True)
     if ref_from is not None:  # same seed and config: the same cached failure-free reference
         for ref in ref_from.glob("reference-*.pt"):
             shutil.copy(ref, out / ref.name)
-    t0 = time.monotonic()
-    try:
-        rep = run_demo(req)
-    except (DemoError, DemoExit) as exc:
-        events = _journal(out)
-        return {"seed": seed, "finished": False, "failed": f"failed: {exc}"[:2000],
-                "wall_s": round(time.monotonic() - t0, 1), "top_step": _top_step(events),
-                "journal_tail": _tail(events)}
+    rep, failed = _run(req, seed, out)
+    if rep is None:
+        return {**failed, "finished": False}
     diff = rep["max_abs_param_diff"]
     return {"seed": seed, "finished": rep["steps"] >= (rep["steps_planned"] or steps),
             "steps": rep["steps"], "ettr": rep["ettr"], "exactly_once": rep["exactly_once"],

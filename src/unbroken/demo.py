@@ -277,8 +277,7 @@ def run_demo(req: DemoRequest, *, emit_line: Callable[[str], None] | None = None
     attempt, done = 0, None
     while done is None:
         pending = [f for f in faults if (f.kind, f.group) not in fired]
-        by = lambda kind: {f.group: f.step for f in pending if f.kind == kind}  # noqa: E731
-        c = _cluster(cfg, jdir, spares, req, ckdir, attempt, by)
+        c = _cluster(cfg, jdir, spares, req, ckdir, attempt, pending)
         try:
             done = _Supervisor(c, req, emit, fired, guard, pending, xid_log, holders,
                                restarting=attempt > 0).run()
@@ -311,10 +310,14 @@ def run_demo(req: DemoRequest, *, emit_line: Callable[[str], None] | None = None
     return report
 
 
-def _cluster(cfg, jdir: Path, spares: int, req: DemoRequest, ckdir: Path,
-                      attempt: int, by: Callable[[str], dict]):
-    """The cluster for one attempt; faults already injected are not injected again."""
+def _cluster(cfg, jdir: Path, spares: int, req: DemoRequest, ckdir: Path, attempt: int,
+             pending: list[Fault]):
+    """The cluster for one attempt; the victims inject ``pending`` faults (the ones not
+    injected by an earlier attempt) themselves."""
     from unbroken.runtime.stacked_worker import StackedCluster
+
+    def by(kind: str) -> dict[int, int]:
+        return {f.group: f.step for f in pending if f.kind == kind}
 
     return StackedCluster(cfg, str(jdir), spares=spares, heartbeat=req.heartbeat,
                           staleness=req.staleness, ckpt_dir=str(ckdir),

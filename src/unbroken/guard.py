@@ -60,6 +60,7 @@ from unbroken.core.anomaly import (
     failslow,
     numeric_event,
     peer_outliers,
+    persisting,
 )
 from unbroken.core.ladder import (
     Committed,
@@ -75,7 +76,7 @@ from unbroken.core.ladder import (
     queue_update,
     update_due,
 )
-from unbroken.core.replay import majority_culprits
+from unbroken.core.replay import majority_culprits, restore_target, verified_checkpoint
 
 __all__ = ["Guard"]
 
@@ -231,9 +232,8 @@ class Guard:
                                     f"{d.rung.name.lower() if d.rung else 'give up'}"})
             self.state = advance(self.state, Tried(d), self.policy)
             return
-        if d.rung is Rung.REPLAY:
-            types = sorted(int(t) for t in ev.get("mismatch", {})) or \
-                list(range(len(ev.get("members", [])) or 1))
+        if d.rung is Rung.REPLAY:  # the mismatched types; none named (a NaN): every type
+            types = sorted(int(t) for t in ev.get("mismatch", {}))
             self._verdict(step, n, {"action": "replay", "types": types})
             self.state = advance(self.state, Tried(d), self.policy)
             self.opened[(step, n + 1)] = t_seen
@@ -248,18 +248,14 @@ class Guard:
             self._resolved(incident, now, t_seen, how, step=step)
             return
         # RESTART (or anything that needs the committed state rebuilt): the verified checkpoint
-        target = self._restore_target()
         self.state = advance(self.state, Tried(d), self.policy)
+        self._restore(step, n, incident, now, t_seen, f"{d.rung.name.lower()} from checkpoint")
+
+    def _restore(self, step: int, n: int, incident: str, now: float, t_seen: float,
+                 how: str) -> None:
+        """Verdict: every member restores the roll-back target; journal it as a restart."""
+        target = restore_target(self.verified, self.top, self.ckpt_every)
         self._verdict(step, n, {"action": "restore", "step": target})
-        self._restored(incident, now, t_seen, target, f"{d.rung.name.lower()} from checkpoint")
-
-    def _restore_target(self) -> int:
-        if self.verified:
-            return self.verified
-        return max(0, (self.top + 1) // self.ckpt_every * self.ckpt_every)
-
-    def _restored(self, incident: str, now: float, t_seen: float, target: int,
-                  how: str) -> None:
         self.emit({"event": "restart", "step": target, "source": "checkpoint",
                    "reason": f"{incident}: roll back to step {target}", "t": now,
                    "t_ready": now})
@@ -291,24 +287,21 @@ class Guard:
             d = self._ladder(Fault(FaultKind.IMPLICIT), now, f"replay at step {step}: {why}",
                              answered=True)
             if self.act and d.rung is not None:
-                target = self._restore_target()
                 self.state = advance(self.state, Tried(d), self.policy)
-                self._verdict(step, n + 1, {"action": "restore", "step": target})
-                self._restored("sdc", now, t_seen, target, "inconclusive replay: restore")
+                self._restore(step, n + 1, "sdc", now, t_seen, "inconclusive replay: restore")
             return
         d = self._ladder(Fault(FaultKind.CORRUPT, groups=uids, maskable=True), now,
                          f"corrupt {list(uids)}", actionable=True, how="replay")
         if self.act:
-            target = self._restore_target()
-            self._verdict(step, n + 1, {"action": "restore", "step": target})
-            self._restored("sdc", now, t_seen, target,
-                           f"replay named {list(uids)}: {d.rung.name.lower() if d.rung else '?'}"
-                           f", restore")
+            self._restore(step, n + 1, "sdc", now, t_seen,
+                          f"replay named {list(uids)}: {d.rung.name.lower() if d.rung else '?'}"
+                          f", restore")
 
     def on_check(self, ev: dict) -> None:
         """A passing SDC check at step k: the checkpoint written after it is verified."""
-        if ev.get("ok") and (int(ev["step"]) + 1) % self.ckpt_every == 0:
-            self.verified = max(self.verified, int(ev["step"]) + 1)
+        target = verified_checkpoint(int(ev["step"]), self.ckpt_every) if ev.get("ok") else None
+        if target is not None:
+            self.verified = max(self.verified, target)
 
     def _failslow(self, now: float) -> None:
         if "fail-slow" in self.broken or self.slow_start is None:
@@ -417,15 +410,12 @@ class Guard:
                      if now - float(e.get("t", 0)) < 2.5 and (live is None or u in live)}
             flags, reason = peer_outliers({u: sig for u, sig in fresh.items() if sig},
                                           PeerPolicy())
-            for u in list(self.health_hits):
-                if u not in flags:
-                    self.health_hits.pop(u)
-            for u, zs in flags.items():
-                self.health_hits[u] = self.health_hits.get(u, 0) + 1
-                if self.health_hits[u] >= self.HEALTH_ROUNDS and u not in self.health_told:
+            self.health_hits, due = persisting(self.health_hits, flags, self.HEALTH_ROUNDS)
+            for u in due:
+                if u not in self.health_told:
                     self.health_told.add(u)
                     self.emit({"event": "alert", "how": "health", "group": u,
-                               "signals": {k: round(z, 2) for k, z in zs.items()},
+                               "signals": {k: round(z, 2) for k, z in flags[u].items()},
                                "reason": f"{reason} ({self.HEALTH_ROUNDS} rounds in a row)",
                                "t": now})
         except Exception as exc:

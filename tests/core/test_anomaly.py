@@ -208,3 +208,14 @@ def test_stall_needs_a_first_step_and_a_quiet_threshold():
     assert not stall_suspected(100.0, 0.0, started=False)  # start-up is not a stall
     assert not stall_suspected(10.0 + STALL_S, 10.0, started=True)
     assert stall_suspected(10.0 + STALL_S + 0.01, 10.0, started=True)
+
+
+def test_persisting_counts_consecutive_rounds_and_fires_once_at_the_threshold():
+    from unbroken.core.anomaly import persisting
+
+    hits, due = {}, []
+    fired = []
+    for flagged in ([2], [2, 3], [3], [2, 3], [2, 3], [2, 3]):
+        hits, due = persisting(hits, flagged, 3)
+        fired.append(due)
+    assert fired == [[], [], [], [3], [], [2]]  # 2 started over at round 3; 3 never broke off

@@ -139,3 +139,13 @@ def test_majority_names_the_odd_machine_and_refuses_a_tie():
     names, why = majority_culprits({1: {0: 4, 1: 9}})
     assert names == () and "no majority" in why
     assert majority_culprits({1: {0: 4, 1: 4, 2: 4}})[0] == ()
+
+
+def test_check_schedule_verified_checkpoint_and_restore_target():
+    from unbroken.core.replay import restore_target, sdc_check_due, verified_checkpoint
+
+    assert [k for k in range(30) if sdc_check_due(k, 10)] == [9, 19, 29]
+    assert not any(sdc_check_due(k, 0) for k in range(30))
+    assert verified_checkpoint(19, 10) == 20 and verified_checkpoint(19, 7) is None
+    assert restore_target(20, 37, 10) == 20  # the verified one, not the newest
+    assert restore_target(None, 37, 10) == 30 and restore_target(0, 8, 10) == 0

@@ -403,3 +403,13 @@ def stall_suspected(now: float, last_step_t: float, started: bool,
                     threshold: float = STALL_S) -> bool:
     """Whether to dump stacks: training has committed a step, and none for ``threshold`` s."""
     return started and now - last_step_t > threshold
+
+
+def persisting(hits: Mapping[Hashable, int], flagged: Iterable[Hashable], rounds: int
+               ) -> tuple[dict[Hashable, int], list[Hashable]]:
+    """Consecutive-round counting for peer outliers: groups flagged this round add one, the
+    others start over; returns the new counts and the groups that reached ``rounds`` now
+    (one noisy scrape is not a fault — backendai.md §2 asks for persistence)."""
+    flagged = set(flagged)
+    new = {g: hits.get(g, 0) + 1 for g in flagged}
+    return new, sorted((g for g, c in new.items() if c == rounds), key=repr)

@@ -58,6 +58,9 @@ __all__ = [
     "rounds_promised",
     "digest_mismatches",
     "majority_culprits",
+    "sdc_check_due",
+    "verified_checkpoint",
+    "restore_target",
 ]
 
 HORIZONTAL, VERTICAL = "horizontal", "vertical"
@@ -293,3 +296,30 @@ def majority_culprits(digests: dict[int, dict[int, int]]) -> tuple[tuple[int, ..
     names = tuple(sorted(culprits))
     return names, "; ".join(notes) + (f" -> culprit {list(names)}" if names else
                                       " -> no culprit")
+
+
+def sdc_check_due(step: int, every: int) -> bool:
+    """Whether ``step`` runs the bitwise check: the last step of every ``every`` (0: never).
+
+    With ``every`` equal to the checkpoint interval the checkpoint written right after a check
+    holds a state whose newest gradients were compared bit for bit, which is what makes it a
+    roll-back target after a later mismatch (``verified_checkpoint``).
+    """
+    return every > 0 and (step + 1) % every == 0
+
+
+def verified_checkpoint(check_step: int, ckpt_every: int) -> int | None:
+    """The checkpoint step a passing check at ``check_step`` verifies, if one is written there.
+
+    A machine that corrupts keeps corrupting (the model of this check), so a pass at step k
+    means no step up to k was corrupted: the checkpoint of the state after k is clean.
+    """
+    return check_step + 1 if (check_step + 1) % ckpt_every == 0 else None
+
+
+def restore_target(verified: int | None, committed: int, ckpt_every: int) -> int:
+    """Where to roll back to: the newest verified checkpoint, else the newest one written
+    (``committed`` = newest committed step), else the seeded start (0)."""
+    if verified:
+        return verified
+    return max(0, (committed + 1) // ckpt_every * ckpt_every)

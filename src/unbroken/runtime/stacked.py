@@ -54,6 +54,7 @@ import torch
 
 from unbroken.core.placement import make_layout
 from unbroken.core.rectlr import WipeOut, decide, initial_stacks
+from unbroken.core.replay import digest_mismatches, sdc_check_due
 from unbroken.core.shards import DataPlan
 
 __all__ = ["TrainConfig", "Trainer", "TrainerLike", "make_trainer", "WipeOutError",
@@ -384,7 +385,7 @@ class StackedRunner:
         return self.cfg.groups ** 2 if self.cfg.sdc_every > 0 else 0
 
     def _check_step(self) -> bool:
-        return self.cfg.sdc_every > 0 and (self.step + 1) % self.cfg.sdc_every == 0
+        return sdc_check_due(self.step, self.cfg.sdc_every)
 
     def _hosted(self) -> list[int]:
         """The shard types this group's slot hosts (its full stack in the layout)."""
@@ -591,12 +592,8 @@ class StackedRunner:
         if not bool(torch.isfinite(buf[:tr.numel]).all()) or not np.isfinite(float(buf[_LOSS])):
             return "implicit", {"nonfinite": int((~torch.isfinite(buf[:tr.numel])).sum())}
         if self._check_step():
-            from unbroken.core.replay import digest_mismatches
-
             d0 = tr.numel + n
-            cells = buf[d0:d0 + n * n].view(n, n)
-            digests = {t: {w: int(cells[t, w]) for w in range(n) if float(cells[t, w]) > 0}
-                       for t in range(n)}
+            digests = _digests(buf[d0:d0 + n * n].view(n, n), range(n))
             bad = digest_mismatches(digests)
             if bad:
                 return "sdc", {"mismatch": {str(t): {str(w): d for w, d in ds.items()}
@@ -637,7 +634,8 @@ class StackedRunner:
             if action == "commit":
                 return True
             if action == "replay":
-                self._replay([int(t) for t in v["types"]], n)
+                # no types named (a NaN with no culprit): every shard type
+                self._replay([int(t) for t in v["types"]] or list(range(self.cfg.groups)), n)
                 n = self.incidents
                 self.incidents += 1
                 continue
@@ -662,17 +660,14 @@ class StackedRunner:
         for i, t in enumerate(types):
             buf[i * g + self.my_slot] = float(digest52(self._grad(t)))
         ok = self.comm.allreduce(buf)
-        cells = buf.view(len(types), g)
-        found = {str(t): {str(w): int(cells[i, w]) for w in range(g) if float(cells[i, w]) > 0}
-                 for i, t in enumerate(types)}
+        found = {str(t): {str(w): d for w, d in ds.items()}
+                 for t, ds in _digests(buf.view(len(types), g), types).items()}
+        rec = {"ok": bool(ok), "digests": found,
+               "uids": {str(self.slot_of[u]): u for u in self.comm.members}}
         if self.comm.rank == 0:
-            self.comm.store.set(f"replay/{self.step}/{n}", json.dumps(
-                {"ok": bool(ok), "digests": found,
-                 "uids": {str(self.slot_of[u]): u for u in self.comm.members}}))
-        self.journal({"event": "replay", "step": self.step, "n": n, "ok": bool(ok),
-                      "members": self.comm.members,
-                      "uids": {str(self.slot_of[u]): u for u in self.comm.members},
-                      "digests": found, "t": time.time()})
+            self.comm.store.set(f"replay/{self.step}/{n}", json.dumps(rec))
+        self.journal({"event": "replay", "step": self.step, "n": n,
+                      "members": self.comm.members, **rec, "t": time.time()})
 
     def _restore_to(self, step: int) -> None:
         """Roll back in place to the durable checkpoint of ``step`` (verified by the SDC check
@@ -683,23 +678,16 @@ class StackedRunner:
             self.ckpt.wait()
         path = self.ckpt.directory / f"step-{step:08d}"
         if step == 0:  # nothing verified yet: the seeded initial state is the clean one
-            tensors, meta = make_trainer(self.cfg).state_tensors(), {"step": 0}
-        else:
-            deadline = time.monotonic() + self.verdict_wait
-            while not path.is_dir():  # rank 0's background save may still be renaming it
-                if time.monotonic() > deadline:
-                    raise GuardStopError(f"restore to step {step}: {path} never appeared")
-                time.sleep(0.01)
-            tensors, meta = self.ckpt.load(self.trainer.state_tensors(), path)
-        with torch.no_grad():
-            for dst, src in zip(self.trainer.state_tensors(), tensors):
-                dst.copy_(src)
-        self.step = int(meta["step"])
-        self.grads_step = -1
-        if self.snap is not None:
-            self.snap.capture(self.trainer.state_tensors(), self._meta())
-        self.journal({"event": "restore", "step": self.step, "source": "checkpoint",
-                      "path": str(path), "reason": "verdict", "t": time.time()})
+            self._install(make_trainer(self.cfg).state_tensors(), {"step": 0}, path="initial",
+                          reason="verdict")
+            return
+        deadline = time.monotonic() + self.verdict_wait
+        while not path.is_dir():  # rank 0's background save may still be renaming it
+            if time.monotonic() > deadline:
+                raise GuardStopError(f"restore to step {step}: {path} never appeared")
+            time.sleep(0.01)
+        self._install(*self.ckpt.load(self.trainer.state_tensors(), path), path=str(path),
+                      reason="verdict")
 
     def _apply_code(self, upto: int) -> None:
         """Hot update (or rollback) to the newest code record ``code/<upto>``: build the
@@ -711,9 +699,7 @@ class StackedRunner:
         from dataclasses import replace as _replace
 
         new = make_trainer(_replace(self.cfg, model=rec["model"]))
-        with torch.no_grad():
-            for dst, src in zip(new.state_tensors(), self.trainer.state_tensors()):
-                dst.copy_(src)
+        _copy_state(new.state_tensors(), self.trainer.state_tensors())
         old, self.trainer, self.version = self.version, new, rec["version"]
         self.grads_step = -1
         self.journal({"event": "code", "step": self.step, "from": old, "to": self.version,
@@ -737,19 +723,23 @@ class StackedRunner:
         if found is None:  # nothing durable yet: start over, and say so (the ledger rolls back)
             self.journal({"event": "restore", "step": 0, "source": "none", "t": time.time()})
             return None
-        tensors, meta = self.ckpt.load(self.trainer.state_tensors(), found[1])
-        with torch.no_grad():
-            for dst, src in zip(self.trainer.state_tensors(), tensors):
-                dst.copy_(src)
+        self._install(*self.ckpt.load(self.trainer.state_tensors(), found[1]), path=found[1])
+        return self.step
+
+    def _install(self, tensors: list[torch.Tensor], meta: dict, path: str,
+                 reason: str | None = None) -> None:
+        """Make a loaded checkpoint the committed state (and its code version the running
+        one), then journal the roll-back: commits of steps >= its step no longer count."""
+        _copy_state(self.trainer.state_tensors(), tensors)
         self.step = int(meta["step"])
+        self.grads_step = -1
         if int(meta.get("code", 0)) > self.code_applied:
             self._apply_code(int(meta["code"]))
         if self.snap is not None:
             self.snap.capture(self.trainer.state_tensors(), self._meta())
-        # a roll-back: commits of steps >= this one made before it no longer count
         self.journal({"event": "restore", "step": self.step, "source": "checkpoint",
-                      "path": found[1], "t": time.time()})
-        return self.step
+                      "path": str(path), **({"reason": reason} if reason else {}),
+                      "t": time.time()})
 
     def _uid_of(self, slot: int) -> int:
         for u in self.comm.members:
@@ -944,6 +934,21 @@ class StackedRunner:
         self.journal({"event": "joined", "step": self.step, "gen": gen, "slot": slot,
                       "t": time.time()})
         return self.run()
+
+
+def _copy_state(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
+    """Copy a training state (``state_tensors()`` order) into another trainer's tensors."""
+    with torch.no_grad():
+        for d, s in zip(dst, src):
+            d.copy_(s)
+
+
+def _digests(cells: torch.Tensor, types) -> dict[int, dict[int, int]]:
+    """``{type: {slot: digest}}`` from summed digest cells (row i = ``types[i]``, column =
+    slot; 0 = that slot did not compute the type)."""
+    return {int(t): {w: int(cells[i, w]) for w in range(cells.shape[1])
+                     if float(cells[i, w]) > 0}
+            for i, t in enumerate(types)}
 
 
 def _stuck_in_user_code() -> None:
