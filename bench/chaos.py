@@ -1,6 +1,6 @@
 """The chaos demo over several seeds: every fault kind, the rung that answered it, its cost.
 
-Each seed ``s`` in ``0..--seeds-1`` runs ``unbroken.demo.run_demo`` with ``DemoRequest(chaos=s,
+Each seed ``s`` in ``0..--seeds-1`` runs ``unbroken.demo.run_demo`` with ``demo_spec(chaos=s,
 guard="act", steps=--steps)``: 4 data-parallel worker processes (r = 2, the GPT) through the
 seeded mix of ``unbroken.core.faults.chaos_faults`` (kill, hang, slow, nan, flip, xid, update),
 each run in its own out dir under a temp dir (``--workdir`` keeps them). Per run: the fault spec,
@@ -22,7 +22,7 @@ uid (exit, heartbeat, xid, replay, fail-slow, ...), None when its process was ne
 "unresolved".
 
 Baseline (what a user without an acting guard gets): the same seeds with the guard log-only
-(``DemoRequest(guard="log", unguarded=True)``: the demo otherwise refuses nan/flip/update
+(``demo_spec(guard="log", unguarded=True)``: the demo otherwise refuses nan/flip/update
 without ``--guard act``). Kills and hangs are still masked by the runtime; the NaN is committed,
 the bit flip is committed silently and the update is never applied. Per run: finished, ETTR,
 exactly-once, max param diff and final loss (non-finite numbers as the strings "nan"/"inf"), or
@@ -201,9 +201,9 @@ def _run(req, seed: int, out: Path) -> tuple[dict | None, dict]:
 
 def guarded(seed: int, steps: int, out: Path) -> dict:
     from unbroken.core.faults import format_faults
-    from unbroken.demo import DemoRequest
+    from unbroken.demo import demo_spec
 
-    req = DemoRequest(chaos=seed, steps=steps, guard="act", out=str(out))
+    req = demo_spec(chaos=seed, steps=steps, guard="act", out=str(out))
     spec = format_faults(req.fault_list())
     rep, failed = _run(req, seed, out)
     if rep is None:
@@ -222,9 +222,9 @@ def guarded(seed: int, steps: int, out: Path) -> dict:
 
 
 def baseline(seed: int, steps: int, out: Path, ref_from: Path | None) -> dict:
-    from unbroken.demo import DemoRequest
+    from unbroken.demo import demo_spec
 
-    req = DemoRequest(chaos=seed, steps=steps, guard="log", unguarded=True, out=str(out))
+    req = demo_spec(chaos=seed, steps=steps, guard="log", unguarded=True, out=str(out))
     out.mkdir(parents=True, exist_ok=True)
     if ref_from is not None:  # same seed and config: the same cached failure-free reference
         for ref in ref_from.glob("reference-*.pt"):

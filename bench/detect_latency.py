@@ -53,13 +53,13 @@ def xid_writer(journal: Path, kern: Path, at_step: int, out: dict, stop: threadi
 
 
 def one(rep: int) -> dict:
-    from unbroken.demo import DemoRequest, run_demo
+    from unbroken.demo import demo_spec, run_demo
 
     with tempfile.TemporaryDirectory() as d:
         kern = Path(d) / "kern.log"
         kern.write_text("")
-        req = DemoRequest(steps=160, seed=rep, faults="kill:1@20,hang:3@50,slow:2@80",
-                          out=str(Path(d) / "demo"), xid_log=str(kern))
+        req = demo_spec(steps=160, seed=rep, faults="kill:1@20,hang:3@50,slow:2@80",
+                        out=str(Path(d) / "demo"), xid_log=str(kern))
         wrote: dict = {}
         stop = threading.Event()
         th = threading.Thread(target=xid_writer, daemon=True,

@@ -1,8 +1,10 @@
 """The ``unbroken`` command: parse, call, print. Decisions live in unbroken.core.
 
-Exit codes: 0 success, 2 bad input (one line on stderr naming the bad value, no traceback),
-1 the demo could not finish (a worker error, no survivor left; the reason on stderr), 6 the
-guard's ladder gave up on purpose (``core.ladder.EXIT_NO_PROGRESS``).
+Exit codes (``unbroken.protocol.ExitCode``): 0 success, 1 the run could not finish (a worker
+error, no survivor left; the reason on stderr), 2 bad input (one line on stderr naming the bad
+value, no traceback, nothing started), 5 the members found the supervisor silent and stopped
+with a checkpoint, 6 the guard's ladder gave up, 7 ``--resume`` found nothing to resume,
+130 / 143 stopped by Ctrl-C / SIGTERM with a checkpoint.
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ import sys
 import time
 
 from unbroken.core.units import parse_duration
+from unbroken.protocol import ExitCode
 
-EXIT_USAGE = 2
-EXIT_DEMO_FAILED = 1
+EXIT_USAGE = ExitCode.USAGE
 
 
 class UsageError(Exception):
@@ -107,6 +109,60 @@ def _scenario(a: argparse.Namespace):
                     weibull_shape=a.weibull_shape if a.weibull_shape is not None else 0.78)
 
 
+def _job_args(p: argparse.ArgumentParser, *, steps: int, out: str) -> None:
+    """The options ``run`` and its ``demo`` preset share (the fault-tolerance settings)."""
+    p.add_argument("--groups", type=_int, default=4, help="data-parallel groups (>= 2)")
+    p.add_argument("--redundancy", type=_int, default=2, help="shard types per group r")
+    p.add_argument("--steps", type=_int, default=steps)
+    p.add_argument("--seed", type=_nonneg_int, default=0)
+    p.add_argument("--faults", default=None,
+                   help="a fire drill: kind:group@step,... (kill, hang, slow, stall, nan, "
+                        "flip, xid[N], update@step) or 'none'; demo default: a kill, a hang "
+                        "and two failures close together")
+    p.add_argument("--chaos", type=_nonneg_int, default=None, metavar="SEED",
+                   help="a seeded mix of every fault kind (kill, hang, slow, nan, bit flip, "
+                        "XID, bad code update); implies --guard act")
+    p.add_argument("--spares", type=_int, default=None,
+                   help="warm standby processes (default: one per scheduled fault)")
+    p.add_argument("--standby-p", type=float, default=None, metavar="P",
+                   help="size the warm pool as the P99 of Binomial(groups, P), P = a group's "
+                        "failure probability per refill window (instead of --spares)")
+    p.add_argument("--staleness", type=_positive_float, default=1.0,
+                   help="heartbeat silence that marks a group hung (s)")
+    p.add_argument("--supervisor-staleness", type=_positive_float, default=5.0,
+                   help="members stop with a checkpoint (exit 5) when the supervisor has been "
+                        "silent (stopped, wedged) this long (s)")
+    p.add_argument("--ckpt-every", type=_int, default=None,
+                   help="durable checkpoint every K steps (default 50, 10 with --chaos)")
+    p.add_argument("--metrics-port", type=_int, default=None,
+                   help="serve ETTR and fault metrics for Prometheus on this port (0: any)")
+    p.add_argument("--xid-log", default=None,
+                   help="kernel-log file to watch for GPU XID lines")
+    p.add_argument("--guard", choices=("log", "act"), default=None,
+                   help="log (default): detections and ladder decisions are journaled only; "
+                        "act: the ladder's decisions are carried out")
+    p.add_argument("--ladder", default=None, metavar="SPEC",
+                   help="ladder policy overrides: rung attempts and budgets, e.g. "
+                        "'retry=1,rollback=0,time_budget=600'")
+    p.add_argument("--sdc-every", type=_int, default=None,
+                   help="bitwise check of redundant hosts every K steps (0: off; default: "
+                        "--ckpt-every when a bit flip is scheduled)")
+    p.add_argument("--out", default=out, help="journal, checkpoints, figure")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --out from its newest valid checkpoint (exit 7 "
+                        "when there is none)")
+    p.add_argument("--json", action="store_true")
+
+
+def _job_kwargs(a: argparse.Namespace) -> dict:
+    return dict(groups=a.groups, redundancy=a.redundancy, steps=a.steps, seed=a.seed,
+                faults=a.faults, chaos=a.chaos, spares=a.spares, standby_p=a.standby_p,
+                staleness=a.staleness, supervisor_staleness=a.supervisor_staleness, out=a.out, ckpt_every=a.ckpt_every,
+                metrics_port=a.metrics_port, xid_log=a.xid_log, sdc_every=a.sdc_every,
+                ladder=a.ladder, resume=a.resume,
+                guard=a.guard or ("act" if a.chaos is not None else "log"))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="unbroken", description="Keep LLM pretraining running through failures.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -141,43 +197,22 @@ def build_parser() -> argparse.ArgumentParser:
                     help="also report the recovery ladder's ETTR at SPARe's best r")
     pl.add_argument("--json", action="store_true")
 
-    de = sub.add_parser("demo", help="train a small GPT on 4 groups through real faults")
-    de.add_argument("--groups", type=_int, default=4, help="data-parallel groups (>= 2)")
-    de.add_argument("--redundancy", type=_int, default=2, help="shard types per group r")
-    de.add_argument("--steps", type=_int, default=200)
-    de.add_argument("--seed", type=_nonneg_int, default=0)
-    de.add_argument("--faults", default=None,
-                    help="kind:group@step,... (kill, hang, slow, stall, nan, flip, xid[N], "
-                         "update@step) or 'none'; default: a kill, a hang and two failures "
-                         "close together")
-    de.add_argument("--chaos", type=_nonneg_int, default=None, metavar="SEED",
-                    help="a seeded mix of every fault kind (kill, hang, slow, nan, bit flip, "
-                         "XID, bad code update); implies --guard act")
-    de.add_argument("--spares", type=_int, default=None,
-                    help="warm standby processes (default: one per scheduled fault)")
-    de.add_argument("--standby-p", type=float, default=None, metavar="P",
-                    help="size the warm pool as the P99 of Binomial(groups, P), P = a group's "
-                         "failure probability per refill window (instead of --spares)")
-    de.add_argument("--staleness", type=_positive_float, default=1.0,
-                    help="heartbeat silence that marks a group hung (s)")
-    de.add_argument("--ckpt-every", type=_int, default=None,
-                    help="durable checkpoint every K steps (the fallback after a wipe-out "
-                         "that no spare can cover; default 50, 10 with --chaos)")
-    de.add_argument("--metrics-port", type=_int, default=None,
-                    help="serve ETTR and fault metrics for Prometheus on this port (0: any)")
-    de.add_argument("--xid-log", default=None,
-                    help="kernel-log file to watch for GPU XID lines (guard, log-only)")
-    de.add_argument("--guard", choices=("log", "act"), default=None,
-                    help="log (default): detections and ladder decisions are journaled only; "
-                         "act: the ladder's decisions are carried out")
-    de.add_argument("--ladder", default=None, metavar="SPEC",
-                    help="ladder policy overrides: rung attempts and budgets, e.g. "
-                         "'retry=1,rollback=0,time_budget=600'")
-    de.add_argument("--sdc-every", type=_int, default=None,
-                    help="bitwise check of redundant hosts every K steps (0: off; default: "
-                         "--ckpt-every when a bit flip is scheduled)")
-    de.add_argument("--out", default="out/demo", help="journal, figure, reference cache")
-    de.add_argument("--json", action="store_true")
+    ru = sub.add_parser("run", help="train your own model through failures (the supervisor)")
+    ru.add_argument("--trainer", required=True, metavar="PKG.MOD:FACTORY",
+                    help="an importable factory(cfg, **trainer_args) returning a "
+                         "unbroken.ModuleTrainer or any TrainerLike; or 'gpt' / 'mlp'")
+    ru.add_argument("--trainer-args", default="{}", metavar="JSON",
+                    help="the factory's keyword arguments (model hyperparameters), a JSON "
+                         "object")
+    ru.add_argument("--shard-size", type=_int, default=8,
+                    help="samples per shard type per step (each group's micro-batch)")
+    _job_args(ru, steps=200, out="out/run")
+    ru.add_argument("--fresh", action="store_true",
+                    help="start over in an --out that holds a run (it is moved aside, kept)")
+
+    de = sub.add_parser("demo", help="train a small GPT on 4 groups through real faults "
+                                     "(a preset of run)")
+    _job_args(de, steps=200, out="out/demo")
     return p
 
 
@@ -263,26 +298,64 @@ def cmd_plan(a: argparse.Namespace) -> dict:
     return plan
 
 
-def cmd_demo(a: argparse.Namespace) -> dict:
+def _live(a: argparse.Namespace, groups: int, steps: int, go):
+    """Run ``go(view, emit_line)`` under the live view (a terminal) or with one line per
+    event on stderr (piped), or silently with --json."""
     from rich.console import Console
     from rich.live import Live
 
-    from unbroken.demo import DemoRequest, check, run_demo
     from unbroken.demo_view import LiveView
 
-    req = DemoRequest(groups=a.groups, redundancy=a.redundancy, steps=a.steps, seed=a.seed,
-                      faults=a.faults, spares=a.spares, staleness=a.staleness, out=a.out,
-                      ckpt_every=a.ckpt_every, metrics_port=a.metrics_port,
-                      xid_log=a.xid_log, chaos=a.chaos, sdc_every=a.sdc_every,
-                      ladder=a.ladder, standby_p=a.standby_p,
-                      guard=a.guard or ("act" if a.chaos is not None else "log"))
-    check(req)  # bad input: one line before any process starts
     err = Console(stderr=True)
-    view = LiveView({"groups": req.groups, "steps": req.steps})
+    view = LiveView({"groups": groups, "steps": steps})
     if err.is_terminal and not a.json:
         with Live(view, console=err, refresh_per_second=8):
-            return run_demo(req, view=view)
-    return run_demo(req, view=view, emit_line=None if a.json else err.print)
+            return go(view, None)
+    return go(view, None if a.json else err.print)
+
+
+def cmd_run(a: argparse.Namespace) -> dict:
+    from unbroken.supervise import JobSpec, Supervisor
+
+    try:
+        args = json.loads(a.trainer_args)
+    except ValueError:
+        raise UsageError(f"--trainer-args {a.trainer_args!r}: not JSON") from None
+    if not isinstance(args, dict):
+        raise UsageError(f"--trainer-args {a.trainer_args!r}: expected a JSON object (the "
+                         f"factory's keyword arguments)")
+    spec = JobSpec(trainer=a.trainer, trainer_args=args, shard_size=a.shard_size,
+                   fresh=a.fresh, **_job_kwargs(a))
+    sup = Supervisor(spec)
+    sup.check()  # bad input (the trainer included): one line before any process starts
+
+    def go(view, emit_line):
+        sup.view, sup.emit_line = view, emit_line
+        return sup.run()
+    res = _live(a, spec.groups, spec.steps, go)
+    if res.code != 0:
+        raise _Stopped(res.message, int(res.code), res.report)
+    return res.report
+
+
+def cmd_demo(a: argparse.Namespace) -> dict:
+    from unbroken.demo import DemoExit, check, demo_spec, run_demo
+
+    spec = demo_spec(**_job_kwargs(a))
+    check(spec)  # bad input: one line before any process starts
+    try:
+        return _live(a, spec.groups, spec.steps,
+                     lambda view, emit_line: run_demo(spec, view=view, emit_line=emit_line))
+    except DemoExit as e:
+        raise _Stopped(str(e), e.code, e.report) from None
+
+
+class _Stopped(Exception):
+    """The run ended on purpose with a documented exit code (protocol.ExitCode)."""
+
+    def __init__(self, message: str | None, code: int, report: dict | None) -> None:
+        super().__init__(message or f"exit {code}")
+        self.code, self.report = code, report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -290,32 +363,39 @@ def main(argv: list[str] | None = None) -> int:
 
     from unbroken.core.placement import PlacementError
     from unbroken.core.scenario import ScenarioError
+    from unbroken.metrics import MetricsError
+    from unbroken.supervise.outdir import NoResumePoint
+    from unbroken.supervise.supervisor import RunError
 
     a = build_parser().parse_args(argv)
-    cmds = {"theory": cmd_theory, "simulate": cmd_simulate, "plan": cmd_plan, "demo": cmd_demo}
+    cmds = {"theory": cmd_theory, "simulate": cmd_simulate, "plan": cmd_plan, "demo": cmd_demo,
+            "run": cmd_run}
     try:
         data = cmds[a.command](a)
-    except (UsageError, PlacementError, ScenarioError, ValueError) as e:
+    except NoResumePoint as e:
         sys.stderr.write(f"unbroken: error: {e}\n")
-        return EXIT_USAGE
-    except RuntimeError as e:  # DemoError: the run could not finish
-        if type(e).__name__ == "MetricsError":  # raised before anything started
-            sys.stderr.write(f"unbroken: error: {e}\n")
-            return EXIT_USAGE
-        if type(e).__name__ == "DemoExit":  # stopped on purpose: its documented code
-            sys.stderr.write(f"unbroken: demo stopped: {e}\n")
-            return e.code
-        if type(e).__name__ != "DemoError":
-            raise
-        sys.stderr.write(f"unbroken: demo failed: {e}\n")
-        return EXIT_DEMO_FAILED
+        return ExitCode.NO_RESUME_POINT
+    except (UsageError, PlacementError, ScenarioError, ValueError, MetricsError) as e:
+        sys.stderr.write(f"unbroken: error: {e}\n")
+        return ExitCode.USAGE
+    except _Stopped as e:  # on purpose: its documented code, the report with --json
+        sys.stderr.write(f"unbroken: {a.command} stopped: {e}\n")
+        if a.json and e.report is not None:
+            print(json.dumps(e.report, indent=None, default=float))
+        return e.code
+    except RunError as e:  # the run could not finish
+        sys.stderr.write(f"unbroken: {a.command} failed: {e}\n")
+        return ExitCode.FAILED
+    except KeyboardInterrupt:  # a second Ctrl-C, or one outside a run: no traceback
+        sys.stderr.write(f"unbroken: {a.command} interrupted\n")
+        return ExitCode.INTERRUPTED
     if a.json:
         print(json.dumps(data, indent=None, default=float))
         return 0
     from unbroken import console as view
 
     con = Console()
-    if a.command == "demo":
+    if a.command in ("demo", "run"):
         from unbroken.demo_report import print_report
 
         print_report(con, data)

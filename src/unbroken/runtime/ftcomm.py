@@ -61,6 +61,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from unbroken.protocol import SUPERVISOR_HB
 from unbroken.core.membership import (
     Observation,
     live_members,
@@ -138,6 +139,7 @@ class FTComm:
         store_poll_interval: float = 0.01,
         joining: bool = False,
         backend: str = "gloo",
+        supervisor_staleness: float = 0.0,
     ) -> None:
         members = next_members(int(m) for m in members)
         if joining:
@@ -187,6 +189,12 @@ class FTComm:
         # the store (hosted by the coordinator) stopped answering: no re-form is possible any
         # more; ops already running finish on gloo alone, the training loop must stop cleanly
         self.store_lost = False
+        # the supervisor's own heartbeat (protocol.SUPERVISOR_HB) has not moved for
+        # ``supervisor_staleness`` s (0: not watched): a stopped or wedged supervisor can
+        # neither replace nor guard anyone, so the training loop stops as if it were gone
+        self.supervisor_staleness = float(supervisor_staleness)
+        self.supervisor_lost = False
+        self._sup_obs: dict[Any, Observation] = {}
 
         self._hb_store = _clone(store)
         self._hb_store.add(f"hb/{self.uid}", 1)  # first beat before anyone can judge us
@@ -459,6 +467,17 @@ class FTComm:
             return True
         return False
 
+    def _watch_supervisor(self, counter: int, now: float, blind: bool) -> None:
+        """The supervisor's heartbeat, judged like a peer's (a starved observer judges
+        nobody); silent for ``supervisor_staleness`` s: ``supervisor_lost``."""
+        self._sup_obs = (observe(self._sup_obs, {"supervisor": counter}, now) if not blind
+                         else {"supervisor": (counter, now)})
+        silent = now - self._sup_obs["supervisor"][1]
+        if silent > self.supervisor_staleness and not self.supervisor_lost:
+            self.supervisor_lost = True
+            self.journal.append({"event": "supervisor_silent", "silent_s": round(silent, 3),
+                                 "t": time.time()})
+
     def _monitor(self) -> None:
         """Heartbeat thread: beat, watch peers, raise and relay the abort flag."""
         st = self._hb_store
@@ -472,10 +491,14 @@ class FTComm:
                     gen, members = self._gen, list(self._members)
                 others = [m for m in members if m != me]
                 keys = [f"hb/{m}" for m in others] + ["dead/epoch"]
+                if self.supervisor_staleness > 0:
+                    keys.append(SUPERVISOR_HB)
                 if st.check(keys):  # one round trip for all counters (multi_get blocks on a
                     vals = [int(v) for v in st.multi_get(keys)]  # missing key: check first)
                 else:
                     vals = [st.add(k, 0) for k in keys]
+                if self.supervisor_staleness > 0:
+                    sup = vals.pop()
                 counters = dict(zip(others, vals[:-1]))
                 epoch = vals[-1]
                 dead: set[int] = set()
@@ -492,6 +515,8 @@ class FTComm:
                     self._dead |= dead
                     self._dead_epoch = epoch
                     obs, all_dead = dict(self._obs), set(self._dead)
+                if self.supervisor_staleness > 0:
+                    self._watch_supervisor(sup, now, blind)
                 live = live_members(members, obs, now, self._staleness(), all_dead - {me})
                 lost = [m for m in members if m not in live and m != me]
                 if lost and self._aborted_gen < gen:

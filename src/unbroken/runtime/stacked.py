@@ -45,7 +45,7 @@ import json
 import os
 import signal
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import Any, Callable, Protocol
 
@@ -56,9 +56,10 @@ from unbroken.core.placement import make_layout
 from unbroken.core.rectlr import WipeOut, decide, initial_stacks
 from unbroken.core.replay import digest_mismatches, sdc_check_due
 from unbroken.core.shards import DataPlan
+from unbroken.protocol import STOP_KEY
 
 __all__ = ["TrainConfig", "Trainer", "TrainerLike", "make_trainer", "WipeOutError",
-           "DivergenceError", "CoordinatorLostError", "Inject", "StackedRunner", "reference_run", "ledger_records"]
+           "DivergenceError", "CoordinatorLostError", "StopRequested", "Inject", "StackedRunner", "reference_run", "ledger_records"]
 
 
 class WipeOutError(RuntimeError):
@@ -97,6 +98,9 @@ class TrainConfig:
     # hosts compare them bit for bit (0: off). Equal to ckpt_every, the checkpoint written
     # after a passing check is a verified roll-back target (see _incident)
     sdc_every: int = 0
+    # keyword arguments for a "package.module:factory" trainer (its model hyperparameters;
+    # JSON values): ``factory(cfg, **trainer_args)``
+    trainer_args: dict = field(default_factory=dict)
 
     @property
     def backend(self) -> str:
@@ -146,7 +150,7 @@ def make_trainer(cfg: TrainConfig) -> TrainerLike:
         import importlib
 
         mod, _, fn = cfg.model.partition(":")
-        return getattr(importlib.import_module(mod), fn)(cfg)
+        return getattr(importlib.import_module(mod), fn)(cfg, **cfg.trainer_args)
     raise ValueError(f"unknown model {cfg.model!r} (expected 'mlp', 'gpt' or "
                      f"'package.module:factory')")
 
@@ -282,12 +286,21 @@ class Inject:
 
 # layout of the all-reduce buffer after the gradient: N coverage slots, N*N digest slots
 # (type t, slot w) when sdc_every > 0, then these
-_ERR, _CODE, _LOSS, _JOIN, _LOST, _COUNT, _STEP = range(-7, 0)
-_TAIL = 7
+_STOP, _ERR, _CODE, _LOSS, _JOIN, _LOST, _COUNT, _STEP = range(-8, 0)
+_TAIL = 8
+
+
+#: the store counters rank 0 reads into every step's buffer (see ``_control``)
+_CONTROL = ("join/count", "code/count", STOP_KEY)
 
 
 class CoordinatorLostError(RuntimeError):
     """The coordinator's store is gone: every member stopped after the same committed step."""
+
+
+class StopRequested(RuntimeError):
+    """The supervisor asked the job to stop (SIGINT/SIGTERM): every member stopped after the
+    same committed step."""
 
 
 class GuardStopError(RuntimeError):
@@ -343,6 +356,7 @@ class StackedRunner:
             self.slot_of[uid] = slot
         self.admitted = 0    # join records (store ``join/<n>``) dealt with so far
         self.join_seen = 0   # join count seen by the last committed step's rank 0
+        self._control_ready = False
         self._reset_plan(list(range(cfg.groups)))
         self.step = 0
         self.grads: dict[int, torch.Tensor] = {}
@@ -495,15 +509,25 @@ class StackedRunner:
                         buf[d0 + t * n + self.my_slot] = float(digest52(self.grads[t]))
         if self.comm.rank == 0 and not self.comm.store_lost:
             try:  # one observer, so every member sees the same counts
-                buf[_JOIN] = float(self.comm.store.add("join/count", 0))
-                buf[_CODE] = float(self.comm.store.add("code/count", 0))
+                buf[_JOIN], buf[_CODE], buf[_STOP] = self._control()
             except Exception:
                 self.comm.store_lost = True
         # any member that lost the coordinator makes every member stop after this commit
-        buf[_LOST] = 1.0 if self.comm.store_lost else 0.0
+        lost = self.comm.store_lost or getattr(self.comm, "supervisor_lost", False)
+        buf[_LOST] = 1.0 if lost else 0.0
         buf[_COUNT] = 1.0
         buf[_STEP] = float(self.step)
         return buf
+
+    def _control(self) -> tuple[float, float, float]:
+        """Rank 0's one store round trip per step: the join count, the code-record count and
+        the supervisor's stop request (counters, created once so ``multi_get`` never blocks)."""
+        st = self.comm.store
+        if not self._control_ready:
+            for k in _CONTROL:
+                st.add(k, 0)
+            self._control_ready = True
+        return tuple(float(int(v)) for v in st.multi_get(list(_CONTROL)))
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> torch.Tensor:
@@ -579,7 +603,10 @@ class StackedRunner:
             self._apply_code(int(buf[_CODE]))
         if float(buf[_LOST]) > 0:
             raise CoordinatorLostError(
-                f"the coordinator's store is gone; stopped after step {k} on every member")
+                f"the coordinator's store or the supervisor is gone; stopped after step {k} "
+                f"on every member")
+        if float(buf[_STOP]) > 0:
+            raise StopRequested(f"stop requested; stopped after step {k} on every member")
 
     # ------------------------------------------------------------------ incidents
     def _step_check(self, buf: torch.Tensor) -> tuple[str, dict] | None:

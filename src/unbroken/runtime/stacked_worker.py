@@ -39,10 +39,33 @@ import threading
 import time
 from datetime import timedelta
 
+from unbroken.protocol import ExitCode
 from unbroken.runtime.ftcomm_worker import LocalCluster, finish, hard_exit, report_error
 
 
+def die_with_parent() -> None:
+    """Start-up guard: SIGKILL this process when its launcher dies (Linux ``PR_SET_PDEATHSIG``),
+    and leave at once if it is already gone. Until the worker has joined the job it holds
+    nothing worth saving, and would otherwise block connecting to a store nobody hosts."""
+    parent = os.environ.get("UNBROKEN_PARENT_PID")
+    if parent is None:
+        return
+    _pdeathsig(signal.SIGKILL)
+    if os.getppid() != int(parent):  # the launcher died before the line above
+        os._exit(ExitCode.COORDINATOR_LOST)
+
+
+def _pdeathsig(sig: int) -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(sig), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the store's loss still stops the worker
+        pass
+
+
 def worker_main(argv: list[str] | None = None) -> None:
+    die_with_parent()
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--uid", type=int, default=None,
                     help="group id; under torchrun (--from-env) it is the global RANK")
@@ -81,6 +104,9 @@ def worker_main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ckpt-every", type=int, default=50)
     ap.add_argument("--resume", action="store_true",
                     help="start from the newest valid checkpoint in --ckpt-dir")
+    ap.add_argument("--supervisor-staleness", type=float, default=0.0,
+                    help="stop (exit 5, with a checkpoint) when the supervisor's heartbeat has "
+                         "not moved for this long (s; 0: not watched)")
     ap.add_argument("--health-every", type=float, default=1.0,
                     help="the health agent's period in s (0: off)")
     a = ap.parse_args(argv)
@@ -88,12 +114,12 @@ def worker_main(argv: list[str] | None = None) -> None:
     import torch
 
     from unbroken.runtime.ftcomm import FTComm, StoreLostError
-    from unbroken.core.ladder import EXIT_NO_PROGRESS
     from unbroken.runtime.stacked import (
         CoordinatorLostError,
         GuardStopError,
         Inject,
         StackedRunner,
+        StopRequested,
         TrainConfig,
         WipeOutError,
     )
@@ -133,12 +159,16 @@ def worker_main(argv: list[str] | None = None) -> None:
     try:
         comm = FTComm(a.uid, list(range(cfg.groups)), host=a.host, port=a.port,
                       heartbeat_period=a.heartbeat, staleness=a.staleness,
-                      pg_timeout=a.pg_timeout, joining=a.standby, backend=cfg.backend)
+                      pg_timeout=a.pg_timeout, joining=a.standby, backend=cfg.backend,
+                      supervisor_staleness=a.supervisor_staleness)
         runner = StackedRunner(cfg, a.uid, comm, journal, inject=inject, on_fault=on_fault,
                                wipeout_wait=a.wipeout_wait, ckpt_dir=a.ckpt_dir,
                                ckpt_every=a.ckpt_every, verdicts=a.verdicts)
         if a.resume:
             runner.resume()
+        # connected and built: from here the launcher's death reaches us as the store's (or its
+        # heartbeat's) loss, and we stop after a committed step with a checkpoint (exit 5)
+        _pdeathsig(0)
 
         def start_health() -> None:  # a member's agent; a waiting spare has nothing to report
             if a.health_every > 0:
@@ -159,16 +189,22 @@ def worker_main(argv: list[str] | None = None) -> None:
         finish(comm, a.uid, {"params": params.tolist(), "steps": runner.step,
                              "journal": comm.journal})
     except GuardStopError as exc:
-        code = EXIT_NO_PROGRESS
+        code = ExitCode.NO_PROGRESS
         journal({"event": "guard_stop", "error": str(exc), "t": time.time()})
+    except StopRequested as exc:
+        # contract: every member stopped after the same committed step; rank 0 checkpoints it
+        code = ExitCode.STOPPED
+        path = runner.save_checkpoint_now()
+        journal({"event": "stopped", "step": runner.step, "checkpoint": path,
+                 "error": str(exc), "t": time.time()})
     except WipeOutError as exc:
-        code = 4
+        code = ExitCode.WIPEOUT
         if comm is not None:
             comm.store.set(f"wipeout_failed/{a.uid}", json.dumps(str(exc)))
     except (CoordinatorLostError, StoreLostError) as exc:
         # contract: every member stopped after the same committed step; rank 0 leaves a
         # durable checkpoint of it, so ``--resume`` continues exactly once from there
-        code = 5
+        code = ExitCode.COORDINATOR_LOST
         path = runner.save_checkpoint_now()
         journal({"event": "coordinator_lost", "step": runner.step, "checkpoint": path,
                  "error": str(exc), "t": time.time()})
@@ -197,13 +233,25 @@ class StackedCluster(LocalCluster):
                  spares: int = 0, heartbeat: float = 0.1, staleness: float = 1.0,
                  pg_timeout: float = 30.0, wipeout_wait: float = 60.0,
                  ckpt_dir: str | None = None, ckpt_every: int = 50, resume: bool = False,
-                 store_port: int | None = None, python: str | None = None) -> None:
+                 store_port: int | None = None, store_process: bool = False,
+                 supervisor_staleness: float = 0.0, python: str | None = None) -> None:
         import torch.distributed as dist
 
         self.cfg = cfg
         self.uids: list[int] = []
         self.spares = list(range(cfg.groups, cfg.groups + spares))
         self.journal_dir = journal_dir
+        self.store_host = None
+        if store_process and store_port is None:  # the store outlives a stopped launcher
+            self.store_host = subprocess.Popen(
+                [python or sys.executable, "-m", "unbroken.runtime.store_host"],
+                stdout=subprocess.PIPE, text=True, start_new_session=True,
+                env=dict(os.environ, UNBROKEN_PARENT_PID=str(os.getpid())))
+            line = self.store_host.stdout.readline()
+            if not line.strip().isdigit():
+                raise RuntimeError(f"the store host did not start (rc "
+                                   f"{self.store_host.poll()}): {line!r}")
+            store_port = int(line)
         if store_port is None:  # host the store here: the launcher is the coordinator
             self.store = dist.TCPStore("127.0.0.1", 0, is_master=True,
                                        wait_for_workers=False, timeout=timedelta(seconds=60))
@@ -211,7 +259,10 @@ class StackedCluster(LocalCluster):
             self.store = dist.TCPStore("127.0.0.1", store_port, is_master=False,
                                        wait_for_workers=False, timeout=timedelta(seconds=10))
         self.port = self.store.port
-        self._env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+        # workers die with this launcher while they start up (die_with_parent), and sit in a
+        # session of their own so a terminal's Ctrl-C reaches the launcher only
+        self._env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo",
+                         UNBROKEN_PARENT_PID=str(os.getpid()))
         self._python = python or sys.executable
         self._common = ["--port", str(self.port), "--config", cfg.to_json(),
                         "--journal", journal_dir, "--heartbeat", str(heartbeat),
@@ -219,6 +270,8 @@ class StackedCluster(LocalCluster):
                         "--wipeout-wait", str(wipeout_wait), "--ckpt-every", str(ckpt_every),
                         *(["--ckpt-dir", ckpt_dir] if ckpt_dir else []),
                         *(["--resume"] if resume else []),
+                        *(["--supervisor-staleness", str(supervisor_staleness)]
+                          if supervisor_staleness > 0 else []),
                         *(["--verdicts"] if verdicts else [])]
         self.procs = {}
         self._errs = {}
@@ -241,7 +294,7 @@ class StackedCluster(LocalCluster):
                *self._common, *(["--standby"] if standby else []), *extra]
         err = tempfile.TemporaryFile()  # a file, not a pipe: a chatty worker never blocks
         self.procs[uid] = subprocess.Popen(cmd, env=self._env, stdout=subprocess.DEVNULL,
-                                           stderr=err)
+                                           stderr=err, start_new_session=True)
         self._errs[uid] = err
         self.uids.append(uid)
         if standby and uid not in self.spares:
@@ -251,6 +304,12 @@ class StackedCluster(LocalCluster):
         """Send a warm spare to take over layout ``slot`` (it joins at the next step boundary,
         or at once when the survivors are waiting for it after a wipe-out)."""
         self.store.set(f"assign/{spare}", str(slot))
+
+    def close(self) -> None:
+        super().close()
+        if self.store_host is not None and self.store_host.poll() is None:
+            self.store_host.kill()
+            self.store_host.wait(timeout=10)
 
     def journal(self, uid: int) -> list[dict]:
         path = os.path.join(self.journal_dir, f"group-{uid}.jsonl")

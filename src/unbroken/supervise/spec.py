@@ -1,0 +1,208 @@
+"""What a user asks the supervisor to run: a :class:`JobSpec`, validated before anything starts.
+
+Why the trainer is a name and not an object: every worker and every warm spare is its own OS
+process and must build the *same* trainer, so the spec carries an importable factory
+(``"package.module:make"``) and its keyword arguments as JSON (``trainer_args``: the model's
+hyperparameters). The fault-tolerance settings (groups, redundancy, spares, guard, ladder,
+checkpoints) stay here and nowhere in the model's code.
+
+``check`` is the one validation pass: every bad value gives one line naming it (a
+``ValueError``), before a process or a file exists. It also imports and builds the trainer
+once in this process, so an unknown module, a factory that raises or one that returns
+something that is not a trainer is bad input too, not a worker traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from dataclasses import dataclass, field
+
+from unbroken.core.faults import NEED_ACT, REMOVING, Fault, chaos_faults, parse_faults
+from unbroken.core.placement import check as check_placement
+
+__all__ = ["JobSpec", "TrainerError", "check", "spares_for", "train_config", "load_trainer"]
+
+#: what a trainer must offer (``runtime.stacked.TrainerLike``)
+_TRAINER_API = ("grad", "apply", "flat_params", "state_tensors", "numel")
+
+
+class TrainerError(ValueError):
+    """The trainer cannot be imported or built (bad input: exit 2)."""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A training job under the supervisor. ``trainer``: "package.module:factory" (called as
+    ``factory(cfg, **trainer_args)`` in every worker) or a built-in ("gpt", "mlp")."""
+
+    trainer: str
+    trainer_args: dict = field(default_factory=dict)
+    groups: int = 4
+    redundancy: int = 2
+    steps: int = 200
+    seed: int = 0
+    shard_size: int = 8           # samples per shard type per step (each group's micro-batch)
+    faults: str | None = None     # a fire drill: "kind:group@step,..." or "none"
+    chaos: int | None = None      # a seeded mix of every fault kind (needs guard "act")
+    spares: int | None = None     # None: one warm spare per scheduled fault (at least one)
+    standby_p: float | None = None  # size the warm pool as the P99 of Binomial(groups, p)
+    out: str = "out/run"
+    resume: bool = False          # continue from the newest valid checkpoint in out/ckpt
+    fresh: bool = False           # start over in an out dir that holds a run (it is kept aside)
+    staleness: float = 1.0
+    heartbeat: float = 0.1
+    supervisor_staleness: float = 5.0  # members stop (exit 5) when the supervisor is this silent
+    timeout: float = 600.0
+    ckpt_every: int | None = None  # None: 50, or 10 for a chaos run (see ckpt_interval)
+    max_restarts: int = 3
+    metrics_port: int | None = None
+    xid_log: str | None = None
+    guard: str = "log"
+    sdc_every: int | None = None
+    unguarded: bool = False       # bench only: faults that need an acting guard, log-only
+    ladder: str | None = None
+
+    def policy(self):
+        """The guard's ladder policy: the defaults at this scale (a queued update is forced
+        after 5 s, not 24 h), then ``ladder``'s overrides."""
+        from unbroken.core.ladder import LadderPolicy, parse_policy
+
+        base = LadderPolicy(update_deadline=5.0)
+        return parse_policy(self.ladder, base) if self.ladder else base
+
+    def fault_list(self) -> list[Fault]:
+        if self.chaos is not None:
+            return chaos_faults(self.chaos, self.groups, self.steps)
+        if self.faults is None:
+            return []
+        return parse_faults(self.faults, self.groups, self.steps)
+
+    def ckpt_interval(self) -> int:
+        """Checkpoint period: ``ckpt_every``, or 10 for a chaos run (its SDC roll-back target,
+        so a bit flip costs at most 10 redone steps)."""
+        return self.ckpt_every if self.ckpt_every is not None else (
+            10 if self.chaos is not None else 50)
+
+    def sdc_interval(self, faults: list[Fault]) -> int:
+        """The redundant check's period: the checkpoint interval, so the checkpoint written
+        after a passing check is the verified roll-back target."""
+        if self.sdc_every is not None:
+            return self.sdc_every
+        return self.ckpt_interval() if any(f.kind == "flip" for f in faults) else 0
+
+
+def check(spec: JobSpec) -> list[Fault]:
+    """Validate before anything starts; raises ValueError (one line naming the value)."""
+    if spec.groups < 2:
+        raise ValueError(f"--groups {spec.groups}: stacked data parallelism needs at least 2 "
+                         f"groups")
+    if spec.redundancy < 1:
+        raise ValueError(f"--redundancy {spec.redundancy}: must be at least 1")
+    check_placement(spec.groups, spec.redundancy)
+    if spec.steps < 2:
+        raise ValueError(f"--steps {spec.steps}: need at least 2 steps")
+    if spec.shard_size < 1:
+        raise ValueError(f"--shard-size {spec.shard_size}: must be at least 1")
+    if spec.guard not in ("log", "act"):
+        raise ValueError(f"--guard {spec.guard!r}: expected 'log' or 'act'")
+    if spec.chaos is not None and (spec.chaos < 0 or spec.faults is not None):
+        raise ValueError(f"--chaos {spec.chaos}: needs a seed >= 0 and no --faults"
+                         if spec.chaos < 0 else "--chaos and --faults exclude each other")
+    if spec.resume and spec.fresh:
+        raise ValueError("--resume and --fresh exclude each other")
+    needy = [f for f in spec.fault_list() if f.kind in NEED_ACT]
+    if needy and spec.guard != "act" and not spec.unguarded:
+        raise ValueError(f"fault {needy[0].spec!r} needs --guard act (a log-only guard cannot "
+                         f"end a stall, undo a NaN or corruption, or roll back code)")
+    spec.policy()  # an impossible ladder budget is bad input, before anything starts
+    if spec.sdc_every is not None and spec.sdc_every < 0:
+        raise ValueError(f"--sdc-every {spec.sdc_every}: must be >= 0 (0: off)")
+    if spec.ckpt_interval() < 1:
+        raise ValueError(f"--ckpt-every {spec.ckpt_every}: must be at least 1")
+    if spec.spares is not None and spec.spares < 0:
+        raise ValueError(f"--spares {spec.spares}: must be >= 0")
+    if spec.standby_p is not None:
+        if spec.spares is not None:
+            raise ValueError("--spares and --standby-p exclude each other")
+        from unbroken.core.standby import standby_size
+
+        standby_size(spec.groups, spec.standby_p)  # StandbyError (a ValueError) names p
+    if not 0 < spec.heartbeat < spec.staleness:
+        raise ValueError(f"--staleness {spec.staleness}: must exceed the heartbeat period "
+                         f"{spec.heartbeat}")
+    if not spec.supervisor_staleness > spec.heartbeat:
+        raise ValueError(f"supervisor staleness {spec.supervisor_staleness}: must exceed the "
+                         f"heartbeat period {spec.heartbeat}")
+    try:
+        json.dumps(spec.trainer_args)
+    except (TypeError, ValueError):
+        raise TrainerError(f"--trainer-args {spec.trainer_args!r}: not JSON") from None
+    if not isinstance(spec.trainer_args, dict):
+        raise TrainerError(f"--trainer-args {json.dumps(spec.trainer_args)}: expected a JSON "
+                           f"object (the factory's keyword arguments)")
+    return spec.fault_list()
+
+
+def spares_for(spec: JobSpec, faults: list[Fault]) -> int:
+    """Warm spares started with the job, one per fault that takes a process away: they import
+    and build the model *before* step 0, so on a small machine their start-up does not slow
+    training the way a late one does."""
+    if spec.spares is not None:
+        return spec.spares
+    if spec.standby_p is not None:  # byterobust §8: the P99 of Binomial(groups, p)
+        from unbroken.core.standby import standby_size
+
+        return standby_size(spec.groups, spec.standby_p)
+    return max(1, sum(1 for f in faults if f.kind in REMOVING or f.kind == "xid"))
+
+
+def train_config(spec: JobSpec, sdc_every: int = 0):
+    """The workers' configuration (``runtime.stacked.TrainConfig``) for this job."""
+    from unbroken.runtime.stacked import TrainConfig
+
+    extra = {}
+    if spec.trainer == "gpt":  # the built-in GPT's own settings (the demo's)
+        from unbroken.runtime.gpt import RECOMMENDED_LR
+
+        extra = {"lr": RECOMMENDED_LR, "dataset_size": 8192}
+    return TrainConfig(groups=spec.groups, redundancy=spec.redundancy, steps=spec.steps,
+                       seed=spec.seed, model=spec.trainer, trainer_args=dict(spec.trainer_args),
+                       shard_size=spec.shard_size, snapshot=True, sdc_every=sdc_every, **extra)
+
+
+def load_trainer(cfg):
+    """Build the trainer once here, as every worker will; any failure is a TrainerError naming
+    the trainer and what went wrong (one line)."""
+    name = cfg.model
+    import os
+    import sys
+
+    if os.getcwd() not in sys.path:  # as ``python -m`` does for the workers: a trainer
+        sys.path.insert(0, os.getcwd())  # module in the current directory imports here too
+    if name not in ("gpt", "mlp"):
+        mod, sep, fn = name.partition(":")
+        if not sep or not mod or not fn:
+            raise TrainerError(f"--trainer {name!r}: expected 'package.module:factory'")
+        try:
+            factory = getattr(importlib.import_module(mod), fn)
+        except ImportError as exc:
+            raise TrainerError(f"--trainer {name!r}: cannot import {mod!r} ({exc})") from None
+        except AttributeError:
+            raise TrainerError(f"--trainer {name!r}: module {mod!r} has no {fn!r}") from None
+        if not callable(factory):
+            raise TrainerError(f"--trainer {name!r}: {fn!r} is not callable")
+    from unbroken.runtime.stacked import make_trainer
+
+    try:
+        tr = make_trainer(cfg)
+    except Exception as exc:  # the user's code: any error is theirs to see, in one line
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise TrainerError(f"--trainer {name!r}: the factory raised {type(exc).__name__}"
+                           f"{': ' + msg if msg else ''}") from None
+    missing = [a for a in _TRAINER_API if not hasattr(tr, a)]
+    if missing:
+        raise TrainerError(f"--trainer {name!r}: the factory returned a "
+                           f"{type(tr).__name__}, not a trainer (no {', '.join(missing)}); "
+                           f"return a unbroken.ModuleTrainer or a TrainerLike")
+    return tr

@@ -1,0 +1,570 @@
+"""The supervisor: launches a job's workers and warm spares, watches them, carries out the guard.
+
+What it owns (and nothing else): the processes. It starts one worker per data-parallel group
+and a pool of warm spares, hosts the store in a child process of its own, posts a death
+notice the moment a worker exits (the fast path for kills), evicts a member the survivors
+re-formed without, sends a spare to every lost slot and keeps the pool full, carries out the
+guard's orders (evict, respawn, code records, verdicts), and restarts the job from the durable
+checkpoint when a wipe-out cannot be covered. Masking, re-planning, roll-forward, state copies
+and in-place restores happen inside the workers (:mod:`unbroken.runtime.stacked`); the
+supervisor never decides a plan, and the guard (:mod:`unbroken.guard`) decides every ladder
+rung.
+
+Failure semantics (each tested in ``tests/supervise``):
+
+* **Supervisor stopped** (SIGSTOP, a wedged host): it beats ``hb/supervisor`` from a thread of
+  its own; members that see it silent for ``supervisor_staleness`` s stop after the same
+  committed step, rank 0 writes a checkpoint, and they exit 5. The store lives in a separate
+  process, so that stop is coordinated. A continued supervisor reports exit 5;
+  ``--resume`` continues.
+* **Supervisor killed**: its store host dies with it (``PR_SET_PDEATHSIG``); members stop as
+  above (exit 5). Workers still starting up die with it within a second.
+* **Ctrl-C / SIGTERM**: ``ctl/stop`` is set; rank 0 reads it into the step buffer, every member
+  stops after the same committed step, rank 0 writes a checkpoint, they exit 8, the spares are
+  killed and :meth:`Supervisor.run` returns exit 130 / 143 with one line naming the checkpoint.
+  A second signal kills everything at once. Workers sit in their own session, so a terminal's
+  Ctrl-C does not reach them.
+
+Latency budget at the default settings: a kill is noticed from the exit (~0.1 s), a hang from
+heartbeats (``staleness``, 1 s), a silent supervisor in ``supervisor_staleness`` (5 s).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from unbroken.core.anomaly import stall_suspected
+from unbroken.core.faults import Fault, format_faults
+from unbroken.core.membership import left_behind
+from unbroken.core.standby import refill
+from unbroken.protocol import STOP_KEY, SUPERVISOR_HB, ExitCode
+from unbroken.supervise.drill import LauncherDrill
+from unbroken.supervise.outdir import prepare, read_journal, repair_journals
+from unbroken.supervise.spec import JobSpec, check, load_trainer, spares_for, train_config
+
+__all__ = ["Supervisor", "RunResult", "RunError"]
+
+
+class RunError(RuntimeError):
+    """The run could not finish (a worker error, no survivor, a timeout): exit 1."""
+
+
+@dataclass
+class RunResult:
+    """What :meth:`Supervisor.run` returns: the exit code, one line when it is not 0, the
+    report (``unbroken.demo_report.build_report`` keys) and every finisher's final params."""
+
+    code: ExitCode
+    message: str | None
+    report: dict
+    params: dict[int, list] = field(default_factory=dict)
+    checkpoint: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.code == ExitCode.OK
+
+
+class _Restart(Exception):
+    """No replacement can cover a wipe-out: restart every group from the durable checkpoint."""
+
+
+class _Ended(Exception):
+    """Every member stopped on purpose (a stop request, a silent supervisor, the ladder)."""
+
+    def __init__(self, code: ExitCode, message: str, checkpoint: str | None = None) -> None:
+        super().__init__(message)
+        self.code, self.checkpoint = code, checkpoint
+
+
+class _Tail:
+    """Reads the complete lines appended to a group's journal since the last call."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.pos, self.rest = path, 0, b""
+
+    def read(self) -> list[dict]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.pos)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        self.pos += len(data)
+        data, self.rest = self.rest + data, b""
+        lines = data.split(b"\n")
+        self.rest = lines.pop()  # an incomplete last line waits for its newline
+        out = []
+        for x in lines:
+            if x.strip():
+                try:
+                    out.append(json.loads(x))
+                except ValueError:  # a line a killed writer left half-written
+                    out.append({"event": "journal_damaged", "file": str(self.path)})
+        return out
+
+
+class Supervisor:
+    """Runs one :class:`JobSpec` to the end; ``emit_line`` gets one line per notable event
+    (from ``view.update``), ``view`` (optional) renders the journal live."""
+
+    def __init__(self, spec: JobSpec, *, emit_line: Callable[[str], None] | None = None,
+                 view: Any = None, figure: str = "run.png") -> None:
+        self.spec, self.emit_line, self.view, self.figure = spec, emit_line, view, figure
+        self.events: list[dict] = []
+        self._signal: int | None = None
+
+    # ------------------------------------------------------------------ public
+    def check(self):
+        """Validate the spec and build the trainer once (bad input raises ValueError)."""
+        faults = check(self.spec)
+        cfg = train_config(self.spec, self.spec.sdc_interval(faults))
+        load_trainer(cfg)
+        return faults, cfg
+
+    def run(self) -> RunResult:
+        spec = self.spec
+        faults, cfg = self.check()
+        out = Path(spec.out)
+        found = prepare(out, resume=spec.resume, fresh=spec.fresh)
+        exporter = None
+        if spec.metrics_port is not None:  # bind first: a bad port fails before anything runs
+            from unbroken.metrics import MetricsExporter
+
+            exporter = MetricsExporter(spec.metrics_port)
+            self._line(f"metrics on http://127.0.0.1:{exporter.port}/metrics")
+        if found["kept_in"]:
+            self._line(f"the previous run in {out} was moved to {found['kept_in']}")
+        repaired = repair_journals(out) if spec.resume else []
+        jdir = out / "groups"
+        jdir.mkdir(exist_ok=True)
+        xid_log = spec.xid_log
+        if xid_log is None and any(f.kind == "xid" for f in faults):
+            xid_log = str(out / "kernel.log")  # the drill's XID lines go here (dmesg stand-in)
+            Path(xid_log).touch()
+        self._merged = open(out / "journal.jsonl", "a" if spec.resume else "w", buffering=1)
+        self._exporter, self._last_export = exporter, 0.0
+        old = self._install_signals()
+        try:
+            return self._run(faults, cfg, out, jdir, xid_log, found, repaired)
+        finally:
+            self._restore_signals(old)
+            self._merged.close()
+            if exporter is not None:
+                exporter.update(self.events)
+                exporter.close()
+
+    # ------------------------------------------------------------------ internals
+    def _line(self, text: str) -> None:
+        if self.emit_line is not None:
+            self.emit_line(text)
+
+    def emit(self, ev: dict, src: str = "driver") -> None:
+        ev = {**ev, "src": src}
+        ev.setdefault("t", time.time())
+        self.events.append(ev)
+        self._merged.write(json.dumps(ev) + "\n")
+        line = self.view.update(ev) if self.view is not None else None
+        if line:
+            self._line(line)
+        if self._exporter is not None and time.monotonic() - self._last_export > 0.5:
+            self._last_export = time.monotonic()  # the report is O(journal): refresh at 2 Hz
+            self._exporter.update(self.events)
+
+    def _install_signals(self) -> dict:
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+
+        def on_signal(signum, _frame):
+            if self._signal is not None:  # the second one: no more waiting
+                raise KeyboardInterrupt
+            self._signal = signum
+
+        return {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    @staticmethod
+    def _restore_signals(old: dict) -> None:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+    def _run(self, faults, cfg, out: Path, jdir: Path, xid_log, found, repaired) -> RunResult:
+        from unbroken.core.shards import exactly_once
+        from unbroken.demo_report import build_report
+        from unbroken.guard import Guard
+        from unbroken.runtime.stacked import ledger_records
+
+        spec = self.spec
+        t_start = time.time()
+        spares = spares_for(spec, faults)
+        self.emit({"event": "start", "config": {
+            "groups": spec.groups, "redundancy": spec.redundancy, "steps": spec.steps,
+            "seed": spec.seed, "spares": spares, "standby_p": spec.standby_p,
+            "model": cfg.model, "trainer_args": spec.trainer_args,
+            "staleness": spec.staleness, "guard": spec.guard, "chaos": spec.chaos,
+            "sdc_every": cfg.sdc_every, "resume": spec.resume,
+            "resume_step": found["resume_step"]},
+            "faults": [{"kind": f.kind, "group": f.group, "step": f.step,
+                        **({"code": f.code} if f.code is not None else {})} for f in faults],
+            "fault_spec": format_faults(faults)})
+        for path in repaired:
+            self.emit({"event": "journal_repaired", "file": path,
+                       "reason": "a last line cut off mid-write was removed"})
+        holders: dict[int, int] = {}  # pid -> uid, for XID lines
+        guard = Guard(self.emit, standby=spares, xid_log=xid_log, act=spec.guard == "act",
+                      base_model=cfg.model, uid_of_pid=holders.get,
+                      ckpt_every=spec.ckpt_interval(), policy=spec.policy())
+        fired: set[tuple[str, int]] = set()
+        attempt, done, ended = 0, None, None
+        while done is None and ended is None:
+            pending = [f for f in faults if (f.kind, f.group) not in fired]
+            c = _cluster(cfg, jdir, spares, spec, out / "ckpt",
+                         resume=attempt > 0 or spec.resume, pending=pending)
+            beat = _Heartbeat(c.store, spec.heartbeat)
+            try:
+                done = _Attempt(self, c, fired, guard, pending, xid_log, holders,
+                                restarting=attempt > 0, skip_old=attempt > 0 or spec.resume
+                                ).run()
+            except _Restart as r:
+                attempt += 1
+                if attempt > spec.max_restarts:
+                    raise RunError(f"{r}; gave up after {spec.max_restarts} restarts") from None
+                self.emit({"event": "restart_requested", "reason": str(r), "attempt": attempt})
+            except _Ended as e:
+                ended = e
+            finally:
+                beat.stop()
+                c.close()
+        journals = {int(f.stem.split("-")[1]): read_journal(f)
+                    for f in sorted(jdir.glob("group-*.jsonl"))}
+        wall = time.time() - t_start
+        self.emit({"event": "end", "wall_s": wall,
+                   **({"code": int(ended.code), "reason": str(ended)} if ended else {})})
+        steps = spec.steps if ended is None else None
+        rep = exactly_once(ledger_records(journals), steps or _committed(journals),
+                           cfg.groups)
+        report = build_report(self.events, max_abs_param_diff=None, exactly_once=rep.ok,
+                              ledger={"records": rep.records, "missing": len(rep.missing),
+                                      "duplicated": len(rep.duplicated),
+                                      "stray": len(rep.stray)})
+        report["faults_detected"] = sum(1 for f in report["time_lost_per_fault"]
+                                        if f["detect_s"] is not None)
+        report["wall_s"] = wall
+        report["journal"] = str(out / "journal.jsonl")
+        if self._exporter is not None:
+            report["metrics_port"] = self._exporter.port
+        from unbroken.demo_report import plot_demo
+
+        report["png"] = str(plot_demo(self.events, out / self.figure))
+        if ended is not None:
+            report["stopped"] = {"code": int(ended.code), "reason": str(ended),
+                                 "checkpoint": ended.checkpoint}
+            return RunResult(ended.code, str(ended), report, checkpoint=ended.checkpoint)
+        return RunResult(ExitCode.OK, None, report, params={u: d["params"]
+                                                            for u, d in done.items()})
+
+
+def _committed(journals: dict[int, list[dict]]) -> int:
+    """Steps committed so far (the ledger's extent when a run stopped early)."""
+    top = -1
+    for evs in journals.values():
+        for e in evs:
+            if e.get("event") == "commit":
+                top = max(top, int(e["step"]))
+            elif e.get("event") == "restore":
+                top = max(-1, min(top, int(e["step"]) - 1))
+    return top + 1
+
+
+class _Heartbeat:
+    """The supervisor's own heartbeat, from a thread with its own store client: it stops when
+    the whole process is stopped, which is exactly what the members must notice."""
+
+    def __init__(self, store, period: float) -> None:
+        self._stop = threading.Event()
+        st = store.clone()
+        st.add(SUPERVISOR_HB, 1)
+
+        def beat() -> None:
+            while not self._stop.wait(period):
+                try:
+                    st.add(SUPERVISOR_HB, 1)
+                except Exception:
+                    return  # the store host is gone: the members see that themselves
+        self._thread = threading.Thread(target=beat, name="supervisor-hb", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+
+
+def _cluster(cfg, jdir: Path, spares: int, spec: JobSpec, ckdir: Path, *, resume: bool,
+             pending: list[Fault]):
+    """The cluster for one attempt; the victims inject ``pending`` faults (the ones not
+    injected by an earlier attempt) themselves."""
+    from unbroken.runtime.stacked_worker import StackedCluster
+
+    def by(kind: str) -> dict[int, int]:
+        return {f.group: f.step for f in pending if f.kind == kind}
+
+    return StackedCluster(cfg, str(jdir), spares=spares, heartbeat=spec.heartbeat,
+                          staleness=spec.staleness, ckpt_dir=str(ckdir),
+                          ckpt_every=spec.ckpt_interval(), resume=resume,
+                          die_at=by("kill"), stop_at=by("hang"), slow_from=by("slow"),
+                          stall_at=by("stall"), nan_at=by("nan"), flip_from=by("flip"),
+                          verdicts=spec.guard == "act", store_process=True,
+                          supervisor_staleness=spec.supervisor_staleness)
+
+
+class _Attempt:
+    """One attempt of the job: tails every group's journal, feeds the guard, carries out the
+    guard's orders and the launcher's own duties (death notices, spares), until every member
+    finished. Raises :class:`_Restart` when a wipe-out cannot get replacements, :class:`_Ended`
+    when the members stopped on purpose."""
+
+    def __init__(self, sup: Supervisor, c, fired: set, guard, pending: list[Fault],
+                 xid_log: str | None, holders: dict[int, int], restarting: bool,
+                 skip_old: bool) -> None:
+        self.sup, self.c, self.spec, self.emit = sup, c, sup.spec, sup.emit
+        self.fired, self.guard, self.holders = fired, guard, holders
+        self.restarting, self.skip_old = restarting, skip_old
+        self.t_decided = time.time()
+        self.tails: dict[int, _Tail] = {}
+        self.members = set(range(self.spec.groups))   # uids that hold a slot
+        self.slot_of = {u: u for u in self.members}
+        self.pool = list(c.spares)                    # warm spares not yet assigned
+        self.next_uid = self.spec.groups + len(c.spares)
+        self.finished: dict[int, dict] = {}
+        self.stopped: dict[int, int] = {}             # uid -> its on-purpose exit code
+        self.handled: set[int] = set()
+        self.restarts: set[int] = set()  # generations whose restart was announced
+        self.restored = False
+        self.seen: set[int] = set()      # uids that have been members of some generation
+        self.wiped: dict[int, float] = {}  # step -> first wipe-out event time
+        self.top, self.last_step_t = -1, time.time()
+        self.checkpoint: str | None = None
+        self.stop_posted: float | None = None
+        self.drill = LauncherDrill(pending, c.cfg.model, xid_log, self.emit, fired, guard)
+        for u in self.members | set(self.pool):  # XID lines name the pid of any holder
+            holders[c.procs[u].pid] = u
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> dict[int, dict]:
+        from unbroken.runtime.ftcomm import declare_dead
+
+        self.declare_dead = declare_dead
+        deadline = time.monotonic() + self.spec.timeout
+        while True:
+            for u in list(self.c.uids):
+                for ev in self._tail(u).read():
+                    self._on_event(u, ev)
+            if self.sup._signal is not None and self.stop_posted is None:
+                self._post_stop()
+            self.drill.fire(self.top, self._holder)
+            self.guard.poll(time.time(), live=self.members - set(self.finished))
+            if self.spec.guard == "act" and stall_suspected(time.time(), self.last_step_t,
+                                                            self.top >= 0):
+                self.last_step_t = time.time()  # re-arm: one localisation per stall period
+                live = self._live()
+                self.guard.localise_stall({u: self.c.procs[u].pid for u in live},
+                                          {u: self.slot_of[u] for u in live},
+                                          Path(self.c.journal_dir))
+            self._orders()
+            done = self._exits()
+            if done is not None:
+                return done
+            if time.monotonic() > deadline:
+                raise RunError(f"no finish within {self.spec.timeout:.0f}s")
+            try:  # wait on a member's exit (an event we care about) rather than a bare sleep
+                self.c.procs[min(self.members)].wait(timeout=0.02)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def _post_stop(self) -> None:
+        """Ask every member to stop after the next committed step (rank 0 reads the key)."""
+        self.stop_posted = time.time()
+        name = signal.Signals(self.sup._signal).name
+        self.emit({"event": "stop_requested", "signal": name})
+        self.c.store.add(STOP_KEY, 1)
+        for u in list(self.pool):  # a waiting spare holds nothing: it just goes
+            self.c.procs[u].kill()
+
+    def _holder(self, slot: int) -> tuple[int, int] | None:
+        held = [u for u in self._live() if self.slot_of[u] == slot]
+        return (held[0], self.c.procs[held[0]].pid) if held else None
+
+    def _tail(self, u: int) -> _Tail:
+        if u not in self.tails:
+            tail = self.tails[u] = _Tail(Path(self.c.journal_dir) / f"group-{u}.jsonl")
+            if self.skip_old:  # skip what a previous incarnation or run wrote
+                tail.pos = tail.path.stat().st_size if tail.path.exists() else 0
+        return self.tails[u]
+
+    def _live(self) -> list[int]:
+        return sorted(u for u in self.members
+                      if u not in self.finished and self.c.procs[u].poll() is None)
+
+    # ------------------------------------------------------------------ journal events
+    def _on_event(self, u: int, ev: dict) -> None:
+        name, emit = ev.get("event"), self.emit
+        if name == "fault":
+            self.fired.add((ev["kind"], ev.get("uid", ev["group"])))
+        if name in ("stopped", "coordinator_lost") and ev.get("checkpoint"):
+            self.checkpoint = ev["checkpoint"]
+        if name == "restore" and self.restarting and not self.restored \
+                and ev.get("reason") != "verdict":
+            self.restored = True
+            emit({"event": "restart", "step": ev["step"], "source": ev["source"],
+                  "reason": "wipe-out without replacements", "t": self.t_decided,
+                  "t_ready": ev["t"]})
+        if name == "wipeout" and not self.pool:
+            emit(ev, src=f"group-{u}")
+            raise _Restart(f"wipe-out at step {ev['step']} and no spare left: "
+                           f"restart from the durable checkpoint")
+        if name == "restart":  # one per survivor; the driver's line counts it once
+            if ev["gen"] not in self.restarts:
+                self.restarts.add(ev["gen"])
+                emit({"event": "restart", "step": ev["step"], "source": ev["source"],
+                      "reason": "wipe-out", "t_ready": ev["t"],
+                      "t": self.wiped.get(ev["step"], ev["reform_at"])})
+            ev = {**ev, "event": "restarted"}
+        emit(ev, src=f"group-{u}")
+        now = time.time()
+        if name == "commit":
+            self.guard.on_commit(ev, uid=u)
+            if ev["step"] > self.top:
+                self.top, self.last_step_t = ev["step"], now
+        elif name == "incident":
+            self.guard.on_incident(ev, now)
+        elif name == "replay":
+            self.guard.on_replay(ev, now)
+        elif name == "sdc_check":
+            self.guard.on_check(ev)
+        elif name == "health":
+            self.guard.on_health(ev, u)
+        elif name == "joined":
+            emit({"event": "join", "uid": u, "slot": ev["slot"], "step": ev["step"]})
+        elif name == "wipeout":
+            self.wiped.setdefault(ev["step"], ev["t"])
+        if "members" in ev and "gen" in ev:
+            self.seen.update(ev["members"])
+        if name in ("replan", "wipeout") and "members" in ev:
+            # a holder the survivors re-formed without while its process lives: a hang
+            for gone in left_behind((self.members & self.seen) - self.handled, ev["members"]):
+                if gone not in self.finished and self.c.procs[gone].poll() is None:
+                    self._evict(gone, "heartbeat")
+
+    # ------------------------------------------------------------------ orders
+    def _orders(self) -> None:
+        st = self.c.store
+        while self.guard.orders:
+            order = self.guard.orders.pop(0)
+            verb = order[0]
+            if verb == "code":
+                _, n, rec = order
+                st.set(f"code/{n}", json.dumps(rec))
+                st.add("code/count", 1)  # rank 0 reads it: every member swaps at one boundary
+                self.emit({"event": "code_posted", "n": n, **rec})
+            elif verb == "verdict":
+                _, key, obj = order
+                st.set(key, json.dumps(obj))
+                self.emit({"event": "verdict_posted", "key": key, **obj})
+            elif verb in ("evict", "respawn"):
+                _, gone, how = order
+                if gone in self.members and gone not in self.handled \
+                        and gone not in self.finished and self.c.procs[gone].poll() is None:
+                    self._evict(gone, how, fresh=verb == "respawn")
+
+    def _evict(self, uid: int, how: str, fresh: bool = False) -> None:
+        self.c.procs[uid].send_signal(signal.SIGKILL)
+        self.c.procs[uid].wait(timeout=10)
+        self.declare_dead(self.c.store, uid)
+        self._replace(uid, how, fresh=fresh)
+
+    def _replace(self, uid: int, how: str, fresh: bool = False) -> None:
+        """The slot of a dead ``uid`` goes to a warm spare, or (``fresh``: retry in place) to a
+        new process started for it now."""
+        self.handled.add(uid)
+        self.members.discard(uid)
+        slot = self.slot_of[uid]
+        self.emit({"event": "detected", "group": uid, "slot": slot, "how": how})
+        if self.stop_posted is not None:
+            return  # stopping: nobody is replaced any more
+        if fresh:
+            self._spawn()
+            spare = self.pool.pop()  # the one just started, not a warm one
+        elif self.pool:
+            spare = self.pool.pop(0)
+        else:
+            self.emit({"event": "no_spare", "slot": slot})
+            return
+        self.slot_of[spare] = slot
+        self.members.add(spare)
+        self.c.assign(spare, slot)
+        self.emit({"event": "assign", "uid": spare, "slot": slot,
+                   **({"fresh": True} if fresh else {})})
+        for _ in range(refill(len(self.pool))):  # keep one warm for the next fault (its
+            self._spawn()                        # start-up takes CPU from training here)
+
+    def _spawn(self) -> None:
+        self.c.spawn(self.next_uid, standby=True)
+        self.holders[self.c.procs[self.next_uid].pid] = self.next_uid
+        self.pool.append(self.next_uid)
+        self.next_uid += 1
+
+    # ------------------------------------------------------------------ process exits
+    def _exits(self) -> dict[int, dict] | None:
+        c = self.c
+        for u in sorted(self.members):
+            if u in self.finished or u in self.stopped:
+                continue
+            if c.store.check([f"done/{u}"]):
+                self.finished[u] = json.loads(c.store.get(f"done/{u}"))
+                continue
+            if c.store.check([f"error/{u}"]):
+                raise RunError(f"group {u} failed:\n{c.store.get(f'error/{u}').decode()}")
+            rc = c.procs[u].poll()
+            if rc is None or u in self.handled:
+                continue
+            if rc == -signal.SIGKILL and self.stop_posted is None:
+                self.declare_dead(c.store, u)  # the launcher saw the exit: no heartbeat wait
+                self._replace(u, "exit")
+            elif rc == ExitCode.WIPEOUT:
+                raise _Restart(f"group {u} gave up waiting for replacements (exit 4)")
+            elif rc in (ExitCode.STOPPED, ExitCode.COORDINATOR_LOST, ExitCode.NO_PROGRESS):
+                self.stopped[u] = rc
+            elif self.stop_posted is not None:
+                self.stopped[u] = rc  # stopping anyway: record, do not replace
+            else:
+                raise RunError(f"group {u} exited with code {rc}:\n{c.stderr(u)[-2000:]}")
+        if self.stopped and self.members <= set(self.finished) | set(self.stopped):
+            raise self._ended()
+        if self.members and self.members <= set(self.finished):
+            return {u: self.finished[u] for u in sorted(self.members)}
+        if not self.members:
+            raise _Restart("every group is gone and no spare is left")
+        return None
+
+    def _ended(self) -> _Ended:
+        """Why every member stopped: the most telling code among theirs."""
+        codes = set(self.stopped.values())
+        where = f"; checkpoint {self.checkpoint}" if self.checkpoint else ""
+        step = self.top + 1
+        if ExitCode.NO_PROGRESS in codes:
+            return _Ended(ExitCode.NO_PROGRESS, f"the guard's ladder gave up at step {step} "
+                                                f"(exit 6){where}", self.checkpoint)
+        if ExitCode.COORDINATOR_LOST in codes:
+            return _Ended(ExitCode.COORDINATOR_LOST,
+                          f"the members found the supervisor silent and stopped after step "
+                          f"{self.top}{where}; --resume continues", self.checkpoint)
+        sig = signal.Signals(self.sup._signal or signal.SIGINT)
+        code = ExitCode.INTERRUPTED if sig == signal.SIGINT else ExitCode.TERMINATED
+        return _Ended(code, f"stopped on {sig.name} after step {self.top}{where}; --resume "
+                            f"continues", self.checkpoint)

@@ -1,0 +1,103 @@
+"""``unbroken run`` as a user types it: bad input is one line and exit 2 with nothing started,
+a second run into the same --out is refused, --resume with nothing to resume is exit 7; the
+example model trains through a worker SIGKILLed from outside, exactly once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def unbroken(*args: str, cwd: Path = ROOT, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "unbroken", *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=cwd)
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--trainer", "nosuch.mod:make"], "cannot import 'nosuch.mod'"),
+    (["--trainer", "unbroken.core.units:nope"], "has no 'nope'"),
+    (["--trainer", "nocolon"], "expected 'package.module:factory'"),
+    (["--trainer", "builtins:str"], "returned a str, not a trainer"),
+    (["--trainer", "json:dumps"], "the factory raised TypeError"),
+    (["--trainer", "mlp", "--trainer-args", "{bad"], "--trainer-args '{bad': not JSON"),
+    (["--trainer", "mlp", "--trainer-args", "[1, 2]"], "expected a JSON object"),
+    (["--trainer", "examples.tiny_lm:make", "--trainer-args", '{"depth": 3}'],
+     "unexpected keyword argument 'depth'"),
+])
+def test_a_bad_trainer_is_one_line_exit_2_and_nothing_started(tmp_path, args, named):
+    p = unbroken("run", *args, "--out", str(tmp_path / "run"))
+    assert p.returncode == 2, p.stderr
+    assert named in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_resume_with_nothing_to_resume_is_exit_7(tmp_path):
+    p = unbroken("run", "--trainer", "mlp", "--resume", "--out", str(tmp_path / "typo"))
+    assert p.returncode == 7 and "holds no previous run" in p.stderr, p.stderr
+    assert not (tmp_path / "typo").exists()
+
+
+@pytest.mark.mp
+@pytest.mark.timeout(300)
+def test_the_example_trains_through_a_worker_killed_from_outside(tmp_path):
+    """The README's walk-through: the user's own transformer, one worker SIGKILLed by pid from
+    outside mid-run; the run finishes every step exactly once. Then running into the same
+    --out again is refused (the resume point stays)."""
+    out = tmp_path / "example"
+    cmd = [sys.executable, "-m", "unbroken", "run", "--trainer", "examples.tiny_lm:make",
+           "--trainer-args", '{"d_model": 32}', "--steps", "60", "--spares", "1",
+           "--ckpt-every", "20", "--out", str(out), "--json"]
+    sup = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    try:
+        victim = None
+        deadline = time.monotonic() + 120
+        while victim is None:  # group 1's pid, once it has committed a few steps
+            assert sup.poll() is None and time.monotonic() < deadline, sup.stderr.read()
+            j = out / "groups" / "group-1.jsonl"
+            if j.exists() and j.read_text().count('"event": "commit"') >= 5:
+                victim = next(int(d.name) for d in Path("/proc").iterdir()
+                              if d.name.isdigit() and "--uid 1 " in _cmd(d)
+                              and str(out / "groups") in _cmd(d))
+            else:
+                try:
+                    sup.wait(timeout=0.1)
+                except subprocess.TimeoutExpired:
+                    pass
+        os.kill(victim, signal.SIGKILL)
+        stdout, stderr = sup.communicate(timeout=240)
+    finally:
+        sup.kill()
+    assert sup.returncode == 0, stderr[-3000:]
+    rep = json.loads(stdout)
+    assert rep["steps"] == 60 and rep["exactly_once"] is True
+    assert rep["ledger"]["records"] == 60 * 4 and rep["ledger"]["missing"] == 0
+    assert rep["faults_masked"] == 0  # nothing was injected: the kill came from outside
+    events = [json.loads(x) for x in (out / "journal.jsonl").read_text().splitlines()]
+    assert any(e["event"] == "detected" and e["slot"] == 1 and e["how"] == "exit"
+               for e in events)
+    assert any(e["event"] == "join" and e["slot"] == 1 for e in events)
+    assert rep["final_loss"] < 3.0  # a 30-symbol vocabulary starts near ln 30 = 3.4
+    again = unbroken("run", "--trainer", "examples.tiny_lm:make", "--steps", "60",
+                     "--out", str(out))
+    assert again.returncode == 2 and "holds a previous run" in again.stderr
+    assert any((out / "ckpt").glob("step-*"))
+
+
+def _cmd(d: Path) -> str:
+    try:
+        return (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
