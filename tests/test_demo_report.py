@@ -1,6 +1,7 @@
 """The demo's summary, figure and live view, fed a synthetic journal."""
 
 import json
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -127,3 +128,27 @@ def test_live_view_wipeout_restart_join_and_plain_lines():
     out = con.export_text()
     assert "g4@1 spare" in out and "done in" in out
     assert len(view.lines) <= 8
+
+
+def test_chaos11_report_and_live_view_give_each_fault_its_own_outcome():
+    # issue 9: the guard's restore of the bit flip was booked under the slow fault of step 22
+    ev = [json.loads(line) for line in (Path(__file__).parent / "data" /
+                                         "chaos11_trimmed.jsonl").read_text().splitlines()]
+    rows = {f["kind"]: f for f in build_report(ev, max_abs_param_diff=None,
+                                               exactly_once=True)["time_lost_per_fault"]}
+    assert rows["slow"]["masked"] and rows["slow"]["how"] == "replan (phase free, depth 2)"
+    assert not rows["flip"]["masked"] and "restore @ step 40" in rows["flip"]["how"]
+    assert rows["flip"]["lost_s"] > rows["slow"]["lost_s"] > 0
+    con = Console(record=True, width=160)
+    print_report(con, build_report(ev, max_abs_param_diff=None, exactly_once=True))
+    table = con.export_text().splitlines()
+    assert any("slow group 1 @ step 22" in x and "replan (phase free, depth 2)" in x
+               for x in table)
+    assert any("flip group 3 @ step 40" in x and "evict, restore @ step 40" in x for x in table)
+    assert not any("slow group 1" in x and "restart" in x for x in table)
+
+    view = LiveView(CFG)
+    told = [x for x in map(view.update, sorted(ev, key=lambda e: e["t"])) if x]
+    assert any(x.startswith("step 22   slow group 1") and "masked by replan" in x
+               for x in told)
+    assert not any("slow" in x and "restore" in x for x in told)

@@ -82,7 +82,8 @@ def test_sdc_mismatch_replays_then_evicts_the_majority_outlier_and_restores_veri
                         ("verdict", "verdict/24/1", {"action": "restore", "step": 20})]
     res = [e for e in out if e["event"] == "resolved"][-1]
     assert res["incident"] == "sdc" and res["restart"] and "[6]" in res["how"]
-    assert any(e["event"] == "restart" and e["step"] == 20 for e in out)
+    assert any(e["event"] == "restart" and e["step"] == 20 and e["incident"] == "sdc"
+               for e in out)
 
 
 def test_an_inconclusive_replay_names_nobody_and_rolls_back():

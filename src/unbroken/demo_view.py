@@ -92,8 +92,10 @@ class LiveView:
                              f"{event.get('reason', '')}"[:160], "dim")[0]
         if ev == "fault":
             g, kind = event.get("group"), event.get("kind", "?")
-            if kind == "slow":  # a straggler keeps training: not a death
-                return self._add(f"step {event.get('step', '?'):<4} slow group {g}", "bold")[0]
+            if kind == "slow":  # a straggler keeps training (not a death) until masked
+                entry = self._add(f"step {event.get('step', '?'):<4} slow group {g}", "bold")
+                self._pending[g] = (event, entry)
+                return entry[0]
             if kind in RESOLVED_BY:  # the guard answers these (the group stays alive)
                 who = "job-wide" if kind == "update" else f"group {g}"
                 entry = self._add(f"step {event.get('step', '?'):<4} {kind}"

@@ -257,6 +257,7 @@ class Guard:
         target = restore_target(self.verified, self.top, self.ckpt_every)
         self._verdict(step, n, {"action": "restore", "step": target})
         self.emit({"event": "restart", "step": target, "source": "checkpoint",
+                   "incident": incident,  # the fault it answers (core.ettr books it there)
                    "reason": f"{incident}: roll back to step {target}", "t": now,
                    "t_ready": now})
         self._resolved(incident, now, t_seen, f"{how} @ step {target}", step=target,

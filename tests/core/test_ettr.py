@@ -1,5 +1,8 @@
 """ETTR accounting on synthetic journals whose intervals are known exactly."""
 
+import json
+from pathlib import Path
+
 import pytest
 
 from unbroken.core.ettr import ettr_report, timeline
@@ -171,3 +174,59 @@ def test_restart_line_written_late_still_separates_the_epochs():
     assert [k for _, k, new in timeline(ev) if not new] == [55, 56, 57, 58, 59]
     assert r.faults[0].lost_s == pytest.approx(2.51)
     assert r.ettr == pytest.approx(10 / 12.51)
+
+
+# issue 9: `demo --chaos 11`, its journal trimmed to the first commit of steps 12..52 and the lines
+# the accounting reads. A slow group 1 from step 22 is masked at step 44 (fail-slow); a bit flip
+# on group 3 at step 40 is found by step 49's SDC check and answered by the guard: replay, evict,
+# restore checkpoint 40. The guard's restart, the first restart after the slow fault, used to be
+# booked there ("restart from checkpoint @ step 40") and the flip charged nothing.
+CHAOS11 = Path(__file__).resolve().parent.parent / "data" / "chaos11_trimmed.jsonl"
+
+
+def chaos11(incident_field: bool) -> list[dict]:
+    """The journal as written (the restart line names no incident) or as the guard now writes
+    it (``incident``: the fault kind it answers)."""
+    ev = [json.loads(line) for line in CHAOS11.read_text().splitlines() if line.strip()]
+    if incident_field:
+        next(e for e in ev if e["event"] == "restart")["incident"] = "sdc"
+    return ev
+
+
+@pytest.mark.parametrize("incident_field", [False, True])
+def test_chaos11_each_fault_gets_its_own_outcome(incident_field):
+    r = ettr_report(chaos11(incident_field))
+    slow, flip = r.faults
+    assert (slow.kind, slow.group, slow.step) == ("slow", 1, 22)
+    assert (flip.kind, flip.group, flip.step) == ("flip", 3, 40)
+    # the slow group is masked by the replan without it (step 44), not by the guard's restore
+    assert slow.masked and slow.how == "replan (phase free, depth 2)"
+    assert slow.restart_s is None
+    assert slow.detect_s == pytest.approx(1796111680.7985363 - 1796111675.8456275)
+    assert slow.recompute_s == pytest.approx(0.0)  # step 44 committed 0.04 s after the replan
+    # the restore is the flip's: its cost is the roll-back, from the last commit before the
+    # restore (step 48) to the first new step after it (49), less that step's normal time
+    assert not flip.masked and flip.how == "replay named [3]: evict, restore @ step 40"
+    assert flip.restart_s == 0.0
+    t21, t48, t49 = 1796111675.7575538, 1796111679.4471056, 1796111681.4083185
+    assert flip.lost_s == pytest.approx(t49 - t48 - r.step_s)
+    # the slow group's: its slow steps 22..48 before the roll-back; together the two windows,
+    # each interval charged once
+    assert slow.lost_s == pytest.approx(t48 - t21 - 27 * r.step_s)
+    assert slow.lost_s + flip.lost_s == pytest.approx(t49 - t21 - 28 * r.step_s)
+
+
+def test_a_replan_is_charged_to_the_fault_it_masks_not_to_an_earlier_open_one():
+    # a slow group 3 from step 10, masked at step 70; a kill of group 1 at step 50 inside its
+    # window is masked by its own replan at once: that second is the kill's
+    ev = journal(fault_step=50)
+    t10 = next(e["t"] for e in ev if e["event"] == "commit" and e["step"] == 10)
+    t70 = next(e["t"] for e in ev if e["event"] == "commit" and e["step"] == 70)
+    ev.append({"event": "fault", "kind": "slow", "group": 3, "step": 10, "t": t10 + 0.01})
+    ev.append({"event": "replan", "step": 70, "gen": 2, "members": [0, 2], "phase": "fixed",
+               "depth": 2, "reason": "x", "reform_at": t70 + 0.01, "t": t70 + 0.02})
+    r = ettr_report(ev)
+    kill, slow = sorted(r.faults, key=lambda f: f.kind)
+    assert kill.masked and slow.masked and "replan" in slow.how
+    assert kill.lost_s == pytest.approx(1.0)
+    assert slow.lost_s == pytest.approx(0.0, abs=1e-9)

@@ -23,12 +23,17 @@ Definitions used here, all derived from the journal:
   interval when it redoes one. The excesses sum to ``wall_s - productive_s`` exactly.
 * **Time lost to a fault** (``lost_s``) -- the summed excess of the intervals from the one the
   fault was injected in up to the one that next commits a new step after its resolution (the
-  replan that masked it, or the restart). An interval is charged to one fault only (the earlier),
-  so two failures resolved together are not counted twice. What no fault window covers
-  (degraded steps after masking, joins, jitter) is ``other_lost_s``.
+  replan that masked it, or the restart). An interval is charged to one fault only, so two
+  failures resolved together are not counted twice: the intervals from a fault's answer (its
+  replan, restart -- a wipe-out's or a guard's restore -- or the guard's ``resolved``) to the
+  next new step go to the fault answered (the earliest answered first), so the restore and the
+  redone steps are the cost of the fault that restore answers, not of an earlier one still
+  open; every other interval goes to the earliest fault whose window holds it. What no fault
+  window covers (degraded steps after masking, joins, jitter) is ``other_lost_s``.
 * **Breakdown** of a masked fault: ``detect_s = reform_at - t_fault`` (the first replan's reform
   started when a peer's all-reduce failed), ``decide_s = replan.t - reform_at`` (reform + plan),
-  ``recompute_s = max(0, commit.t - replan.t - step_s)`` (patched gradients beyond a normal step).
+  ``recompute_s = max(0, commit.t - replan.t - step_s)`` (patched gradients beyond a normal step;
+  the next commit after the replan, a redone step too).
   Of a restarted one: ``detect_s`` up to the first of (wipeout.reform_at, driver ``detected``,
   wipeout, restart), ``decide_s`` from there to the wipeout/restart decision, ``restart_s =
   t_ready - wipeout.t`` (restore from the snapshot/checkpoint), ``recompute_s`` from ready to the
@@ -37,6 +42,10 @@ Definitions used here, all derived from the journal:
   runtime reports, see ``RESOLVED_BY``) ends at the guard's first ``resolved`` event for that
   incident kind: ``detect_s = detected_t - t_fault``, ``decide_s = t - detected_t``; a
   resolution that restored a checkpoint (``restart``) is not masked.
+* **Which fault a restart answers** -- the guard's restore journals a ``restart`` naming its
+  ``incident`` (older journals: a ``restart`` at the time of a ``resolved`` line with
+  ``restart``); it answers that incident's fault only, never another fault still open (a slow
+  group, a kill awaiting its replan). Any other restart (a wipe-out's) answers the open faults.
 * **masked** -- the fault was resolved without a restart and training went on past its step.
 * **series** -- per timeline point ``(t - origin, cumulative ETTR, ETTR over the last W
   intervals)``, for plotting.
@@ -45,7 +54,7 @@ Definitions used here, all derived from the journal:
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 # events that mark an interval as not failure-free
 _DISRUPTIVE = frozenset({"fault", "detected", "replan", "wipeout", "restart", "join",
@@ -166,6 +175,13 @@ def _first(events, pred, after: float):
     return None
 
 
+def _guard_restarts(evs: list[dict]) -> set[int]:
+    """``id()`` of the ``restart`` events that answer a guard incident (see the docstring)."""
+    restored = {float(e["t"]) for e in evs if e.get("event") == "resolved" and e.get("restart")}
+    return {id(e) for e in evs if e.get("event") == "restart" and
+            (e.get("incident") is not None or float(e["t"]) in restored)}
+
+
 def ettr_report(events: list[dict], *, window: int = 20) -> EttrReport:
     """ETTR, time lost per fault and the ETTR series of a journal (see the module docstring)."""
     evs = _timed(events)
@@ -208,8 +224,9 @@ def ettr_report(events: list[dict], *, window: int = 20) -> EttrReport:
         series.append((t - origin, min(1.0, max(0.0, cum)), min(1.0, max(0.0, win))))
 
     # per-fault costs
-    claimed: set[int] = set()
+    guard_restarts = _guard_restarts(evs)
     costs: list[FaultCost] = []
+    windows: list[tuple[int | None, int | None, float | None]] = []  # (i0, i1, answered at)
 
     def idx_after(t: float) -> int | None:
         for i, ti in enumerate(times):
@@ -227,9 +244,10 @@ def ettr_report(events: list[dict], *, window: int = 20) -> EttrReport:
         tf, g, kf = float(f["t"]), f.get("group"), f.get("step")
         def resolves(e, g=g) -> bool:
             # a replan/wipe-out whose members still include g answered something else (a
-            # momentarily starved heartbeat, an earlier fault): skip it
+            # momentarily starved heartbeat, an earlier fault): skip it; so does a guard's
+            # restore (it answers the guard's incident, see RESOLVED_BY)
             if e.get("event") == "restart":
-                return True
+                return id(e) not in guard_restarts
             members = e.get("members")
             return e.get("event") in ("replan", "wipeout") and not (
                 isinstance(members, list) and g in members)
@@ -244,6 +262,7 @@ def ettr_report(events: list[dict], *, window: int = 20) -> EttrReport:
                           tf)
         detect = decide = recompute = restart_s = None
         end_t: float | None = None
+        next_commit = False  # recompute up to the next commit (a replan's patched step)
         masked, how = False, "unresolved"
         if res is not None and res["event"] == "resolved":
             seen = _num(res.get("detected_t"))
@@ -263,12 +282,13 @@ def ettr_report(events: list[dict], *, window: int = 20) -> EttrReport:
             if reform is not None:
                 detect, decide = max(0.0, reform - tf), max(0.0, rt - reform)
             end_t = rt
-            masked = True
+            masked, next_commit = True, True
             how = f"replan (phase {res.get('phase', '?')}, depth {res.get('depth', '?')})"
         elif res is not None:
             wipe = res if res["event"] == "wipeout" else None
             restart = res if res["event"] == "restart" else \
-                _first(evs, lambda e: e.get("event") == "restart", float(res["t"]))
+                _first(evs, lambda e: e.get("event") == "restart" and
+                       id(e) not in guard_restarts, float(res["t"]))
             marks = [x for x in (_num(wipe.get("reform_at")) if wipe else None,
                                  float(detected["t"]) if detected else None,
                                  float(res["t"])) if x is not None]
@@ -286,21 +306,40 @@ def ettr_report(events: list[dict], *, window: int = 20) -> EttrReport:
                        f"@ step {restart.get('step', '?')}")
         i0 = idx_after(tf)
         i1 = first_new_after(end_t) if end_t is not None else i0
-        if i1 is not None and end_t is not None:
-            rec = tl[i1][0] - end_t - step_s
+        ir = idx_after(end_t) if next_commit and end_t is not None else i1
+        if ir is not None and end_t is not None:
+            rec = tl[ir][0] - end_t - step_s
             recompute = max(0.0, rec)
         if masked and (i1 is None or (isinstance(kf, int) and
                                       max(k for _, k, _ in tl) < kf)):
             masked = False  # training never went past the failing step
-        lost = 0.0
-        if i0 is not None:
-            for i in range(i0, (i1 if i1 is not None else len(tl) - 1) + 1):
-                if i not in claimed:
-                    claimed.add(i)
-                    lost += excess[i]
+        windows.append((i0, i1, float(res["t"]) if res is not None else None))
         costs.append(FaultCost(f.get("kind", "?"), g if isinstance(g, int) else -1,
-                               kf if isinstance(kf, int) else -1, max(0.0, lost), detect,
+                               kf if isinstance(kf, int) else -1, 0.0, detect,
                                decide, recompute, restart_s, masked, tf - origin, how))
+
+    # lost time: each interval to one fault; from a fault's answer to its next new step to that
+    # fault (the earliest answered first), then the rest of every window to the earliest fault
+    claimed: set[int] = set()
+    lost = [0.0] * len(costs)
+
+    def claim(n: int, lo: int | None, hi: int | None) -> None:
+        if lo is None:
+            return
+        for i in range(lo, (hi if hi is not None else len(tl) - 1) + 1):
+            if i not in claimed:
+                claimed.add(i)
+                lost[n] += excess[i]
+
+    answered = sorted((at, n) for n, (_, _, at) in enumerate(windows) if at is not None)
+    for at, n in answered:
+        i0, i1, _ = windows[n]
+        ia = idx_after(at)
+        if i0 is not None and ia is not None:
+            claim(n, max(i0, ia), i1)
+    for n, (i0, i1, _) in enumerate(windows):
+        claim(n, i0, i1)
+    costs = [replace(c, lost_s=max(0.0, x)) for c, x in zip(costs, lost)]
     lost_total = wall - productive
     return EttrReport(ettr, wall, productive, step_s, costs, series, steps=n_new,
                       lost_s=lost_total, other_lost_s=lost_total - sum(c.lost_s for c in costs),
