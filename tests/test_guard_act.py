@@ -4,6 +4,7 @@ check that the runtime does what the orders say)."""
 
 from __future__ import annotations
 
+from unbroken.core.actions import Evict, PostCode, PostVerdict, Replace, Respawn
 from unbroken.core.ladder import LadderPolicy
 from unbroken.guard import Guard
 
@@ -28,7 +29,7 @@ def test_nan_retries_in_place_once_then_escalates():
     commits(g, 5)
     g.on_incident(incident("implicit", 5, nonfinite=1), 200.1)
     g.on_incident(incident("implicit", 5, nonfinite=1), 200.1)  # a second member: same answer
-    assert g.orders == [("verdict", "verdict/5/0", {"action": "retry"})]
+    assert g.orders == [PostVerdict("verdict/5/0", {"action": "retry"})]
     (lad,) = [e for e in out if e["event"] == "ladder"]
     assert lad["rung"] == "retry" and lad["mode"] == "act"
     (res,) = [e for e in out if e["event"] == "resolved"]
@@ -36,7 +37,7 @@ def test_nan_retries_in_place_once_then_escalates():
     g.orders.clear()
     for n in (1, 2):  # the NaN keeps coming back in the same incident: retry, then replay
         g.on_incident(incident("implicit", 5, n=n, nonfinite=1), 200.2)
-    assert [o[2]["action"] for o in g.orders] == ["retry", "replay"]
+    assert [o.verdict["action"] for o in g.orders] == ["retry", "replay"]
 
 
 def test_a_bad_update_is_applied_lazily_or_at_its_deadline_and_rolled_back():
@@ -46,11 +47,11 @@ def test_a_bad_update_is_applied_lazily_or_at_its_deadline_and_rolled_back():
     g.poll(104.0)
     assert g.orders == []  # waits for the next restart
     g.poll(105.5)  # forced after the deadline
-    assert g.orders == [("code", 1, {"version": "v1", "model": "pkg:bad"})]
+    assert g.orders == [PostCode(1, {"version": "v1", "model": "pkg:bad"})]
     g.orders.clear()
     g.on_incident(incident("code", 3, errors=4, version="v1"), 106.0)
-    assert g.orders == [("code", 2, {"version": "v0", "model": "mlp"}),
-                        ("verdict", "verdict/3/0", {"action": "retry", "code": 2})]
+    assert g.orders == [PostCode(2, {"version": "v0", "model": "mlp"}),
+                        PostVerdict("verdict/3/0", {"action": "retry", "code": 2})]
     lad = [e for e in out if e["event"] == "ladder"]
     assert lad[-1]["rung"] == "rollback" and "v1 -> v0" in lad[-1]["reason"]
     assert g.state.running == "v0" and "v1" in g.state.rejected
@@ -61,8 +62,8 @@ def test_a_queued_update_rides_along_with_the_next_retry():
     commits(g, 3)
     g.queue_update("v1", "pkg:new", 100.0)
     g.on_incident(incident("implicit", 3, nonfinite=2), 101.0)
-    assert g.orders == [("code", 1, {"version": "v1", "model": "pkg:new"}),
-                        ("verdict", "verdict/3/0", {"action": "retry", "code": 1})]
+    assert g.orders == [PostCode(1, {"version": "v1", "model": "pkg:new"}),
+                        PostVerdict("verdict/3/0", {"action": "retry", "code": 1})]
 
 
 def test_sdc_mismatch_replays_then_evicts_the_majority_outlier_and_restores_verified():
@@ -72,14 +73,15 @@ def test_sdc_mismatch_replays_then_evicts_the_majority_outlier_and_restores_veri
         g.on_check({"event": "sdc_check", "step": k, "ok": True})
     g.on_incident(incident("sdc", 24, mismatch={"1": {"1": 5, "2": 6},
                                                 "2": {"2": 7, "3": 8}}), 300.0)
-    assert g.orders == [("verdict", "verdict/24/0", {"action": "replay", "types": [1, 2]})]
+    assert g.orders == [PostVerdict("verdict/24/0", {"action": "replay", "types": [1, 2]})]
     g.orders.clear()
     g.on_replay({"event": "replay", "step": 24, "n": 0, "t": 300.2,
                  "uids": {"0": 0, "1": 1, "2": 6, "3": 3},  # slot 2 is held by spare uid 6
                  "digests": {"1": {"0": 5, "1": 5, "2": 9, "3": 5},
                              "2": {"0": 7, "1": 7, "2": 1, "3": 7}}}, 300.3)
-    assert g.orders == [("evict", 6, "replay"),
-                        ("verdict", "verdict/24/1", {"action": "restore", "step": 20})]
+    # proven corrupt: evicted at once; no warm spare in the pool, so the slot stays masked
+    assert g.orders == [Evict(6, "replay"),
+                        PostVerdict("verdict/24/1", {"action": "restore", "step": 20})]
     res = [e for e in out if e["event"] == "resolved"][-1]
     assert res["incident"] == "sdc" and res["restart"] and "[6]" in res["how"]
     assert any(e["event"] == "restart" and e["step"] == 20 and e["incident"] == "sdc"
@@ -92,8 +94,8 @@ def test_an_inconclusive_replay_names_nobody_and_rolls_back():
     g.on_check({"event": "sdc_check", "step": 9, "ok": True})
     g.on_replay({"event": "replay", "step": 14, "n": 0, "uids": {"0": 0, "1": 1},
                  "digests": {"1": {"0": 5, "1": 9}}}, 300.0)
-    assert ("evict" not in [o[0] for o in g.orders])
-    assert g.orders[-1] == ("verdict", "verdict/14/1", {"action": "restore", "step": 10})
+    assert not [o for o in g.orders if isinstance(o, Evict)]
+    assert g.orders[-1] == PostVerdict("verdict/14/1", {"action": "restore", "step": 10})
 
 
 def test_a_ladder_with_no_rung_left_stops_the_job():
@@ -101,7 +103,7 @@ def test_a_ladder_with_no_rung_left_stops_the_job():
                                                     "restart": 0, "requeue": 0}))
     g.on_incident(incident("implicit", 2, nonfinite=1), 10.0)
     (o,) = g.orders
-    assert o[1] == "verdict/2/0" and o[2]["action"] == "stop"
+    assert o.key == "verdict/2/0" and o.verdict["action"] == "stop"
     assert [e for e in out if e["event"] == "ladder"][-1]["exit_code"] == 6
 
 
@@ -115,7 +117,8 @@ def test_xid_classes_map_to_respawn_in_place_or_evict(tmp_path):
                    + "NVRM: Xid (PCI:0000:04:00): 79, pid=5151, name=python, GPU has fallen "
                      "off the bus.\n")
     g.poll(51.0)
-    assert g.orders == [("respawn", 1, "xid"), ("evict", 3, "xid")]
+    # restart-app: a fresh process in the same slot; fell off the bus: evicted, a spare in
+    assert g.orders == [Evict(1, "xid"), Respawn(1), Evict(3, "xid"), Replace(3)]
     rungs = [(e["rung"], e["groups"]) for e in out if e["event"] == "ladder"]
     assert rungs == [("retry", [1]), ("evict", [3])]
 
@@ -155,7 +158,7 @@ def test_health_outlier_must_persist_three_rounds_and_is_reported_once():
 def test_an_incident_the_guard_cannot_read_stops_the_members_instead_of_leaving_them_waiting():
     g, out = make()
     g.on_incident(incident("gremlins", 4), 10.0)
-    assert g.orders[0][1] == "verdict/4/0" and g.orders[0][2]["action"] == "stop"
+    assert g.orders[0].key == "verdict/4/0" and g.orders[0].verdict["action"] == "stop"
     assert [e["detector"] for e in out if e["event"] == "detector_warning"] == ["incident"]
     g.on_replay({"event": "replay", "step": 5, "n": 0, "digests": "garbage"}, 11.0)
-    assert g.orders[-1][1] == "verdict/5/1" and g.orders[-1][2]["action"] == "stop"
+    assert g.orders[-1].key == "verdict/5/1" and g.orders[-1].verdict["action"] == "stop"

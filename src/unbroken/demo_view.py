@@ -184,6 +184,16 @@ class LiveView:
                 return None
             self._seen.add(key)
             return self._add(f"step {event.get('step', '?'):<4} roll forward", "dim")[0]
+        if ev == "stop_requested":
+            return self._add(f"{'':9} {event.get('signal', 'stop')}: every member stops after "
+                             f"the next committed step, with a checkpoint", "bold yellow")[0]
+        if ev == "quarantine":
+            return self._add(f"{'':9} group {event.get('group')} quarantined (repeat "
+                             f"offender: never restarted in place)", "yellow")[0]
+        if ev == "restart_requested":
+            wait = event.get("backoff_s") or 0
+            return self._add(f"{'':9} restart from the checkpoint: {event.get('reason', '')}"
+                             + (f" (after {wait:g} s)" if wait else ""), "bold magenta")[0]
         if ev == "end":
             w = event.get("wall_s")
             return self._add("done" + (f" in {w:.1f} s" if isinstance(w, (int, float))

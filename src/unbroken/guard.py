@@ -4,8 +4,9 @@ Why log-only by default: anything that can kill or evict part of a job must firs
 on real runs (the nvidia-resiliency-ext rule). So the guard runs every detector the coordinator
 can feed and asks the one policy core (:func:`unbroken.core.ladder.decide`) what it would do;
 it journals the detection (``alert``: a detection nobody acted on, unlike the runtime's
-``detected``) and the decision (``ladder``, ``"mode": "log-only"``) but executes nothing. Process deaths and hangs are already handled by the train runtime
-(masking, spares, restarts); this adds the signals that runtime does not see.
+``detected``) and the decision (``ladder``, ``"mode": "log-only"``) but executes nothing.
+Process deaths and hangs are masked by the train runtime in-band; the supervisor asks this same
+ladder what to do about them (see below).
 
 Detectors wired here:
 
@@ -26,19 +27,19 @@ Detectors wired here:
 
 A detector that fails is reported once and switched off; it never raises into the run.
 
-``act=True`` (``unbroken demo --guard act``) carries the decisions out. The guard does not touch
-processes or the store itself: it appends *orders* to ``self.orders`` and the launcher executes
-them in order —
+``act=True`` (``--guard act``) carries the decisions out. The guard does not touch processes
+or the store itself: it appends typed actions (:mod:`unbroken.core.actions`, one pure mapping
+from a rung to what it means for the processes) to ``self.orders`` and the supervisor carries
+them out in order — ``Evict`` (SIGKILL, death notice), ``Replace`` (a warm spare takes the
+slot), ``Respawn`` (a fresh process in the same slot: retry in place), ``Quarantine``,
+``RestartJob`` (from the checkpoint, after a requeue's backoff), ``StopJob`` (the ladder gave
+up: exit 6), ``PostCode`` (code record ``code/<n>``: every member hot-swaps at one step
+boundary) and ``PostVerdict`` (the answer to a runtime incident, ``StackedRunner._incident``:
+``retry``, ``replay``, ``restore`` or ``stop``).
 
-* ``("evict", uid, how)``: SIGKILL, death notice; the runtime masks the group and a warm spare
-  takes its slot (``EVICT``, and ``MASK`` of a live straggler or a stalled group);
-* ``("respawn", uid, how)``: the same, but a fresh process restarts in the *same* slot
-  (``RETRY`` of one group: an XID of the restart-app class);
-* ``("code", n, record)``: code record ``code/<n>`` (a version and its trainer factory); every
-  member hot-swaps at the same step boundary (a lazily applied update, a forced one, a rollback);
-* ``("verdict", key, obj)``: the answer to a runtime incident (``StackedRunner._incident``):
-  ``retry`` the step, ``replay`` suspect types on every member, ``restore`` the verified
-  checkpoint, or ``stop`` (the ladder gave up: exit 6).
+Deaths and hangs (``on_member_lost``) and wipe-outs (``on_wipeout``) ask the same ladder, and
+their answers are carried out in log-only mode too: masking and replacing a dead group is the
+runtime's baseline, not a guard action that could kill a healthy job.
 
 Runtime incidents, read from the groups' journals, map onto ladder faults: a step error ->
 ``CODE``, a non-finite sum -> ``IMPLICIT``, a bitwise mismatch of redundant hosts -> ``SDC``;
@@ -52,6 +53,9 @@ from __future__ import annotations
 
 from typing import Callable
 
+from dataclasses import replace
+
+from unbroken.core.actions import Action, PostCode, PostVerdict, actions_for
 from unbroken.core.anomaly import (
     FailSlowPolicy,
     NumericPolicy,
@@ -104,11 +108,15 @@ class Guard:
                  xid_log: str | None = None, policy: LadderPolicy | None = None,
                  act: bool = False, base_model: str = "gpt",
                  uid_of_pid: Callable[[int], int | None] = lambda pid: None,
-                 ckpt_every: int = 50) -> None:
+                 ckpt_every: int = 50,
+                 maskable: Callable[[tuple[int, ...]], bool] = lambda groups: bool(groups),
+                 ) -> None:
         self.emit = emit
         self.act = act
-        self.orders: list[tuple] = []  # for the launcher, executed in order (module docstring)
+        # for the supervisor, carried out in order (core.actions: typed, one mapping per rung)
+        self.orders: list[Action] = []
         self.uid_of_pid = uid_of_pid
+        self.maskable = maskable  # can the survivors mask these groups (the supervisor knows)
         self.state = LadderState(standby=standby)
         self.models = {"v0": base_model}  # code version -> trainer factory
         self.code_n = 0                   # code records posted
@@ -137,22 +145,40 @@ class Guard:
             self.xid = XidSource(xid_log)
 
     def _ladder(self, fault: Fault, t: float, what: str, actionable: bool = False,
-                how: str = "fail-slow", answered: bool = False):
-        """Decide and journal; ``actionable`` decisions on named groups become process orders
-        here, ``answered`` ones (runtime incidents) are carried out by the caller."""
+                how: str = "fail-slow", answered: bool = False, always: bool = False):
+        """Decide and journal; ``actionable`` decisions become the supervisor's actions here
+        (``core.actions.actions_for``) when acting, or ``always`` (deaths and hangs: masking and
+        replacing them is the runtime's baseline, not a guard action); ``answered`` ones
+        (runtime incidents) are carried out by the caller."""
         d, reason = decide(fault, self.state, self.policy, t)
-        acting = self.act and actionable and d.rung in (Rung.MASK, Rung.EVICT, Rung.RETRY)
+        acting = (self.act or always) and actionable
         mode = "act" if acting or (answered and self.act) else "log-only"
         self.emit({"event": "ladder", "for": what, "mode": mode,
                    "rung": d.rung.name.lower() if d.rung is not None else None,
                    "groups": list(d.groups), "exit_code": d.exit_code, "reason": reason, "t": t})
         if acting:
-            # RETRY of named groups: restart their processes in place (same slot, fresh
-            # process); MASK / EVICT: take them out, a warm spare takes the slot
-            verb = "respawn" if d.rung is Rung.RETRY else "evict"
-            self.orders.extend((verb, g, how) for g in d.groups)
+            self.orders.extend(actions_for(d, how, reason, self.state.quarantined))
             self._tried(d)
         return d
+
+    def sync_standby(self, n: int) -> None:
+        """The warm pool as it is now (spares used by masks, refilled by the supervisor)."""
+        if n != self.state.standby:
+            self.state = replace(self.state, standby=max(0, int(n)))
+
+    def on_member_lost(self, uid: int, how: str, now: float) -> Decision:
+        """A member died (``how`` = "exit") or hung (the survivors re-formed without it:
+        "heartbeat"): the ladder answers, normally with its mask rung; the actions (evict,
+        replace from the pool, respawn, restart, stop) go to the supervisor."""
+        kind = FaultKind.HANG if how == "heartbeat" else FaultKind.DEATH
+        return self._ladder(Fault(kind, groups=(uid,), maskable=self.maskable((uid,))), now,
+                            f"{kind.value} group {uid}", actionable=True, how=how, always=True)
+
+    def on_wipeout(self, groups: tuple[int, ...], now: float, what: str) -> Decision:
+        """Slots no survivor can cover (``groups``: their last holders; empty when every
+        member is gone): the ladder's evict / retry / restart / requeue rungs answer it."""
+        return self._ladder(Fault(FaultKind.WIPE_OUT, groups=tuple(groups)), now, what,
+                            actionable=True, how="wipe-out", always=True)
 
     # ------------------------------------------------------------------ acting
     def _tried(self, d: Decision) -> None:
@@ -163,8 +189,8 @@ class Guard:
 
     def _post_code(self, version: str) -> int:
         self.code_n += 1
-        self.orders.append(("code", self.code_n,
-                            {"version": version, "model": self.models[version]}))
+        self.orders.append(PostCode(self.code_n,
+                                    {"version": version, "model": self.models[version]}))
         return self.code_n
 
     def queue_update(self, version: str, model: str, now: float) -> None:
@@ -186,7 +212,7 @@ class Guard:
         self._tried(d)
 
     def _verdict(self, step: int, n: int, obj: dict) -> None:
-        self.orders.append(("verdict", f"verdict/{step}/{n}", obj))
+        self.orders.append(PostVerdict(f"verdict/{step}/{n}", obj))
 
     def _resolved(self, incident: str, t: float, detected: float, how: str,
                   **extra) -> None:
@@ -291,7 +317,7 @@ class Guard:
                 self.state = advance(self.state, Tried(d), self.policy)
                 self._restore(step, n + 1, "sdc", now, t_seen, "inconclusive replay: restore")
             return
-        d = self._ladder(Fault(FaultKind.CORRUPT, groups=uids, maskable=True), now,
+        d = self._ladder(Fault(FaultKind.CORRUPT, groups=uids, maskable=self.maskable(uids)), now,
                          f"corrupt {list(uids)}", actionable=True, how="replay")
         if self.act:
             self._restore(step, n + 1, "sdc", now, t_seen,
@@ -318,35 +344,25 @@ class Guard:
                 self.flagged.add(g)
                 self.emit({"event": "alert", "how": "fail-slow", "group": g,
                            "reason": reason, "t": now})
-                self._ladder(Fault(FaultKind.FAIL_SLOW, groups=(int(g),), maskable=True),
+                self._ladder(Fault(FaultKind.FAIL_SLOW, groups=(int(g),),
+                                   maskable=self.maskable((int(g),))),
                              now, f"fail-slow group {g}", actionable=True)
         except Exception as exc:
             self._fail("fail-slow", exc)
 
-    def localise_stall(self, pids: dict[int, int], slots: dict[int, int], fault_dir,
-                       rounds: int = 5) -> None:
-        """No step for a while but every heartbeat fresh: dump every member's stacks (py-spy,
-        else faulthandler), up to ``rounds`` times until two rounds agree on the outlier's
-        data-parallel group (byterobust §6), and hand it to the ladder."""
-        try:
-            from unbroken.core.stacks import Coord, vote
-            from unbroken.detect.stacks import localise
+    def on_stall(self, chosen, reason: str) -> None:
+        """The stack-dump vote over a stall (``detect.stacks.locate_stall``, run by the
+        supervisor off its loop): the odd one's group goes to the ladder."""
+        self.emit({"event": "alert", "how": "stack", "group": list(chosen.ranks)
+                   if chosen else None, "reason": reason})
+        if chosen is not None:
+            stalled = tuple(int(u) for u in chosen.ranks)
+            self._ladder(Fault(FaultKind.HANG, groups=stalled,
+                               maskable=self.maskable(stalled)), _now(),
+                         f"stall of {list(chosen.ranks)}", actionable=True, how="stack")
 
-            coords = {u: Coord(slots[u], 0, 0) for u in pids}
-            verdicts, reason, chosen = [], "", None
-            for _ in range(rounds):
-                verdicts.append(localise(pids, coords, fault_dir=fault_dir).verdict)
-                chosen, reason = vote(verdicts)
-                if chosen is not None:
-                    break
-            self.emit({"event": "alert", "how": "stack", "group": list(chosen.ranks)
-                       if chosen else None, "reason": reason})
-            if chosen is not None:
-                self._ladder(Fault(FaultKind.HANG, groups=tuple(int(u) for u in chosen.ranks),
-                                   maskable=True), _now(), f"stall of {list(chosen.ranks)}",
-                             actionable=True, how="stack")
-        except Exception as exc:
-            self._fail("stack", exc)
+    def stall_failed(self, exc: BaseException) -> None:
+        self._fail("stack", exc)
 
     def _fail(self, name: str, exc: BaseException) -> None:
         if name not in self.broken:
@@ -447,7 +463,7 @@ class Guard:
                 if action is not None:
                     groups = (uid,) if uid is not None else ()
                     d = self._ladder(Fault(FaultKind.XID, groups=groups, xid_action=action,
-                                           maskable=bool(groups)), now,
+                                           maskable=bool(groups) and self.maskable(groups)), now,
                                      f"xid {hit.event.code}", actionable=True, how="xid")
                     if self.act and groups and d.rung in (Rung.MASK, Rung.EVICT, Rung.RETRY):
                         verb = "restart in place" if d.rung is Rung.RETRY else "evict"

@@ -53,7 +53,8 @@ Rules chosen here (not in the references)
   otherwise the fault climbs to ``RETRY`` (for a reboot-class XID, a reboot and an in-place
   restart of the same machine).
 * **Replay only without a culprit**: for NaN / loss spikes, for SDC mismatches, and for crashes
-  that name no group. A process death that names its group never replays.
+  that name no group. A process death that names its group never replays, nor does a
+  wipe-out (the in-memory state a replay would recompute from is gone).
 * **An incident** begins with the first fault after a quiet period and ends once
   ``resolved_after`` steps have been committed (default 10): a bug that fires every few steps
   must not reset the ladder with every committed step. Attempts are counted per incident: a rung
@@ -395,8 +396,9 @@ def _applicable(rung: Rung, fault: Fault, state: LadderState, forced: bool) -> b
         return full or (forced and fault.maskable)
     if rung is Rung.ROLLBACK:
         return state.running != state.last_good
-    if rung is Rung.REPLAY:
-        return fault.kind in _NO_CULPRIT or not fault.groups
+    if rung is Rung.REPLAY:  # a wipe-out lost the state a replay would recompute
+        return fault.kind is not FaultKind.WIPE_OUT and (
+            fault.kind in _NO_CULPRIT or not fault.groups)
     return True
 
 

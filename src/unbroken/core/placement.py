@@ -17,6 +17,7 @@ simulator uses.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -134,3 +135,11 @@ def make_layout(groups: int, redundancy: int) -> Layout:
     stacks.setflags(write=False)
     hosts_of.setflags(write=False)
     return Layout(groups, redundancy, offsets, stacks, hosts_of)
+
+
+def uncovered(layout: Layout, live: Iterable[int]) -> tuple[int, ...]:
+    """Shard types with no host among the ``live`` groups: empty when the survivors can mask
+    every failure so far (SPARe's condition), else the types a wipe-out lost."""
+    alive = set(live)
+    n = layout.stacks.shape[0]
+    return tuple(t for t in range(n) if not alive.intersection(layout.hosts(t)))

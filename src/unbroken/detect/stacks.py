@@ -221,3 +221,21 @@ def localise(
     }
     verdict, reason = aggregate({r: d.text for r, d in dumps.items()}, coords)
     return Localisation(verdict, reason, dumps)
+
+
+def locate_stall(pids: Mapping[Hashable, int], slots: Mapping[Hashable, int], *,
+                 fault_dir: str | os.PathLike | None = None, rounds: int = 5):
+    """Dump every member's stacks up to ``rounds`` times until two rounds agree on the odd
+    one's data-parallel group (byterobust §6). Returns ``(chosen, reason)`` from
+    :func:`unbroken.core.stacks.vote` (``chosen`` None: no agreement). Slow (py-spy pauses each
+    process in turn), so the supervisor runs it on a thread of its own."""
+    from unbroken.core.stacks import vote
+
+    coords = {u: Coord(slots[u], 0, 0) for u in pids}
+    verdicts, reason, chosen = [], "", None
+    for _ in range(rounds):
+        verdicts.append(localise(pids, coords, fault_dir=fault_dir).verdict)
+        chosen, reason = vote(verdicts)
+        if chosen is not None:
+            break
+    return chosen, reason

@@ -55,7 +55,6 @@ class JobSpec:
     supervisor_staleness: float = 5.0  # members stop (exit 5) when the supervisor is this silent
     timeout: float = 600.0
     ckpt_every: int | None = None  # None: 50, or 10 for a chaos run (see ckpt_interval)
-    max_restarts: int = 3
     metrics_port: int | None = None
     xid_log: str | None = None
     guard: str = "log"
@@ -64,11 +63,12 @@ class JobSpec:
     ladder: str | None = None
 
     def policy(self):
-        """The guard's ladder policy: the defaults at this scale (a queued update is forced
-        after 5 s, not 24 h), then ``ladder``'s overrides."""
+        """The guard's ladder policy: the defaults at the scale of one machine (a queued update
+        is forced after 5 s, not 24 h; a requeue backs off 2 s doubling to 60 s, not 10 min
+        to 1 h: restarting local processes costs seconds), then ``ladder``'s overrides."""
         from unbroken.core.ladder import LadderPolicy, parse_policy
 
-        base = LadderPolicy(update_deadline=5.0)
+        base = LadderPolicy(update_deadline=5.0, backoff_base=2.0, backoff_cap=60.0)
         return parse_policy(self.ladder, base) if self.ladder else base
 
     def fault_list(self) -> list[Fault]:

@@ -40,9 +40,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from unbroken.core.actions import (
+    Evict,
+    PostCode,
+    PostVerdict,
+    Quarantine,
+    Replace,
+    Respawn,
+    RestartJob,
+    StopJob,
+)
 from unbroken.core.anomaly import stall_suspected
 from unbroken.core.faults import Fault, format_faults
 from unbroken.core.membership import left_behind
+from unbroken.core.placement import make_layout, uncovered
 from unbroken.core.standby import refill
 from unbroken.protocol import STOP_KEY, SUPERVISOR_HB, ExitCode
 from unbroken.supervise.drill import LauncherDrill
@@ -73,7 +84,12 @@ class RunResult:
 
 
 class _Restart(Exception):
-    """No replacement can cover a wipe-out: restart every group from the durable checkpoint."""
+    """The ladder decided to restart every group from the durable checkpoint (after
+    ``backoff`` seconds)."""
+
+    def __init__(self, reason: str, backoff: float = 0.0) -> None:
+        super().__init__(reason)
+        self.backoff = backoff
 
 
 class _Ended(Exception):
@@ -133,12 +149,18 @@ class Supervisor:
         spec = self.spec
         faults, cfg = self.check()
         out = Path(spec.out)
-        found = prepare(out, resume=spec.resume, fresh=spec.fresh)
         exporter = None
         if spec.metrics_port is not None:  # bind first: a bad port fails before anything runs
             from unbroken.metrics import MetricsExporter
 
             exporter = MetricsExporter(spec.metrics_port)
+        try:
+            found = prepare(out, resume=spec.resume, fresh=spec.fresh)
+        except BaseException:
+            if exporter is not None:
+                exporter.close()
+            raise
+        if exporter is not None:
             self._line(f"metrics on http://127.0.0.1:{exporter.port}/metrics")
         if found["kept_in"]:
             self._line(f"the previous run in {out} was moved to {found['kept_in']}")
@@ -177,6 +199,20 @@ class Supervisor:
         if self._exporter is not None and time.monotonic() - self._last_export > 0.5:
             self._last_export = time.monotonic()  # the report is O(journal): refresh at 2 Hz
             self._exporter.update(self.events)
+
+    def _backoff(self, seconds: float) -> _Ended | None:
+        """Wait a requeue's backoff; a signal meanwhile ends the run (the checkpoint is on
+        disk already: nothing is running)."""
+        deadline = time.monotonic() + seconds
+        while True:  # a signal before the next attempt starts ends the run, backoff or not
+            if self._signal is not None:
+                sig = signal.Signals(self._signal)
+                code = ExitCode.INTERRUPTED if sig == signal.SIGINT else ExitCode.TERMINATED
+                return _Ended(code, f"stopped on {sig.name} while waiting to restart; "
+                                    f"--resume continues from the last checkpoint")
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
 
     def _install_signals(self) -> dict:
         if threading.current_thread() is not threading.main_thread():
@@ -221,7 +257,7 @@ class Supervisor:
                       base_model=cfg.model, uid_of_pid=holders.get,
                       ckpt_every=spec.ckpt_interval(), policy=spec.policy())
         fired: set[tuple[str, int]] = set()
-        attempt, done, ended = 0, None, None
+        attempt, done, ended, backoff = 0, None, None, 0.0
         while done is None and ended is None:
             pending = [f for f in faults if (f.kind, f.group) not in fired]
             c = _cluster(cfg, jdir, spares, spec, out / "ckpt",
@@ -231,16 +267,17 @@ class Supervisor:
                 done = _Attempt(self, c, fired, guard, pending, xid_log, holders,
                                 restarting=attempt > 0, skip_old=attempt > 0 or spec.resume
                                 ).run()
-            except _Restart as r:
-                attempt += 1
-                if attempt > spec.max_restarts:
-                    raise RunError(f"{r}; gave up after {spec.max_restarts} restarts") from None
-                self.emit({"event": "restart_requested", "reason": str(r), "attempt": attempt})
+            except _Restart as r:  # the ladder's budget bounds these (core.ladder)
+                attempt, backoff = attempt + 1, r.backoff
+                self.emit({"event": "restart_requested", "reason": str(r), "attempt": attempt,
+                           "backoff_s": r.backoff})
             except _Ended as e:
                 ended = e
             finally:
                 beat.stop()
                 c.close()
+            if ended is None and done is None:
+                ended = self._backoff(backoff)
         journals = {int(f.stem.split("-")[1]): read_journal(f)
                     for f in sorted(jdir.glob("group-*.jsonl"))}
         wall = time.time() - t_start
@@ -338,6 +375,7 @@ class _Attempt:
         self.t_decided = time.time()
         self.tails: dict[int, _Tail] = {}
         self.members = set(range(self.spec.groups))   # uids that hold a slot
+        self.joined = set(self.members)               # ... and have trained in it
         self.slot_of = {u: u for u in self.members}
         self.pool = list(c.spares)                    # warm spares not yet assigned
         self.next_uid = self.spec.groups + len(c.spares)
@@ -354,14 +392,27 @@ class _Attempt:
         self.drill = LauncherDrill(pending, c.cfg.model, xid_log, self.emit, fired, guard)
         for u in self.members | set(self.pool):  # XID lines name the pid of any holder
             holders[c.procs[u].pid] = u
+        self.layout = make_layout(self.spec.groups, self.spec.redundancy)
+        self.holder = {s: s for s in range(self.spec.groups)}  # slot -> its newest holder
+        self.stop_code: tuple[int, str] | None = None  # a StopJob carried out
+        guard.maskable = self._maskable
+        self.stall_job, self.stall_pool = None, None  # stack dumps off the loop (_stall)
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> dict[int, dict]:
         from unbroken.runtime.ftcomm import declare_dead
 
         self.declare_dead = declare_dead
+        try:
+            return self._loop()
+        finally:
+            if self.stall_pool is not None:  # a dump in flight ends with its processes
+                self.stall_pool.shutdown(wait=False, cancel_futures=True)
+
+    def _loop(self) -> dict[int, dict]:
         deadline = time.monotonic() + self.spec.timeout
         while True:
+            self.guard.sync_standby(len(self.pool))  # what the ladder may count on now
             for u in list(self.c.uids):
                 for ev in self._tail(u).read():
                     self._on_event(u, ev)
@@ -369,13 +420,7 @@ class _Attempt:
                 self._post_stop()
             self.drill.fire(self.top, self._holder)
             self.guard.poll(time.time(), live=self.members - set(self.finished))
-            if self.spec.guard == "act" and stall_suspected(time.time(), self.last_step_t,
-                                                            self.top >= 0):
-                self.last_step_t = time.time()  # re-arm: one localisation per stall period
-                live = self._live()
-                self.guard.localise_stall({u: self.c.procs[u].pid for u in live},
-                                          {u: self.slot_of[u] for u in live},
-                                          Path(self.c.journal_dir))
+            self._stall()
             self._orders()
             done = self._exits()
             if done is not None:
@@ -387,11 +432,36 @@ class _Attempt:
             except subprocess.TimeoutExpired:
                 pass
 
-    def _post_stop(self) -> None:
+    def _stall(self) -> None:
+        """No step for a while but every heartbeat fresh: the stack dumps that localise it run
+        on a thread (py-spy pauses each process in turn, seconds in all), so death notices and
+        orders keep flowing meanwhile; the vote goes to the guard when it is in."""
+        job = self.stall_job
+        if job is not None and job.done():
+            self.stall_job = None
+            try:
+                self.guard.on_stall(*job.result())
+            except Exception as exc:
+                self.guard.stall_failed(exc)
+        elif job is None and self.spec.guard == "act" and stall_suspected(
+                time.time(), self.last_step_t, self.top >= 0):
+            from concurrent.futures import ThreadPoolExecutor
+
+            from unbroken.detect.stacks import locate_stall
+
+            self.last_step_t = time.time()  # re-arm: one localisation per stall period
+            live = self._live()
+            if self.stall_pool is None:
+                self.stall_pool = ThreadPoolExecutor(1, thread_name_prefix="stall")
+            self.stall_job = self.stall_pool.submit(
+                locate_stall, {u: self.c.procs[u].pid for u in live},
+                {u: self.slot_of[u] for u in live}, fault_dir=Path(self.c.journal_dir))
+
+    def _post_stop(self, why: str | None = None) -> None:
         """Ask every member to stop after the next committed step (rank 0 reads the key)."""
         self.stop_posted = time.time()
-        name = signal.Signals(self.sup._signal).name
-        self.emit({"event": "stop_requested", "signal": name})
+        self.emit({"event": "stop_requested",
+                   "signal": why or signal.Signals(self.sup._signal).name})
         self.c.store.add(STOP_KEY, 1)
         for u in list(self.pool):  # a waiting spare holds nothing: it just goes
             self.c.procs[u].kill()
@@ -424,10 +494,6 @@ class _Attempt:
             emit({"event": "restart", "step": ev["step"], "source": ev["source"],
                   "reason": "wipe-out without replacements", "t": self.t_decided,
                   "t_ready": ev["t"]})
-        if name == "wipeout" and not self.pool:
-            emit(ev, src=f"group-{u}")
-            raise _Restart(f"wipe-out at step {ev['step']} and no spare left: "
-                           f"restart from the durable checkpoint")
         if name == "restart":  # one per survivor; the driver's line counts it once
             if ev["gen"] not in self.restarts:
                 self.restarts.add(ev["gen"])
@@ -450,6 +516,7 @@ class _Attempt:
         elif name == "health":
             self.guard.on_health(ev, u)
         elif name == "joined":
+            self.joined.add(u)
             emit({"event": "join", "uid": u, "slot": ev["slot"], "step": ev["step"]})
         elif name == "wipeout":
             self.wiped.setdefault(ev["step"], ev["t"])
@@ -459,44 +526,80 @@ class _Attempt:
             # a holder the survivors re-formed without while its process lives: a hang
             for gone in left_behind((self.members & self.seen) - self.handled, ev["members"]):
                 if gone not in self.finished and self.c.procs[gone].poll() is None:
-                    self._evict(gone, "heartbeat")
+                    self._lost(gone, "heartbeat")
 
-    # ------------------------------------------------------------------ orders
+    # ------------------------------------------------------------------ losses and orders
+    def _maskable(self, lost: tuple[int, ...]) -> bool:
+        """Can the holders of the other slots cover every shard type without ``lost``?"""
+        live = {self.slot_of[u] for u in self.members
+                if u not in lost and u not in self.finished and self.c.procs[u].poll() is None}
+        return not uncovered(self.layout, live)
+
+    def _lost(self, uid: int, how: str) -> None:
+        """A member died (exit) or hung (left behind): the ladder answers. When the slots
+        without a holder leave a shard type uncovered (a wipe-out), the fault names every such
+        slot's last holder, so one answer refills them all."""
+        self.guard.sync_standby(len(self.pool))
+        now = time.time()
+        if self._maskable((uid,)) or self.stop_posted is not None:
+            self.guard.on_member_lost(uid, how, now)
+        else:
+            held = {self.slot_of[u] for u in self.members if u != uid}
+            gone = tuple(sorted({self.holder[s] for s in range(self.spec.groups)
+                                 if s not in held} | {uid}))
+            self._evict(uid, how)  # this one is out first; the answer refills every slot
+            self.guard.on_wipeout(gone, now, f"wipe-out: slots {sorted(self.slot_of[g] for g in gone)} "
+                                             f"have no live holder")
+        self._orders()
+
     def _orders(self) -> None:
+        """Carry out the guard's actions in order (``core.actions``: one mapping per rung)."""
         st = self.c.store
         while self.guard.orders:
-            order = self.guard.orders.pop(0)
-            verb = order[0]
-            if verb == "code":
-                _, n, rec = order
-                st.set(f"code/{n}", json.dumps(rec))
+            a = self.guard.orders.pop(0)
+            if isinstance(a, PostCode):
+                st.set(f"code/{a.n}", json.dumps(a.record))
                 st.add("code/count", 1)  # rank 0 reads it: every member swaps at one boundary
-                self.emit({"event": "code_posted", "n": n, **rec})
-            elif verb == "verdict":
-                _, key, obj = order
-                st.set(key, json.dumps(obj))
-                self.emit({"event": "verdict_posted", "key": key, **obj})
-            elif verb in ("evict", "respawn"):
-                _, gone, how = order
-                if gone in self.members and gone not in self.handled \
-                        and gone not in self.finished and self.c.procs[gone].poll() is None:
-                    self._evict(gone, how, fresh=verb == "respawn")
+                self.emit({"event": "code_posted", "n": a.n, **a.record})
+            elif isinstance(a, PostVerdict):
+                st.set(a.key, json.dumps(a.verdict))
+                self.emit({"event": "verdict_posted", "key": a.key, **a.verdict})
+            elif isinstance(a, Evict):
+                self._evict(a.uid, a.how)
+            elif isinstance(a, Replace):
+                self._replace(a.uid)
+            elif isinstance(a, Respawn):
+                self._replace(a.uid, fresh=True)
+            elif isinstance(a, Quarantine):
+                self.emit({"event": "quarantine", "group": a.uid,
+                           "slot": self.slot_of.get(a.uid)})
+            elif isinstance(a, RestartJob):
+                raise _Restart(a.reason, a.backoff)
+            elif isinstance(a, StopJob):
+                self.stop_code = (a.code, a.reason)
+                if self._live():
+                    self._post_stop(f"ladder: {a.reason}")
+                else:
+                    raise _Ended(ExitCode(a.code), a.reason)
 
-    def _evict(self, uid: int, how: str, fresh: bool = False) -> None:
-        self.c.procs[uid].send_signal(signal.SIGKILL)
-        self.c.procs[uid].wait(timeout=10)
-        self.declare_dead(self.c.store, uid)
-        self._replace(uid, how, fresh=fresh)
-
-    def _replace(self, uid: int, how: str, fresh: bool = False) -> None:
-        """The slot of a dead ``uid`` goes to a warm spare, or (``fresh``: retry in place) to a
-        new process started for it now."""
+    def _evict(self, uid: int, how: str) -> None:
+        """Take ``uid`` out: SIGKILL if it still runs, a death notice, no longer a member."""
+        if uid in self.handled or uid not in self.slot_of:
+            return
+        if self.c.procs[uid].poll() is None:
+            self.c.procs[uid].send_signal(signal.SIGKILL)
+            self.c.procs[uid].wait(timeout=10)
+        self.declare_dead(self.c.store, uid)  # survivors drop it at once, no heartbeat wait
         self.handled.add(uid)
         self.members.discard(uid)
+        self.emit({"event": "detected", "group": uid, "slot": self.slot_of[uid], "how": how})
+
+    def _replace(self, uid: int, fresh: bool = False) -> None:
+        """The slot of a dead ``uid`` goes to a warm spare, or (``fresh``: retry in place) to a
+        new process started for it now."""
         slot = self.slot_of[uid]
-        self.emit({"event": "detected", "group": uid, "slot": slot, "how": how})
-        if self.stop_posted is not None:
-            return  # stopping: nobody is replaced any more
+        if self.stop_posted is not None or self.holder.get(slot) != uid:
+            return  # stopping, or the slot already has a newer holder
         if fresh:
             self._spawn()
             spare = self.pool.pop()  # the one just started, not a warm one
@@ -506,6 +609,7 @@ class _Attempt:
             self.emit({"event": "no_spare", "slot": slot})
             return
         self.slot_of[spare] = slot
+        self.holder[slot] = spare
         self.members.add(spare)
         self.c.assign(spare, slot)
         self.emit({"event": "assign", "uid": spare, "slot": slot,
@@ -533,28 +637,51 @@ class _Attempt:
             rc = c.procs[u].poll()
             if rc is None or u in self.handled:
                 continue
-            if rc == -signal.SIGKILL and self.stop_posted is None:
-                self.declare_dead(c.store, u)  # the launcher saw the exit: no heartbeat wait
-                self._replace(u, "exit")
-            elif rc == ExitCode.WIPEOUT:
-                raise _Restart(f"group {u} gave up waiting for replacements (exit 4)")
+            if rc < 0 and self.stop_posted is None:  # killed by a signal: a death
+                self._lost(u, "exit")
+            elif rc == ExitCode.WIPEOUT and self.stop_posted is None:
+                # the survivors of a wipe-out waited for replacements in vain
+                self._job_lost(f"group {u} got no replacement for a wipe-out in time (exit 4)")
             elif rc in (ExitCode.STOPPED, ExitCode.COORDINATOR_LOST, ExitCode.NO_PROGRESS):
                 self.stopped[u] = rc
             elif self.stop_posted is not None:
                 self.stopped[u] = rc  # stopping anyway: record, do not replace
             else:
                 raise RunError(f"group {u} exited with code {rc}:\n{c.stderr(u)[-2000:]}")
-        if self.stopped and self.members <= set(self.finished) | set(self.stopped):
-            raise self._ended()
-        if self.members and self.members <= set(self.finished):
-            return {u: self.finished[u] for u in sorted(self.members)}
+        if self.stopped and self.members & self.joined <= set(self.finished) | set(self.stopped):
+            raise self._ended()  # (a replacement never admitted is closed with the attempt)
+        if self.finished and self.members & self.joined <= set(self.finished):
+            # every member that trained finished; a replacement still starting up (sent in the
+            # last steps) was never admitted and has nothing to do: it goes
+            for u in self.members - set(self.finished):
+                c.procs[u].kill()
+            return {u: self.finished[u] for u in sorted(self.finished)}
         if not self.members:
-            raise _Restart("every group is gone and no spare is left")
+            self._job_lost("every group is gone and no spare is left")
         return None
+
+    def _job_lost(self, why: str) -> None:
+        """The in-memory state is gone (no member left to restore from): the ladder answers
+        with a restart from the checkpoint (retry in place, restart, requeue after a backoff)
+        or gives up. Raises :class:`_Restart` or :class:`_Ended`; the attempt's processes are
+        closed either way."""
+        self.guard.sync_standby(len(self.pool))
+        self.guard.on_wipeout((), time.time(), why)
+        for a in self.guard.orders:
+            if isinstance(a, StopJob):
+                self.guard.orders.clear()
+                raise _Ended(ExitCode(a.code), f"the guard's ladder gave up: {a.reason}")
+        self._orders()  # a RestartJob raises
+        raise _Restart(why)
 
     def _ended(self) -> _Ended:
         """Why every member stopped: the most telling code among theirs."""
         codes = set(self.stopped.values())
+        if self.stop_code is not None:  # the ladder gave up (a StopJob carried out)
+            code, reason = self.stop_code
+            where = f"; checkpoint {self.checkpoint}" if self.checkpoint else ""
+            return _Ended(ExitCode(code), f"the guard's ladder gave up: {reason}{where}",
+                          self.checkpoint)
         where = f"; checkpoint {self.checkpoint}" if self.checkpoint else ""
         step = self.top + 1
         if ExitCode.NO_PROGRESS in codes:
