@@ -1,0 +1,238 @@
+"""StackedRunner in one process: N runners in N threads over a fake communicator.
+
+The complement of ``test_stacked.py`` (real processes, gloo, SIGKILL): here the collective is
+an in-memory rendezvous (``fakecomm.FakeGroup``) and the store a real TCPStore hosted by the
+test, so the runner's step protocol (in-band check, re-plan, roll-forward, stop) runs in a
+fraction of a second and every interleaving point is deterministic: a death is a hook in the
+fake at a given all-reduce, never a signal, and nothing waits on a clock. Not ``mp``.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from fakecomm import FakeGroup, MemberDied, StorePool  # noqa: E402
+
+from unbroken.core.shards import exactly_once  # noqa: E402
+from unbroken.protocol import STOP_KEY  # noqa: E402
+from unbroken.runtime.stacked import (  # noqa: E402
+    DivergenceError,
+    StackedRunner,
+    StopRequested,
+    TrainConfig,
+    ledger_records,
+    reference_run,
+)
+
+CFG = TrainConfig(groups=4, redundancy=2, steps=10, seed=3)
+UIDS = list(range(CFG.groups))
+
+
+@pytest.fixture(scope="module")
+def reference() -> torch.Tensor:
+    return reference_run(CFG)
+
+
+@pytest.fixture(scope="module")
+def stores() -> StorePool:
+    """The module's one TCPStore server and its member clients (connected once)."""
+    return StorePool()
+
+
+class Job:
+    """N runners over one FakeGroup, each in its own thread; collects journals and outcomes."""
+
+    def __init__(self, cfg: TrainConfig, stores: StorePool,
+                 hooks: dict[int, dict] | None = None,
+                 on_event: Callable[[int, dict, Any], None] | None = None,
+                 prepare: Callable[[int, StackedRunner], None] | None = None) -> None:
+        self.cfg = cfg
+        self.uids = list(range(cfg.groups))
+        self.group = FakeGroup(self.uids, stores=stores)
+        self.comms = {u: self.group.comm(u, **(hooks or {}).get(u, {})) for u in self.uids}
+        self.journals: dict[int, list[dict]] = {u: [] for u in self.uids}
+        self.result: dict[int, torch.Tensor] = {}
+        self.error: dict[int, BaseException] = {}
+        self.runners: dict[int, StackedRunner] = {}
+        for u in self.uids:
+            def journal(ev: dict, u: int = u) -> None:
+                self.journals[u].append(ev)
+                if on_event is not None:
+                    on_event(u, ev, self.comms[u])
+            self.runners[u] = StackedRunner(cfg, u, self.comms[u], journal)
+            if prepare is not None:
+                prepare(u, self.runners[u])
+
+    def _main(self, u: int) -> None:
+        try:
+            self.result[u] = self.runners[u].run()
+        except BaseException as exc:  # noqa: BLE001 - MemberDied included: the thread's end
+            self.error[u] = exc
+            if not isinstance(exc, MemberDied):
+                # a runner that stops on its own must not leave its peers waiting in a round
+                self.group.kill(u)
+
+    def run(self, join_s: float = 30.0) -> Job:
+        threads = [threading.Thread(target=self._main, args=(u,), name=f"group-{u}",
+                                    daemon=True) for u in self.uids]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(join_s)
+            assert not t.is_alive(), f"{t.name} still running after {join_s}s"
+        return self
+
+    def events(self, u: int, kind: str) -> list[dict]:
+        return [e for e in self.journals[u] if e["event"] == kind]
+
+    def commits(self, u: int) -> dict[int, dict]:
+        return {e["step"]: e for e in self.events(u, "commit")}
+
+    def ledger_ok(self) -> None:
+        rep = exactly_once(ledger_records(self.journals), self.cfg.steps, self.cfg.groups)
+        assert rep.ok and rep.records == self.cfg.steps * self.cfg.groups, rep
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a - b).abs().max().item()
+
+
+@pytest.mark.timeout(60)
+def test_failure_free_equals_reference_exactly_once(reference, stores):
+    job = Job(CFG, stores).run()
+    assert job.error == {}
+    for u in UIDS:
+        assert max_diff(job.result[u], reference) < 1e-12, u
+        assert job.runners[u].step == CFG.steps
+        commits = job.events(u, "commit")
+        assert [e["step"] for e in commits] == list(range(CFG.steps))
+        assert [e["mine"] for e in commits] == [[u]] * CFG.steps  # plain data parallelism
+        assert {e["gen"] for e in commits} == {0}
+        assert job.events(u, "replan") == []
+        assert job.comms[u].calls == CFG.steps  # one all-reduce per step, nothing else
+    job.ledger_ok()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("after_send", [False, True], ids=["before-send", "after-send"])
+def test_one_group_dies_at_step_4_is_masked(reference, stores, after_send):
+    # group 1 dies at its step-4 all-reduce. Before sending: step 4 fails everywhere and is
+    # re-planned. After sending: its contribution completed step 4 (the survivors commit it
+    # with type 1 from group 1, which never journals that commit) and step 5 is re-planned.
+    victim, at, survivors = 1, 4, [0, 2, 3]
+    hooks = {victim: {"die_at_call": at, "die_after_send": after_send}}
+    job = Job(CFG, stores, hooks=hooks).run()
+    assert set(job.error) == {victim} and isinstance(job.error[victim], MemberDied)
+    assert job.comms[victim].tensors[at][-1].item() == at  # call 4 was step 4's buffer
+    assert [e["step"] for e in job.events(victim, "commit")] == list(range(at))
+    k = at + 1 if after_send else at  # the step the survivors re-plan
+    for u in survivors:
+        assert max_diff(job.result[u], reference) < 1e-9, u
+        (rp,) = job.events(u, "replan")
+        assert rp["step"] == k and rp["members"] == survivors and rp["gen"] == 1
+        # stacks are (w, w+1): type 1's other host is group 0, now at depth 2
+        assert rp["depth"] == 2 and rp["patch"] == {"0": [1]}
+        commits = job.commits(u)
+        assert sorted(commits) == list(range(CFG.steps))
+        assert commits[k - 1]["gen"] == 0 and commits[k - 1]["plan"]["1"] == victim
+        assert commits[k]["gen"] == 1 and commits[k]["members"] == survivors
+        assert commits[k]["plan"] == {"0": 0, "1": 0, "2": 2, "3": 3}
+        assert commits[CFG.steps - 1]["mine"] == ([0, 1] if u == 0 else [u])
+    job.ledger_ok()
+
+
+@pytest.mark.timeout(60)
+def test_stop_request_stops_every_member_after_the_same_step(stores):
+    # the stop key is set while training, from group 2's thread right after it commits step 5
+    # (rank 0 may or may not have read the control counters of step 6 by then); whichever
+    # step's buffer carries the request, every member raises after committing that step
+    def on_event(u: int, ev: dict, comm) -> None:
+        if u == 2 and ev["event"] == "commit" and ev["step"] == 5:
+            comm.store.add(STOP_KEY, 1)
+
+    job = Job(CFG, stores, on_event=on_event).run()
+    assert set(job.error) == set(UIDS) and job.result == {}
+    assert all(isinstance(e, StopRequested) for e in job.error.values()), job.error
+    last = {u: max(job.commits(u)) for u in UIDS}
+    assert len(set(last.values())) == 1, last
+    stop = last[0]
+    assert 6 <= stop <= 7 and stop < CFG.steps - 1
+    assert {job.runners[u].step for u in UIDS} == {stop + 1}
+    assert all(f"after step {stop}" in str(e) for e in job.error.values())
+    rep = exactly_once(ledger_records(job.journals), stop + 1, CFG.groups)
+    assert rep.ok and rep.records == (stop + 1) * CFG.groups, rep
+
+
+@pytest.mark.timeout(60)
+def test_stop_request_read_by_rank_0_stops_after_the_next_step(stores):
+    # deterministic variant: rank 0 (group 0) sets the key from its own commit of step 5, so
+    # it reads it into step 6's buffer: every member commits step 6, then stops
+    def on_event(u: int, ev: dict, comm) -> None:
+        if u == 0 and ev["event"] == "commit" and ev["step"] == 5:
+            comm.store.add(STOP_KEY, 1)
+
+    job = Job(CFG, stores, on_event=on_event).run()
+    assert all(isinstance(job.error[u], StopRequested) for u in UIDS), job.error
+    assert {max(job.commits(u)) for u in UIDS} == {6}
+
+
+@pytest.mark.timeout(60)
+def test_member_at_a_different_step_is_refused_in_band(stores):
+    # group 2 starts one step ahead (as a member resumed from a different checkpoint would):
+    # the first reduced buffer's step sum is 0+0+1+0, and every member raises before applying
+    def prepare(u: int, r: StackedRunner) -> None:
+        if u == 2:
+            r.step = 1
+
+    job = Job(CFG, stores, prepare=prepare).run()
+    assert set(job.error) == set(UIDS)
+    for u in UIDS:
+        assert isinstance(job.error[u], DivergenceError), job.error[u]
+        assert "different steps" in str(job.error[u])
+        assert job.events(u, "commit") == []
+    # nothing was applied: every member still holds the initial parameters
+    init = job.runners[0].trainer.flat_params()
+    assert all(torch.equal(job.runners[u].trainer.flat_params(), init) for u in UIDS)
+
+
+@pytest.mark.timeout(60)
+def test_type_counted_twice_is_refused_in_band(stores):
+    # group 1's plan also claims type 0 (a plan that diverged): coverage reads [2, 1, 1, 1]
+    def prepare(u: int, r: StackedRunner) -> None:
+        if u == 1:
+            r.contrib = {**r.contrib, 1: (0, 1)}
+
+    job = Job(CFG, stores, prepare=prepare).run()
+    assert set(job.error) == set(UIDS)
+    for u in UIDS:
+        assert isinstance(job.error[u], DivergenceError), job.error[u]
+        assert "coverage [2.0, 1.0, 1.0, 1.0]" in str(job.error[u])
+        assert job.events(u, "commit") == []
+
+
+@pytest.mark.timeout(60)
+def test_member_that_missed_a_commit_is_rolled_forward(reference, stores):
+    # group 3's step-4 all-reduce completes everywhere but reports failure to group 3 only:
+    # its peers commit step 4 and fail at step 5 (group 3 broke the generation); after the
+    # re-form group 3 is at step 4, the others at 5, and a peer's reduced buffer rolls it
+    # forward, with no re-plan of work (nobody died)
+    lag, at = 3, 4
+    job = Job(CFG, stores, hooks={lag: {"drop_at_call": at}}).run()
+    assert job.error == {}
+    for u in UIDS:
+        assert max_diff(job.result[u], reference) < 1e-12, u
+        commits = job.commits(u)
+        assert sorted(commits) == list(range(CFG.steps))
+        assert commits[at]["rolled"] is (u == lag)
+        assert commits[at + 1]["gen"] == 1 and commits[at + 1]["members"] == UIDS
+        (rp,) = job.events(u, "replan")
+        assert rp["step"] == at + 1 and rp["patch"] == {} and rp["depth"] == 1
+    (rf,) = job.events(lag, "roll_forward")
+    assert rf["step"] == at and rf["from"] == 0
+    assert all(job.events(u, "roll_forward") == [] for u in UIDS if u != lag)
+    job.ledger_ok()
