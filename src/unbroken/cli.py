@@ -398,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.command in ("demo", "run"):
         from unbroken.demo_report import print_report
 
-        print_report(con, data)
+        print_report(con, data, title=a.command.capitalize())
         return 0
     if data.get("strategy") == "ladder":  # simulate --strategy ladder
         from unbroken.plan import ladder_lines

@@ -43,7 +43,10 @@ def build_report(events: list[dict], *, max_abs_param_diff: float | None, exactl
         "redundancy": cfg.get("redundancy"),
         "steps_planned": cfg.get("steps"),
         "steps": r.steps,
-        "faults_injected": sum(1 for e in evs if e.get("event") == "fault"),
+        "faults_injected": sum(1 for e in evs if e.get("event") == "fault"
+                               and not e.get("external")),
+        "faults_external": sum(1 for e in evs if e.get("event") == "fault"
+                               and e.get("external")),
         "faults_masked": sum(1 for f in r.faults if f.masked),
         "restarts": r.restarts,
         "joins": sum(1 for e in evs if e.get("event") == "join"),
@@ -68,8 +71,8 @@ def _s(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f} s"
 
 
-def print_report(console: Console, report: dict) -> None:
-    t = Table(title=f"Demo: {report.get('groups', '?')} groups, "
+def print_report(console: Console, report: dict, title: str = "Demo") -> None:
+    t = Table(title=f"{title}: {report.get('groups', '?')} groups, "
                     f"r={report.get('redundancy', '?')}")
     t.add_column("quantity")
     t.add_column("value", justify="right")
@@ -79,6 +82,8 @@ def print_report(console: Console, report: dict) -> None:
         ("steps committed", f"{report['steps']}" + (f" / {report['steps_planned']}"
                                                     if report.get("steps_planned") else "")),
         ("faults injected", str(report["faults_injected"])),
+        *([("failures from outside", str(report["faults_external"]))]
+          if report.get("faults_external") else []),
         ("masked without restart", str(report["faults_masked"])),
         ("restarts (wipe-outs)", str(report["restarts"])),
         ("spares joined", str(report.get("joins", 0))),
@@ -91,7 +96,8 @@ def print_report(console: Console, report: dict) -> None:
         ("final loss", "-" if report.get("final_loss") is None
          else f"{report['final_loss']:.4f}"),
         ("every gradient exactly once", ok),
-        ("max |param - failure-free reference|", "-" if diff is None else f"{diff:.3g}"),
+        *([("max |param - failure-free reference|", f"{diff:.3g}")] if diff is not None
+          else []),
     ]
     for row in rows:
         t.add_row(*row)

@@ -83,7 +83,11 @@ def test_the_example_trains_through_a_worker_killed_from_outside(tmp_path):
     rep = json.loads(stdout)
     assert rep["steps"] == 60 and rep["exactly_once"] is True
     assert rep["ledger"]["records"] == 60 * 4 and rep["ledger"]["missing"] == 0
-    assert rep["faults_masked"] == 0  # nothing was injected: the kill came from outside
+    # nothing was injected: the kill came from outside, and is accounted as a real failure
+    assert rep["faults_injected"] == 0 and rep["faults_external"] == 1
+    assert rep["faults_masked"] == 1 and rep["faults_detected"] == 1
+    (f,) = rep["time_lost_per_fault"]
+    assert f["kind"] == "death" and f["group"] == 1 and f["masked"]
     events = [json.loads(x) for x in (out / "journal.jsonl").read_text().splitlines()]
     assert any(e["event"] == "detected" and e["slot"] == 1 and e["how"] == "exit"
                for e in events)

@@ -540,7 +540,13 @@ class _Attempt:
         without a holder leave a shard type uncovered (a wipe-out), the fault names every such
         slot's last holder, so one answer refills them all."""
         self.guard.sync_standby(len(self.pool))
+        for ev in self._tail(uid).read():  # its own last lines first: an injected fault says so
+            self._on_event(uid, ev)
         now = time.time()
+        if not any(u == uid for _kind, u in self.fired):  # a real failure, not a fire drill:
+            self.emit({"event": "fault", "kind": "death" if how == "exit" else "hang",
+                       "group": self.slot_of[uid], "uid": uid, "step": self.top + 1,
+                       "external": True, "t": now})  # accounted like an injected one
         if self._maskable((uid,)) or self.stop_posted is not None:
             self.guard.on_member_lost(uid, how, now)
         else:
