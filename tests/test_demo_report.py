@@ -6,6 +6,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from helpers import commit_lines
+
 from unbroken.demo_report import build_report, plot_demo, print_report
 from unbroken.demo_view import LiveView
 
@@ -14,9 +16,7 @@ CFG = {"groups": 4, "redundancy": 2, "steps": 100, "seed": 0}
 
 
 def commits(step, t, members, loss):
-    return [{"event": "commit", "step": step, "t": t + 0.002 * i, "gen": 1, "members": members,
-             "mine": [m], "plan": {}, "loss": loss, "src": f"group-{m}"}
-            for i, m in enumerate(members)]
+    return commit_lines(step, t, members, loss, gen=1, gap=0.002)
 
 
 def demo_journal():
