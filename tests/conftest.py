@@ -9,11 +9,22 @@ clusters, the CLI or the demo in a subprocess, a process pool, py-spy on live pr
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Callable
 
 import pytest
+
+ROOT = Path(__file__).resolve().parent.parent  # the repository root
+
+# One torch thread in the test process (and the processes it starts), as every worker already
+# runs (stacked_worker sets 1): on a shared 2-core machine torch's default intra-op threads spin
+# against each other and the workers -- test_gpt's reference run took 4 s with one thread and
+# 13-56 s with two under load. Set before any test module imports torch; an explicit
+# OMP_NUM_THREADS is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # fixtures that start a process: a test using one must carry the ``mp`` marker
 _PROCESS_FIXTURES = ("cli", "demo")
@@ -33,12 +44,13 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def cli() -> Callable[..., subprocess.CompletedProcess]:
-    """``cli(*args, timeout=120)``: run ``python -m unbroken ARGS`` as a user would, in a real
-    subprocess; its ``CompletedProcess`` (text stdout and stderr). A test using it is ``mp``."""
+    """``cli(*args, timeout=120, cwd=ROOT)``: run ``python -m unbroken ARGS`` as a user would,
+    in a real subprocess started in the repository root (``examples.*`` importable); its
+    ``CompletedProcess`` (text stdout and stderr). A test using it is ``mp``."""
 
-    def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    def run(*args: str, timeout: float = 120, cwd: Path = ROOT) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "unbroken", *args], capture_output=True,
-                              text=True, timeout=timeout)
+                              text=True, timeout=timeout, cwd=cwd)
 
     return run
 

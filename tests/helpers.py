@@ -16,13 +16,19 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 
+#: recorded journals (tests/data)
+DATA = Path(__file__).resolve().parent / "data"
+
+
 # ------------------------------------------------------------------------------ journals
 def read_journal(path: str | Path) -> list[dict]:
-    """The events of a JSON-lines journal, in file order; ``[]`` while it does not exist."""
+    """The events of a JSON-lines journal, in file order; ``[]`` while it does not exist.
+    A last line without its newline is still being written: it is left for the next read."""
     path = Path(path)
     if not path.exists():
         return []
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    *whole, _partial = path.read_text().split("\n")
+    return [json.loads(x) for x in whole if x.strip()]
 
 
 def events(journal: list[dict], kind: str) -> list[dict]:

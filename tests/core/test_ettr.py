@@ -1,10 +1,8 @@
 """ETTR accounting on synthetic journals whose intervals are known exactly."""
 
-import json
-from pathlib import Path
-
 import pytest
 
+from helpers import DATA, read_journal
 from helpers import commit_lines as commits  # every live group journals a commit, 3 ms apart
 
 from unbroken.core.ettr import ettr_report, timeline
@@ -177,13 +175,13 @@ def test_restart_line_written_late_still_separates_the_epochs():
 # on group 3 at step 40 is found by step 49's SDC check and answered by the guard: replay, evict,
 # restore checkpoint 40. The guard's restart, the first restart after the slow fault, used to be
 # booked there ("restart from checkpoint @ step 40") and the flip charged nothing.
-CHAOS11 = Path(__file__).resolve().parent.parent / "data" / "chaos11_trimmed.jsonl"
+CHAOS11 = DATA / "chaos11_trimmed.jsonl"
 
 
 def chaos11(incident_field: bool) -> list[dict]:
     """The journal as written (the restart line names no incident) or as the guard now writes
     it (``incident``: the fault kind it answers)."""
-    ev = [json.loads(line) for line in CHAOS11.read_text().splitlines() if line.strip()]
+    ev = read_journal(CHAOS11)
     if incident_field:
         next(e for e in ev if e["event"] == "restart")["incident"] = "sdc"
     return ev

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
 
 from helpers import committed_steps, events, finish, wait_while_alive  # noqa: E402
 

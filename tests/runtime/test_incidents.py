@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
 
 from helpers import events as evs  # noqa: E402
 from helpers import finish  # noqa: E402

@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
 
 from helpers import events, finish, kill_and_notify  # noqa: E402
 

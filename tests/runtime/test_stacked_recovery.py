@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
 
 from helpers import events, finish, kill_and_notify  # noqa: E402
 
