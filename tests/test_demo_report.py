@@ -1,10 +1,11 @@
 """The demo's summary, figure and live view, fed a synthetic journal."""
 
 import json
-from pathlib import Path
 
 import pytest
 from rich.console import Console
+
+from helpers import DATA, commit_lines, read_journal
 
 from unbroken.demo_report import build_report, plot_demo, print_report
 from unbroken.demo_view import LiveView
@@ -14,9 +15,7 @@ CFG = {"groups": 4, "redundancy": 2, "steps": 100, "seed": 0}
 
 
 def commits(step, t, members, loss):
-    return [{"event": "commit", "step": step, "t": t + 0.002 * i, "gen": 1, "members": members,
-             "mine": [m], "plan": {}, "loss": loss, "src": f"group-{m}"}
-            for i, m in enumerate(members)]
+    return commit_lines(step, t, members, loss, gen=1, gap=0.002)
 
 
 def demo_journal():
@@ -132,8 +131,7 @@ def test_live_view_wipeout_restart_join_and_plain_lines():
 
 def test_chaos11_report_and_live_view_give_each_fault_its_own_outcome():
     # issue 9: the guard's restore of the bit flip was booked under the slow fault of step 22
-    ev = [json.loads(line) for line in (Path(__file__).parent / "data" /
-                                         "chaos11_trimmed.jsonl").read_text().splitlines()]
+    ev = read_journal(DATA / "chaos11_trimmed.jsonl")
     rows = {f["kind"]: f for f in build_report(ev, max_abs_param_diff=None,
                                                exactly_once=True)["time_lost_per_fault"]}
     assert rows["slow"]["masked"] and rows["slow"]["how"] == "replan (phase free, depth 2)"

@@ -4,8 +4,6 @@ to the ETTR report of the same journal; a port that cannot be bound is a one-lin
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
 import urllib.request
 
 import pytest
@@ -14,6 +12,8 @@ pytest.importorskip("prometheus_client")
 
 from unbroken.core.ettr import ettr_report  # noqa: E402
 from unbroken.metrics import MetricsError, MetricsExporter  # noqa: E402
+
+pytestmark = pytest.mark.server
 
 
 def journal() -> list[dict]:
@@ -52,7 +52,9 @@ def test_scraped_metrics_equal_the_ettr_report():
     assert rep.ettr == pytest.approx(10 / 11, rel=0.02)
     assert got["unbroken_steps_committed"] == 100
     assert got['unbroken_faults{kind="kill"}'] == 1 and got["unbroken_faults_masked"] == 1
-    assert got['unbroken_time_lost_seconds{kind="kill",part="detect"}'] > 0
+    # detection: from the fault (1.05 s before the commit) to the reform start (0.9 s before)
+    detect = got['unbroken_time_lost_seconds{kind="kill",part="detect"}']
+    assert detect == pytest.approx(rep.faults[0].detect_s) and detect == pytest.approx(0.15)
     assert got["unbroken_loss"] == pytest.approx(5.0 - 99 / 50)
     assert got["unbroken_metrics_errors"] == 0
 
@@ -75,16 +77,15 @@ def test_a_broken_update_is_counted_not_raised():
     assert after["unbroken_ettr"] == before  # the last good numbers stay served
 
 
-def test_busy_port_is_one_line_error_before_anything_starts(tmp_path):
+@pytest.mark.mp
+def test_busy_port_is_one_line_error_before_anything_starts(cli, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
         with pytest.raises(MetricsError, match=f"--metrics-port {port}: cannot serve"):
             MetricsExporter(port)
-        p = subprocess.run([sys.executable, "-m", "unbroken", "demo", "--metrics-port",
-                            str(port), "--out", str(tmp_path / "d")],
-                           capture_output=True, text=True, timeout=120)
+        p = cli("demo", "--metrics-port", str(port), "--out", str(tmp_path / "d"))
     assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
     assert f"--metrics-port {port}" in p.stderr and "Traceback" not in p.stderr
     assert not (tmp_path / "d").exists()  # nothing started, nothing written

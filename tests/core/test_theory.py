@@ -57,7 +57,9 @@ def test_controller_montecarlo_never_beats_the_depth_bound_and_finds_mu():
     mc = theory.controller_montecarlo(200, 4, trials=24, seed=1)
     bound = [theory.depth_bound(200, k) for k in range(len(mc.depth_after))]
     assert all(d >= b - 1e-12 for d, b in zip(mc.depth_after, bound))
-    assert mc.excess_over_bound >= 0
+    # the controller meets the bound all but exactly (0.0 at this seed, 0.002 stacks at worst
+    # over seeds 0..5): a planner that stacked deeper than needed shows here
+    assert mc.excess_over_bound < 0.01
     assert mc.failures_to_wipeout == pytest.approx(theory.mu(200, 4), rel=0.12)
 
 

@@ -21,8 +21,18 @@ def test_sample_reports_process_signals_and_rates_between_samples():
         sum(i * i for i in range(20_000))
     step["step"] = 30
     second = agent.sample(now=102.0)
-    assert second["step_rate"] == 10.0 and second["cpu_util"] > 0
-    assert second["threads"] >= 1 and second["cpu_s"] >= first["cpu_s"]
+    # rates over the 2 s between the samples: 20 steps, and the CPU seconds burnt meanwhile
+    assert second["step_rate"] == 10.0 and second["cpu_s"] > first["cpu_s"]
+    assert second["cpu_util"] == round((second["cpu_s"] - first["cpu_s"]) / 2.0, 4)
+    # a thread more is counted
+    release = threading.Event()
+    extra = threading.Thread(target=release.wait)
+    extra.start()
+    try:
+        assert agent.sample(now=103.0)["threads"] == second["threads"] + 1
+    finally:
+        release.set()
+        extra.join(10)
 
 
 def test_a_failing_probe_is_reported_once_and_never_raises():
@@ -46,5 +56,7 @@ def test_the_agent_thread_reports_until_stopped():
     agent = HealthAgent(1, report, lambda: {"step": 0}, period=0.01).start()
     assert seen.wait(10)
     agent.stop()
-    assert all(e["event"] == "health" for e in got)
-    assert sample_process()["cpu_s"] > 0
+    agent._thread.join(10)
+    assert not agent._thread.is_alive()  # stop() ends the thread
+    assert all(e["event"] == "health" and e["uid"] == 1 and e["step"] == 0 for e in got)
+    assert got[1]["step_rate"] == 0.0  # a rate from the second sample on; no step was made

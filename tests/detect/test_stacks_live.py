@@ -21,6 +21,8 @@ from unbroken.detect.stacks import (
     pyspy_path,
 )
 
+pytestmark = pytest.mark.mp
+
 WORKER = Path(__file__).with_name("stacks_worker.py")
 STUCK = 3
 COORDS = {r: Coord(dp=r // 2, pp=0, tp=r % 2) for r in range(4)}

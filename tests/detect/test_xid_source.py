@@ -123,8 +123,16 @@ def test_dmesg_source_returns_only_new_lines_and_degrades():
         raise FileNotFoundError(cmd[0])
     assert "not found" in DmesgSource(run=missing).poll().problems[0]
 
-    real = DmesgSource().poll()                             # whatever this machine allows
-    assert isinstance(real.hits, list) and isinstance(real.problems, list)
+
+@pytest.mark.mp  # runs the real dmesg
+def test_real_dmesg_is_read_or_its_refusal_reported_once():
+    src = DmesgSource()
+    first, again = src.poll(), src.poll()                   # whatever this machine allows
+    if first.problems:  # no access (a container, dmesg_restrict): one line, no events
+        assert first.hits == [] and len(first.problems) == 1, first
+        assert "\n" not in first.problems[0]
+    assert again.problems == []                             # a refusal is reported once
+    assert again.hits == [], again                          # only lines new since the first
 
 
 def test_fault_event_journal_line_is_the_demo_detected_event():

@@ -7,13 +7,15 @@ restores a verified state and recomputes it, so the trajectory ends where it wou
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 pytest.importorskip("torch")
 
-from test_demo import demo  # noqa: E402
+from helpers import read_journal  # noqa: E402
+
+from unbroken.core.ettr import ettr_report  # noqa: E402
+
+pytestmark = pytest.mark.mp
 
 # fault kind -> how its resolution must read (the rung that answered it)
 EXPECTED = {"kill": ("replan", "restart"), "hang": ("replan", "restart"),
@@ -23,9 +25,9 @@ EXPECTED = {"kill": ("replan", "restart"), "hang": ("replan", "restart"),
 
 
 @pytest.mark.timeout(420)
-def test_chaos_every_fault_is_handled_by_its_rung_exactly_once(tmp_path):
+def test_chaos_every_fault_is_handled_by_its_rung_exactly_once(demo, tmp_path):
     rep = demo("--chaos", "0", "--out", str(tmp_path), timeout=400)
-    events = [json.loads(x) for x in (tmp_path / "journal.jsonl").read_text().splitlines()]
+    events = read_journal(tmp_path / "journal.jsonl")
     spec = events[0]["fault_spec"]
     assert sorted(f["kind"] for f in events[0]["faults"]) == sorted(EXPECTED)
     assert rep["exactly_once"] is True and rep["ledger"]["records"] == 200 * 4
@@ -34,8 +36,12 @@ def test_chaos_every_fault_is_handled_by_its_rung_exactly_once(tmp_path):
     assert sorted(f["kind"] for f in lost) == sorted(EXPECTED), spec  # every fault fired
     for f in lost:
         assert f["how"].startswith(EXPECTED[f["kind"]]), (f, spec)
-        assert f["detect_s"] is not None and f["lost_s"] >= 0
-    assert 0 < rep["ettr"] < 1
+        assert f["detect_s"] is not None, (f, spec)  # every fault was seen, not only fixed
+    # time lost: a hang waits out the heartbeat timeout, a straggler runs slow for the rounds
+    # that find it, a bit flip rolls back and recomputes; none of them is free
+    costly = {f["kind"]: f["lost_s"] for f in lost if f["kind"] in ("hang", "slow", "flip")}
+    assert len(costly) == 3 and min(costly.values()) > 0, (costly, spec)
+    assert rep["ettr"] == pytest.approx(ettr_report(events).ettr) and rep["ettr"] < 1
     rungs = {e["rung"] for e in events if e["event"] == "ladder" and e["mode"] == "act"}
     assert {"retry", "rollback", "replay", "evict"} <= rungs
     # the NaN never reached the parameters: every committed loss is finite

@@ -9,28 +9,22 @@ and the parameters equal a failure-free run.
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
 
-from unbroken.core.shards import exactly_once  # noqa: E402
-from unbroken.runtime.stacked import TrainConfig, ledger_records, reference_run  # noqa: E402
+from helpers import committed_steps, events, finish, wait_while_alive  # noqa: E402
+
+from unbroken.runtime.stacked import TrainConfig, reference_run  # noqa: E402
 from unbroken.runtime.stacked_worker import StackedCluster  # noqa: E402
 
+pytestmark = pytest.mark.mp
+
 CFG = TrainConfig(groups=4, redundancy=2, steps=40, seed=7)
-
-
-def commits(path: Path) -> list[int]:
-    if not path.exists():
-        return []
-    return [json.loads(x)["step"] for x in path.read_text().splitlines()
-            if x.strip() and json.loads(x)["event"] == "commit"]
 
 
 @pytest.mark.timeout(180)
@@ -46,12 +40,9 @@ def test_coordinator_death_stops_all_at_one_step_with_a_checkpoint_then_resume(
         with StackedCluster(CFG, str(jdir), store_port=port, ckpt_dir=str(cdir),
                             ckpt_every=5) as c:
             # let it train a while (journal lines, waiting on a worker's exit between looks)
-            while min(len(commits(jdir / f"group-{u}.jsonl")) for u in range(4)) < 8:
-                assert all(c.procs[u].poll() is None for u in range(4))
-                try:
-                    c.procs[0].wait(timeout=0.02)
-                except subprocess.TimeoutExpired:
-                    pass
+            wait_while_alive(lambda: min(len(committed_steps(jdir / f"group-{u}.jsonl"))
+                                         for u in range(4)) >= 8,
+                             [c.procs[u] for u in range(4)], timeout=120)
             host.send_signal(signal.SIGKILL)  # the coordinator dies
             host.wait(timeout=10)
             rcs = [c.procs[u].wait(timeout=60) for u in range(4)]
@@ -59,7 +50,7 @@ def test_coordinator_death_stops_all_at_one_step_with_a_checkpoint_then_resume(
             journals = {u: c.journal(u) for u in range(4)}
     finally:
         host.kill()
-    last = {u: commits(jdir / f"group-{u}.jsonl")[-1] for u in range(4)}
+    last = {u: committed_steps(jdir / f"group-{u}.jsonl")[-1] for u in range(4)}
     assert len(set(last.values())) == 1, last  # all stopped after the same step
     stop = last[0]
     assert 8 <= stop < CFG.steps - 1
@@ -78,18 +69,9 @@ def test_coordinator_death_stops_all_at_one_step_with_a_checkpoint_then_resume(
 
     # resume with a new coordinator: continues from the checkpoint, exactly once, same result
     with StackedCluster(CFG, str(jdir), ckpt_dir=str(cdir), resume=True) as c:
-        done = {u: c.wait_key(f"done/{u}", 120) for u in range(4)}
-        for u in range(4):
-            assert c.procs[u].wait(timeout=30) == 0
-        journals = {u: c.journal(u) for u in range(4)}
-    ref = reference_run(CFG)
+        journals = finish(c, CFG, [0, 1, 2, 3], reference_run(CFG), tol=1e-9, wait_s=120)
     for u in range(4):
-        diff = (torch.tensor(done[u]["params"], dtype=torch.float64) - ref).abs().max().item()
-        assert diff < 1e-9, (u, diff)
-        restores = [e for e in journals[u] if e["event"] == "restore"]
-        assert [e["step"] for e in restores] == [resume_at]
-        warned = [e["message"] for e in journals[u] if e["event"] == "checkpoint_warning"]
+        assert [e["step"] for e in events(journals[u], "restore")] == [resume_at]
+        warned = [e["message"] for e in events(journals[u], "checkpoint_warning")]
         assert bool(warned) == corrupt_latest and all(f"step-{stop + 1:08d}" in w
                                                       for w in warned), warned
-    rep = exactly_once(ledger_records(journals), CFG.steps, CFG.groups)
-    assert rep.ok and rep.records == CFG.steps * CFG.groups, rep

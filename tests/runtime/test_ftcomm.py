@@ -16,6 +16,8 @@ pytest.importorskip("torch")
 
 from unbroken.runtime.ftcomm_worker import LocalCluster  # noqa: E402
 
+pytestmark = pytest.mark.mp
+
 N = 4
 UIDS = list(range(N))
 

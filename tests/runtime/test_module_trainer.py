@@ -11,15 +11,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from unbroken.core.shards import exactly_once  # noqa: E402
-from unbroken.runtime.ftcomm import declare_dead  # noqa: E402
+from helpers import finish, kill_and_notify  # noqa: E402
+
 from unbroken.runtime.module_trainer import ModuleTrainer  # noqa: E402
-from unbroken.runtime.stacked import (  # noqa: E402
-    TrainConfig,
-    ledger_records,
-    make_trainer,
-    reference_run,
-)
+from unbroken.runtime.stacked import TrainConfig, make_trainer, reference_run  # noqa: E402
 from unbroken.runtime.stacked_worker import StackedCluster  # noqa: E402
 
 HERE = os.path.dirname(__file__)
@@ -45,20 +40,12 @@ def test_lazy_state_optimizer_is_refused_with_one_line():
         ModuleTrainer(CFG, m, torch.optim.Adagrad(m.parameters()), [0] * 64, lambda a, b: a)
 
 
+@pytest.mark.mp
 @pytest.mark.timeout(150)
 def test_user_model_through_a_kill_matches_the_failure_free_run(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
     ref = reference_run(CFG)
     survivors = [0, 2, 3]
     with StackedCluster(CFG, str(tmp_path), die_at={1: 7}) as c:
-        c.wait_key("killed/1", 60, alive=survivors)
-        assert c.procs[1].wait(timeout=10) == -9
-        declare_dead(c.store, 1)
-        done = {u: c.wait_key(f"done/{u}", 90, alive=survivors) for u in survivors}
-        for u in survivors:
-            assert c.procs[u].wait(timeout=30) == 0
-            diff = (torch.tensor(done[u]["params"], dtype=torch.float64) - ref).abs().max()
-            assert diff.item() < 1e-9, (u, diff)
-        journals = {u: c.journal(u) for u in range(4)}
-    rep = exactly_once(ledger_records(journals), CFG.steps, CFG.groups)
-    assert rep.ok and rep.records == CFG.steps * CFG.groups, rep
+        kill_and_notify(c, [1], survivors)
+        finish(c, CFG, survivors, ref, tol=1e-9)

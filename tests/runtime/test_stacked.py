@@ -9,14 +9,18 @@ exits only.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
 
-from unbroken.core.shards import exactly_once  # noqa: E402
-from unbroken.runtime.ftcomm import declare_dead  # noqa: E402
-from unbroken.runtime.stacked import TrainConfig, ledger_records, reference_run  # noqa: E402
+from helpers import events, finish, kill_and_notify  # noqa: E402
+
+from unbroken.runtime.stacked import TrainConfig, reference_run  # noqa: E402
 from unbroken.runtime.stacked_worker import StackedCluster  # noqa: E402
+
+pytestmark = pytest.mark.mp
 
 CFG = TrainConfig(groups=4, redundancy=2, steps=30, seed=3)
 UIDS = list(range(CFG.groups))
@@ -27,35 +31,13 @@ def reference():
     return reference_run(CFG)
 
 
-def params_of(done: dict) -> torch.Tensor:
-    return torch.tensor(done["params"], dtype=torch.float64)
-
-
-def kill_and_notify(c: StackedCluster, victims: list[int], survivors: list[int]) -> dict:
-    """Wait until each victim has killed itself (key, then process exit); post death notices."""
-    t = {}
-    for v in victims:
-        t[v] = c.wait_key(f"killed/{v}", 60, alive=survivors)
-        assert c.procs[v].wait(timeout=10) == -9  # really SIGKILLed
-        declare_dead(c.store, v)
-    return t
-
-
 @pytest.mark.timeout(120)
 def test_no_faults_equals_single_process_reference(reference, tmp_path):
     with StackedCluster(CFG, str(tmp_path)) as c:
-        done = {u: c.wait_key(f"done/{u}", 90) for u in UIDS}
-        for u in UIDS:
-            assert c.procs[u].wait(timeout=30) == 0
-            assert done[u]["steps"] == CFG.steps
-            diff = (params_of(done[u]) - reference).abs().max().item()
-            assert diff < 1e-9, (u, diff)
-        journals = {u: c.journal(u) for u in UIDS}
-    rep = exactly_once(ledger_records(journals), CFG.steps, CFG.groups)
-    assert rep.ok and rep.records == CFG.steps * CFG.groups, rep
+        journals = finish(c, CFG, UIDS, reference, tol=1e-9)
     # plain data parallelism: each group contributed exactly its own type, one generation
     for u in UIDS:
-        commits = [e for e in journals[u] if e["event"] == "commit"]
+        commits = events(journals[u], "commit")
         assert [e["mine"] for e in commits] == [[u]] * CFG.steps
         assert {e["gen"] for e in commits} == {0}
 
@@ -66,19 +48,11 @@ def test_sigkill_one_group_is_masked_exactly_once(reference, tmp_path):
     survivors = [0, 2, 3]
     with StackedCluster(CFG, str(tmp_path), die_at={victim: at}) as c:
         t_kill = kill_and_notify(c, [victim], survivors)[victim]
-        done = {u: c.wait_key(f"done/{u}", 90, alive=survivors) for u in survivors}
-        for u in survivors:
-            assert c.procs[u].wait(timeout=30) == 0
-            assert done[u]["steps"] == CFG.steps
-            diff = (params_of(done[u]) - reference).abs().max().item()
-            assert diff < 1e-6, (u, diff)
-        journals = {u: c.journal(u) for u in UIDS}  # the dead group's journal included
+        journals = finish(c, CFG, survivors, reference)  # the dead group's journal included
     # the victim committed steps 0..9, nothing after
-    assert [e["step"] for e in journals[victim] if e["event"] == "commit"] == list(range(at))
-    rep = exactly_once(ledger_records(journals), CFG.steps, CFG.groups)
-    assert rep.ok and rep.records == CFG.steps * CFG.groups, rep
+    assert [e["step"] for e in events(journals[victim], "commit")] == list(range(at))
     for u in survivors:
-        replans = [e for e in journals[u] if e["event"] == "replan"]
+        replans = events(journals[u], "replan")
         assert len(replans) == 1 and replans[0]["step"] == at
         assert replans[0]["members"] == survivors
         # type 1's other host is group 0 (stacks are (w, w+1)): it patches type 1 at depth 2
@@ -102,24 +76,17 @@ def test_sigstop_hang_detected_by_heartbeat_is_masked_exactly_once(reference, tm
     with StackedCluster(CFG, str(tmp_path), stop_at={victim: at}) as c:
         try:
             t_stop = c.wait_key(f"stopped/{victim}", 60, alive=survivors)
-            done = {u: c.wait_key(f"done/{u}", 90, alive=survivors) for u in survivors}
-            for u in survivors:
-                assert c.procs[u].wait(timeout=30) == 0
-                assert done[u]["steps"] == CFG.steps
-                diff = (params_of(done[u]) - reference).abs().max().item()
-                assert diff < 1e-6, (u, diff)
+            journals = finish(c, CFG, survivors, reference)
             assert c.procs[victim].poll() is None  # still there, stopped: a hang, not a death
             assert not c.store.check([f"dead/{victim}"])
-            journals = {u: c.journal(u) for u in UIDS}
-            ft = {u: done[u]["journal"] for u in survivors}  # FTComm's own journal
+            # FTComm's own journal, in each survivor's done/<uid>
+            ft = {u: json.loads(c.store.get(f"done/{u}"))["journal"] for u in survivors}
         finally:
             c.procs[victim].kill()  # SIGKILL works on a stopped process
             assert c.procs[victim].wait(timeout=10) == -9
-    assert [e["step"] for e in journals[victim] if e["event"] == "commit"] == list(range(at))
-    rep = exactly_once(ledger_records(journals), CFG.steps, CFG.groups)
-    assert rep.ok and rep.records == CFG.steps * CFG.groups, rep
+    assert [e["step"] for e in events(journals[victim], "commit")] == list(range(at))
     for u in survivors:
-        replans = [e for e in journals[u] if e["event"] == "replan"]
+        replans = events(journals[u], "replan")
         assert len(replans) == 1 and replans[0]["step"] == at
         assert replans[0]["members"] == survivors and replans[0]["patch"] == {"0": [1]}
         commits = {e["step"]: e for e in journals[u] if e["event"] == "commit"}
@@ -145,21 +112,13 @@ def test_second_death_right_after_replan_is_masked_too(reference, tmp_path):
                         die_after_replan=[second]) as c:
         t_kill = kill_and_notify(c, [first], [0, 2, 3])[first]
         kill_and_notify(c, [second], survivors)
-        done = {u: c.wait_key(f"done/{u}", 90, alive=survivors) for u in survivors}
-        for u in survivors:
-            assert c.procs[u].wait(timeout=30) == 0
-            assert done[u]["steps"] == CFG.steps
-            diff = (params_of(done[u]) - reference).abs().max().item()
-            assert diff < 1e-6, (u, diff)
-        journals = {u: c.journal(u) for u in UIDS}
-    assert [e["step"] for e in journals[first] if e["event"] == "commit"] == list(range(at))
-    assert [e["step"] for e in journals[second] if e["event"] == "commit"] == list(range(at))
-    (r3,) = [e for e in journals[second] if e["event"] == "replan"]
+        journals = finish(c, CFG, survivors, reference)
+    assert [e["step"] for e in events(journals[first], "commit")] == list(range(at))
+    assert [e["step"] for e in events(journals[second], "commit")] == list(range(at))
+    (r3,) = events(journals[second], "replan")
     assert r3["step"] == at and r3["members"] == [0, 2, 3]
-    rep = exactly_once(ledger_records(journals), CFG.steps, CFG.groups)
-    assert rep.ok and rep.records == CFG.steps * CFG.groups, rep
     for u in survivors:
-        replans = [e for e in journals[u] if e["event"] == "replan"]
+        replans = events(journals[u], "replan")
         assert [e["step"] for e in replans] == [at, at]
         assert [e["members"] for e in replans] == [[0, 2, 3], survivors]
         assert [e["patch"] for e in replans] == [{"0": [1]}, {"2": [3]}]

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
 
-from unbroken.core.shards import exactly_once  # noqa: E402
-from unbroken.runtime.ftcomm import declare_dead  # noqa: E402
-from unbroken.runtime.stacked import TrainConfig, ledger_records, reference_run  # noqa: E402
+from helpers import events, finish, kill_and_notify  # noqa: E402
+
+from unbroken.runtime.stacked import TrainConfig, reference_run  # noqa: E402
 from unbroken.runtime.stacked_worker import StackedCluster  # noqa: E402
+
+pytestmark = pytest.mark.mp
 
 CFG = TrainConfig(groups=4, redundancy=2, steps=24, seed=5)
 CFG7 = TrainConfig(groups=7, redundancy=3, steps=16, seed=5)
@@ -30,30 +32,6 @@ def ref4():
 @pytest.fixture(scope="module")
 def ref7():
     return reference_run(CFG7)
-
-
-def kill_and_notify(c: StackedCluster, victims: list[int], alive: list[int]) -> None:
-    for v in victims:
-        c.wait_key(f"killed/{v}", 60, alive=alive)
-        assert c.procs[v].wait(timeout=10) == -9  # really SIGKILLed
-        declare_dead(c.store, v)
-
-
-def finish_all(c: StackedCluster, cfg: TrainConfig, finishers: list[int], ref, tol=1e-6):
-    done = {u: c.wait_key(f"done/{u}", 90, alive=finishers) for u in finishers}
-    for u in finishers:
-        assert c.procs[u].wait(timeout=30) == 0, c.stderr(u)[-2000:]
-        assert done[u]["steps"] == cfg.steps
-        diff = (torch.tensor(done[u]["params"], dtype=torch.float64) - ref).abs().max().item()
-        assert diff < tol, (u, diff)
-    journals = {u: c.journal(u) for u in c.uids}
-    rep = exactly_once(ledger_records(journals), cfg.steps, cfg.groups)
-    assert rep.ok and rep.records == cfg.steps * cfg.groups, rep
-    return journals
-
-
-def events(journal: list[dict], kind: str) -> list[dict]:
-    return [e for e in journal if e["event"] == kind]
 
 
 def replans(journal: list[dict]) -> list[dict]:
@@ -70,7 +48,7 @@ def test_kill_during_the_patch_compute_is_masked(ref7, tmp_path):
     with StackedCluster(CFG7, str(tmp_path), die_at={1: 6}, die_in_patch=[0]) as c:
         kill_and_notify(c, [1], [0] + survivors)
         kill_and_notify(c, [0], survivors)
-        j = finish_all(c, CFG7, survivors, ref7)
+        j = finish(c, CFG7, survivors, ref7)
     assert replans(j[0]) == []  # died in the patch compute, before journaling the replan
     for u in survivors:
         rs = replans(j[u])
@@ -86,7 +64,7 @@ def test_kill_during_the_retried_allreduce_is_masked(ref4, tmp_path):
     with StackedCluster(CFG, str(tmp_path), die_at={1: 8}, die_in_retry=[3]) as c:
         kill_and_notify(c, [1], [0, 2, 3])
         kill_and_notify(c, [3], survivors)
-        j = finish_all(c, CFG, survivors, ref4)
+        j = finish(c, CFG, survivors, ref4)
     assert replans(j[3])[0]["step"] == 8  # it replanned, then died in the retry
     for u in survivors:
         commits = {e["step"]: e for e in events(j[u], "commit")}
@@ -100,7 +78,7 @@ def test_member_that_missed_a_commit_rolls_forward(ref4, tmp_path):
     # after sending): its peers committed step 7, it did not. After the re-form the members
     # find they are one step apart and group 2 applies the reduced gradient of a peer.
     with StackedCluster(CFG, str(tmp_path), drop_commit_at={2: 7}) as c:
-        j = finish_all(c, CFG, [0, 1, 2, 3], ref4, tol=1e-9)
+        j = finish(c, CFG, [0, 1, 2, 3], ref4, tol=1e-9)
     (rf,) = events(j[2], "roll_forward")
     assert rf["step"] == 7
     c7 = [e for e in events(j[2], "commit") if e["step"] == 7]
@@ -119,7 +97,7 @@ def test_spare_joins_heals_the_layout(ref4, tmp_path):
     with StackedCluster(CFG, str(tmp_path), die_at={0: 4}, spares=1) as c:
         kill_and_notify(c, [0], [1, 2, 3])
         c.assign(4, 0)
-        j = finish_all(c, CFG, finishers, ref4)
+        j = finish(c, CFG, finishers, ref4)
     (adm,) = events(j[1], "admit")
     k = adm["step"]
     assert 4 < k < CFG.steps and adm["joined"] == {"4": 0}
@@ -140,7 +118,7 @@ def test_corrupt_snapshot_is_refused_and_the_next_copy_used(ref4, tmp_path):
                         corrupt_snapshot=[0]) as c:
         kill_and_notify(c, [1], [0, 2, 3])
         c.assign(4, 1)
-        j = finish_all(c, CFG, [0, 2, 3, 4], ref4)
+        j = finish(c, CFG, [0, 2, 3, 4], ref4)
     (bad,) = events(j[4], "bad_snapshot")
     assert bad["from"] == 0 and "checksum" in bad["error"]
 
@@ -157,7 +135,7 @@ def test_wipeout_restarts_from_snapshot_with_replacements(ref4, tmp_path):
             assert c.wait_key(f"wipeout/{u}", 60, alive=[0, 3])["dead_slots"] == [1, 2]
         c.assign(4, 1)
         c.assign(5, 2)
-        j = finish_all(c, CFG, finishers, ref4)
+        j = finish(c, CFG, finishers, ref4)
     for u in (0, 3):
         (w,) = events(j[u], "wipeout")
         assert w["step"] == 10 and w["lost_types"] == [2]

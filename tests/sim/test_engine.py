@@ -25,6 +25,7 @@ def test_same_seed_same_run_and_other_seeds_differ():
     assert a.wall_clock_s != c.wall_clock_s
 
 
+@pytest.mark.mp  # a process pool
 def test_parallel_sweep_equals_serial():
     sc = Scenario(groups=200, steps=800)
     jobs = [Job("spare", 4, s) for s in range(2)] + [Job("rep", 3, 0)]
@@ -58,6 +59,7 @@ def test_fidelity_spare_r8_at_n600():
         theory.overhead_lower_bound(600, 8), rel=0.02)
 
 
+@pytest.mark.mp  # a process pool of two
 @pytest.mark.parametrize("n,seeds", [(600, 10), (200, 40)])
 def test_simulated_mu_agrees_with_theory(n, seeds):
     """Pooled over hundreds to thousands of restart epochs (the per-epoch spread is ~30%)."""

@@ -16,12 +16,11 @@ import pytest
 
 pytest.importorskip("torch")
 
+from helpers import read_journal  # noqa: E402
+
+pytestmark = pytest.mark.mp  # every test runs `unbroken run` in a subprocess
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def unbroken(*args: str, cwd: Path = ROOT, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "unbroken", *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=cwd)
 
 
 @pytest.mark.parametrize("args, named", [
@@ -35,22 +34,21 @@ def unbroken(*args: str, cwd: Path = ROOT, timeout: float = 120) -> subprocess.C
     (["--trainer", "examples.tiny_lm:make", "--trainer-args", '{"depth": 3}'],
      "unexpected keyword argument 'depth'"),
 ])
-def test_a_bad_trainer_is_one_line_exit_2_and_nothing_started(tmp_path, args, named):
-    p = unbroken("run", *args, "--out", str(tmp_path / "run"))
+def test_a_bad_trainer_is_one_line_exit_2_and_nothing_started(cli, tmp_path, args, named):
+    p = cli("run", *args, "--out", str(tmp_path / "run"))
     assert p.returncode == 2, p.stderr
     assert named in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert not (tmp_path / "run").exists()
 
 
-def test_resume_with_nothing_to_resume_is_exit_7(tmp_path):
-    p = unbroken("run", "--trainer", "mlp", "--resume", "--out", str(tmp_path / "typo"))
+def test_resume_with_nothing_to_resume_is_exit_7(cli, tmp_path):
+    p = cli("run", "--trainer", "mlp", "--resume", "--out", str(tmp_path / "typo"))
     assert p.returncode == 7 and "holds no previous run" in p.stderr, p.stderr
     assert not (tmp_path / "typo").exists()
 
 
-@pytest.mark.mp
 @pytest.mark.timeout(300)
-def test_the_example_trains_through_a_worker_killed_from_outside(tmp_path):
+def test_the_example_trains_through_a_worker_killed_from_outside(cli, tmp_path):
     """The README's walk-through: the user's own transformer, one worker SIGKILLed by pid from
     outside mid-run; the run finishes every step exactly once. Then running into the same
     --out again is refused (the resume point stays)."""
@@ -88,12 +86,12 @@ def test_the_example_trains_through_a_worker_killed_from_outside(tmp_path):
     assert rep["faults_masked"] == 1 and rep["faults_detected"] == 1
     (f,) = rep["time_lost_per_fault"]
     assert f["kind"] == "death" and f["group"] == 1 and f["masked"]
-    events = [json.loads(x) for x in (out / "journal.jsonl").read_text().splitlines()]
+    events = read_journal(out / "journal.jsonl")
     assert any(e["event"] == "detected" and e["slot"] == 1 and e["how"] == "exit"
                for e in events)
     assert any(e["event"] == "join" and e["slot"] == 1 for e in events)
     assert rep["final_loss"] < 3.0  # a 30-symbol vocabulary starts near ln 30 = 3.4
-    again = unbroken("run", "--trainer", "examples.tiny_lm:make", "--steps", "60",
+    again = cli("run", "--trainer", "examples.tiny_lm:make", "--steps", "60",
                      "--out", str(out))
     assert again.returncode == 2 and "holds a previous run" in again.stderr
     assert any((out / "ckpt").glob("step-*"))

@@ -72,11 +72,9 @@ def committed(out: Path) -> int:
                 if e.get("event") == "commit"), default=-1)
 
 
-def finish_by_resume(out: Path, steps: int) -> dict:
-    p = subprocess.run([sys.executable, "-m", "unbroken", "run", "--trainer", "mlp",
-                        "--steps", str(steps), "--faults", "none", "--spares", "0",
-                        "--out", str(out), "--resume", "--json"],
-                       capture_output=True, text=True, timeout=240)
+def finish_by_resume(cli, out: Path, steps: int) -> dict:
+    p = cli("run", "--trainer", "mlp", "--steps", str(steps), "--faults", "none", "--spares",
+            "0", "--out", str(out), "--resume", "--json", timeout=240)
     assert p.returncode == 0, p.stderr[-3000:]
     rep = json.loads(p.stdout)
     assert rep["exactly_once"] is True and rep["ledger"]["records"] == steps * 4, rep["ledger"]
@@ -84,7 +82,7 @@ def finish_by_resume(out: Path, steps: int) -> dict:
 
 
 @pytest.mark.timeout(300)
-def test_a_stopped_supervisor_makes_every_member_stop_with_a_checkpoint(tmp_path):
+def test_a_stopped_supervisor_makes_every_member_stop_with_a_checkpoint(cli, tmp_path):
     out, steps = tmp_path / "run", 2000
     sup = start(out, "--steps", str(steps), "--faults", "none", "--spares", "0",
                 "--supervisor-staleness", "2")
@@ -109,14 +107,14 @@ def test_a_stopped_supervisor_makes_every_member_stop_with_a_checkpoint(tmp_path
     assert 10 < stop < steps
     written = [e["checkpoint"] for e in lost if e["checkpoint"]]
     assert len(written) == 1 and written[0].endswith(f"step-{stop:08d}")
-    rep = finish_by_resume(out, steps=stop + 5)  # a restarted supervisor continues
+    rep = finish_by_resume(cli, out, steps=stop + 5)  # a restarted supervisor continues
     assert rep["steps"] == 5
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_ctrl_c_and_sigterm_stop_every_member_after_one_step_with_a_checkpoint(
-        tmp_path, sig, code):
+        cli, tmp_path, sig, code):
     out, steps = tmp_path / "run", 2000
     sup = start(out, "--steps", str(steps), "--faults", "none", "--spares", "1",
                 "--ckpt-every", "1000")  # no periodic checkpoint to fall back on
@@ -138,7 +136,7 @@ def test_ctrl_c_and_sigterm_stop_every_member_after_one_step_with_a_checkpoint(
     written = [e["checkpoint"] for e in stops if e["checkpoint"]]
     assert len(written) == 1 and written[0].endswith(f"step-{stop:08d}")
     assert written[0] in lines[0]  # the one line says where the state is
-    rep = finish_by_resume(out, steps=stop + 3)
+    rep = finish_by_resume(cli, out, steps=stop + 3)
     assert rep["steps"] == 3
 
 
