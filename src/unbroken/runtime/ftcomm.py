@@ -195,9 +195,6 @@ class FTComm:
         self.supervisor_staleness = float(supervisor_staleness)
         self.supervisor_lost = False
         self._sup_obs: dict[Any, Observation] = {}
-        # store counters the caller wants read off its hot path (``watch``): the heartbeat
-        # thread reads them with the peers' counters, in the same round trip
-        self.watched: dict[str, int] = {}
 
         self._hb_store = _clone(store)
         self._hb_store.add(f"hb/{self.uid}", 1)  # first beat before anyone can judge us
@@ -240,25 +237,15 @@ class FTComm:
         should ``reform()`` and retry.
         """
         gen = self._gen
-        # the local flag only: a peer's abort reaches us through the heartbeat thread or the
-        # store poll while waiting below; a round trip here would sit on every step's path
-        if self._check_abort(gen, poll_store=False):
+        if self._check_abort(gen, poll_store=True):
             self._note_detect(self._abort_reason or "abort flag")
             return False
         buf = tensor.detach().clone()
-        if not self.aborted:  # _wake is set by an abort (checked below) or by this op's end
-            self._wake.clear()
         try:
             work = dist.all_reduce(buf, op=dist.ReduceOp.SUM, async_op=True)
         except RuntimeError as exc:  # broken PG: fails at once
             self._abandon(gen, None, buf, f"gloo error at issue: {_short(exc)}")
             return False
-        try:  # wake the moment the op completes, instead of polling it every millisecond:
-            #   four workers on two cores spent measurable CPU in 1 kHz wake-ups
-            work.get_future().add_done_callback(lambda _f: self._wake.set())
-            wait_s = self.store_poll_interval
-        except (RuntimeError, AttributeError):  # a backend without futures: poll
-            wait_s = self.poll_interval
         if self.on_issue is not None:
             hook, self.on_issue = self.on_issue, None
             hook()
@@ -272,8 +259,6 @@ class FTComm:
                     return False
                 tensor.copy_(buf)
                 self._warm = True
-                if not self.aborted:
-                    self._wake.clear()  # this op's completion, not an abort
                 return True
             poll_store = time.monotonic() >= next_store_poll
             if poll_store:
@@ -281,7 +266,7 @@ class FTComm:
             if self._check_abort(gen, poll_store=poll_store):
                 self._abandon(gen, work, buf, None)
                 return False
-            self._wake.wait(wait_s)
+            self._wake.wait(self.poll_interval)
 
     # ------------------------------------------------------------------ re-form
     def reform(self, expect: list[int] | tuple[int, ...] = ()) -> list[int]:
@@ -482,13 +467,6 @@ class FTComm:
             return True
         return False
 
-    def watch(self, keys) -> None:
-        """Have the heartbeat thread read these store counters every period (``watched``):
-        control values a training loop needs at step boundaries, without a store round trip
-        on the step's critical path."""
-        for k in keys:
-            self.watched.setdefault(k, 0)
-
     def _watch_supervisor(self, counter: int, now: float, blind: bool) -> None:
         """The supervisor's heartbeat, judged like a peer's (a starved observer judges
         nobody); silent for ``supervisor_staleness`` s: ``supervisor_lost``."""
@@ -512,18 +490,13 @@ class FTComm:
                 with self._lock:
                     gen, members = self._gen, list(self._members)
                 others = [m for m in members if m != me]
-                watch = list(self.watched)
                 keys = [f"hb/{m}" for m in others] + ["dead/epoch"]
                 if self.supervisor_staleness > 0:
                     keys.append(SUPERVISOR_HB)
-                keys += watch
                 if st.check(keys):  # one round trip for all counters (multi_get blocks on a
                     vals = [int(v) for v in st.multi_get(keys)]  # missing key: check first)
                 else:
                     vals = [st.add(k, 0) for k in keys]
-                if watch:
-                    self.watched.update(zip(watch, vals[-len(watch):]))
-                    del vals[-len(watch):]
                 if self.supervisor_staleness > 0:
                     sup = vals.pop()
                 counters = dict(zip(others, vals[:-1]))

@@ -357,10 +357,6 @@ class StackedRunner:
         self.admitted = 0    # join records (store ``join/<n>``) dealt with so far
         self.join_seen = 0   # join count seen by the last committed step's rank 0
         self._control_ready = False
-        if hasattr(comm, "watch"):  # every member: whoever is rank 0 later has fresh values
-            comm.watch(_CONTROL)
-            self._control_ready = True
-        self._norm: tuple[torch.Tensor, float] | None = None  # (buffer, its gradient norm)
         self._reset_plan(list(range(cfg.groups)))
         self.step = 0
         self.grads: dict[int, torch.Tensor] = {}
@@ -524,16 +520,8 @@ class StackedRunner:
         return buf
 
     def _control(self) -> tuple[float, float, float]:
-        """Rank 0's view of the join count, the code-record count and the supervisor's stop
-        request. They change rarely, so the communicator's heartbeat thread reads them (one
-        period behind at most) instead of a store round trip on every step's critical path;
-        a communicator without ``watch`` is asked directly."""
-        if hasattr(self.comm, "watch"):
-            if not self._control_ready:
-                self.comm.watch(_CONTROL)
-                self._control_ready = True
-            w = self.comm.watched
-            return tuple(float(w.get(k, 0)) for k in _CONTROL)
+        """Rank 0's one store round trip per step: the join count, the code-record count and
+        the supervisor's stop request (counters, created once so ``multi_get`` never blocks)."""
         st = self.comm.store
         if not self._control_ready:
             for k in _CONTROL:
@@ -605,7 +593,7 @@ class StackedRunner:
                       "plan": {str(t): self._uid_of(w) for w, ts in self.contrib.items()
                                for t in ts},
                       "loss": float(buf[_LOSS]) / n, "rolled": rolled,
-                      "grad_norm": round(self._grad_norm(buf) / n, 9),
+                      "grad_norm": round(float(buf[:tr.numel].norm()) / n, 9),
                       "compute_s": round(self.compute_s / max(1, self.compute_n), 6),
                       "t": time.time()})
         if self.ckpt is not None and self.step % self.ckpt_every == 0 \
@@ -620,11 +608,6 @@ class StackedRunner:
         if float(buf[_STOP]) > 0:
             raise StopRequested(f"stop requested; stopped after step {k} on every member")
 
-    def _grad_norm(self, buf: torch.Tensor) -> float:
-        if self._norm is not None and self._norm[0] is buf:
-            return self._norm[1]
-        return float(buf[:self.trainer.numel].norm())
-
     # ------------------------------------------------------------------ incidents
     def _step_check(self, buf: torch.Tensor) -> tuple[str, dict] | None:
         """What every member reads from the same reduced buffer: a member's step error, a
@@ -633,13 +616,8 @@ class StackedRunner:
         tr, n = self.trainer, self.cfg.groups
         if float(buf[_ERR]) > 0:
             return "code", {"errors": int(buf[_ERR]), "version": self.version}
-        # the norm is NaN/inf iff an element is (or the squares overflow: then count exactly);
-        # one reduction instead of an isfinite pass, and _commit journals the same norm
-        norm = float(buf[:tr.numel].norm())
-        self._norm = (buf, norm)
-        bad = 0 if np.isfinite(norm) else int((~torch.isfinite(buf[:tr.numel])).sum())
-        if bad or not np.isfinite(float(buf[_LOSS])):
-            return "implicit", {"nonfinite": bad}
+        if not bool(torch.isfinite(buf[:tr.numel]).all()) or not np.isfinite(float(buf[_LOSS])):
+            return "implicit", {"nonfinite": int((~torch.isfinite(buf[:tr.numel])).sum())}
         if self._check_step():
             d0 = tr.numel + n
             digests = _digests(buf[d0:d0 + n * n].view(n, n), range(n))
