@@ -153,3 +153,28 @@ def test_wipeout_without_replacements_exits_4(tmp_path):
             reason = c.wait_key(f"wipeout_failed/{u}", 60, alive=[u])
             assert "no replacement for slots [1, 2]" in reason and "(2)" in reason, reason
             assert c.procs[u].wait(timeout=30) == 4
+
+
+@pytest.mark.timeout(150)
+def test_admission_while_a_member_recovers_settles_one_way(ref4, tmp_path):
+    # group 0 dies and a spare (uid 4) is sent to slot 0. Group 2 treats the completed
+    # all-reduce of the step whose commit makes its peers admit the spare as failed: its
+    # peers commit and re-form (planned) with the joiner while it re-forms to recover. The
+    # settle, the first collective of the new generation, sends them all one way: group 2
+    # is rolled forward, the spare gets the state, everyone takes the same fresh plan.
+    finishers = [1, 2, 3, 4]
+    with StackedCluster(CFG, str(tmp_path), die_at={0: 4}, spares=1,
+                        drop_commit_on_join=[2]) as c:
+        kill_and_notify(c, [0], [1, 2, 3])
+        c.assign(4, 0)
+        j = finish(c, CFG, finishers, ref4, tol=1e-9)
+    (rf,) = events(j[2], "roll_forward")
+    (adm,) = events(j[1], "admit")
+    assert adm["joined"] == {"4": 0} and rf["step"] == adm["step"] - 1
+    assert events(j[2], "admit") == [] or events(j[2], "admit")[0]["step"] == adm["step"]
+    (joined,) = events(j[4], "joined")
+    assert joined["step"] == adm["step"]
+    for u in finishers:
+        steps = [e["step"] for e in events(j[u], "commit")]
+        assert steps == sorted(set(steps)) and steps[-1] == CFG.steps - 1
+        assert events(j[u], "commit")[-1]["mine"] == [0 if u == 4 else u]

@@ -195,6 +195,9 @@ class FTComm:
         self.supervisor_staleness = float(supervisor_staleness)
         self.supervisor_lost = False
         self._sup_obs: dict[Any, Observation] = {}
+        # store counters the caller wants read off its hot path (``watch``): the heartbeat
+        # thread reads them with the peers' counters, in the same round trip
+        self.watched: dict[str, int] = {}
 
         self._hb_store = _clone(store)
         self._hb_store.add(f"hb/{self.uid}", 1)  # first beat before anyone can judge us
@@ -237,15 +240,25 @@ class FTComm:
         should ``reform()`` and retry.
         """
         gen = self._gen
-        if self._check_abort(gen, poll_store=True):
+        # the local flag only: a peer's abort reaches us through the heartbeat thread or the
+        # store poll while waiting below; a round trip here would sit on every step's path
+        if self._check_abort(gen, poll_store=False):
             self._note_detect(self._abort_reason or "abort flag")
             return False
         buf = tensor.detach().clone()
+        if not self.aborted:  # _wake is set by an abort (checked below) or by this op's end
+            self._wake.clear()
         try:
             work = dist.all_reduce(buf, op=dist.ReduceOp.SUM, async_op=True)
         except RuntimeError as exc:  # broken PG: fails at once
             self._abandon(gen, None, buf, f"gloo error at issue: {_short(exc)}")
             return False
+        try:  # wake the moment the op completes, instead of polling it every millisecond:
+            #   four workers on two cores spent measurable CPU in 1 kHz wake-ups
+            work.get_future().add_done_callback(lambda _f: self._wake.set())
+            wait_s = self.store_poll_interval
+        except (RuntimeError, AttributeError):  # a backend without futures: poll
+            wait_s = self.poll_interval
         if self.on_issue is not None:
             hook, self.on_issue = self.on_issue, None
             hook()
@@ -259,6 +272,8 @@ class FTComm:
                     return False
                 tensor.copy_(buf)
                 self._warm = True
+                if not self.aborted:
+                    self._wake.clear()  # this op's completion, not an abort
                 return True
             poll_store = time.monotonic() >= next_store_poll
             if poll_store:
@@ -266,15 +281,24 @@ class FTComm:
             if self._check_abort(gen, poll_store=poll_store):
                 self._abandon(gen, work, buf, None)
                 return False
-            self._wake.wait(self.poll_interval)
+            self._wake.wait(wait_s)
 
     # ------------------------------------------------------------------ re-form
-    def reform(self, expect: list[int] | tuple[int, ...] = ()) -> list[int]:
+    def reform(self, expect: list[int] | tuple[int, ...] = (), *,
+               planned: bool = False) -> list[int]:
         """Form generation g+1 among the live members and return its member list.
 
-        ``expect``: uids of joining processes admitted into g+1 (every member must pass the
-        same list; each joiner calls :meth:`join` with g+1). The leader waits for them as for
-        live members and drops those that have not registered by the deadline.
+        ``expect``: uids of joining processes this member admits into g+1 (each joiner calls
+        :meth:`join` with g+1). Members may disagree (one that is recovering from a failed op
+        knows nothing of an admission its peers started): the leader waits for the union of
+        what the members that joined expect, as for live members, and drops those that have
+        not registered by the deadline.
+
+        ``planned``: a re-form at a step boundary (an admission), not a failure. The old
+        generation is then *not* aborted: a peer still receiving the last chunks of the op
+        this member already completed finishes it too, instead of abandoning an op its peers
+        committed. After a failure (``planned=False``) the old generation is aborted so that
+        every member stops waiting in it.
 
         Raises :class:`RendezvousError` when the rendezvous times out or this worker was left
         out of the new generation.
@@ -285,11 +309,13 @@ class FTComm:
         old_members = list(self._members)
         gen = old + 1
         t_start = time.monotonic()
-        self._set_abort(old, self._abort_reason or "reform requested")
+        if not planned:
+            self._set_abort(old, self._abort_reason or "reform requested")
         detected_at = self._detected_at or time.time()
 
         st = self.store
-        try:
+        try:  # what this member expects, before it can be counted as joined
+            st.set(f"rdzv/{gen}/expect/{self.uid}", json.dumps([int(u) for u in expect]))
             n = st.add(f"rdzv/{gen}/count", 1)
         except Exception as exc:
             self.store_lost = True
@@ -298,15 +324,21 @@ class FTComm:
         leader = n == 1
         if leader:
             deadline = t_start + self.rendezvous_timeout
+            joined: list[int] = []
+            expected: set[int] = set()
             while True:
                 count = st.add(f"rdzv/{gen}/count", 0)
-                joined = [int(st.get(f"rdzv/{gen}/joined/{i}")) for i in range(1, count + 1)]
+                for i in range(len(joined) + 1, count + 1):
+                    u = int(st.get(f"rdzv/{gen}/joined/{i}"))
+                    joined.append(u)
+                    expected.update(json.loads(st.get(f"rdzv/{gen}/expect/{u}")))
                 peer_died = st.check([f"abort/{old}/gloo"])
                 live = self.live_now(rendezvous_staleness(
                     self._staleness(), self.heartbeat_period, peer_died))
-                came = [u for u in expect if st.check([f"rdzv/{gen}/joiner/{u}"])]
-                gone = [u for u in expect if u not in came and st.check([f"dead/{u}"])]
-                if (rendezvous_ready(joined, live) and len(came) + len(gone) == len(expect)) \
+                came = [u for u in sorted(expected) if st.check([f"rdzv/{gen}/joiner/{u}"])]
+                gone = [u for u in sorted(expected)
+                        if u not in came and st.check([f"dead/{u}"])]
+                if (rendezvous_ready(joined, live) and len(came) + len(gone) == len(expected)) \
                         or time.monotonic() > deadline:
                     break
                 self._stop.wait(0.005)
@@ -319,7 +351,7 @@ class FTComm:
         self._enter(gen, new)
         t_pg = time.monotonic()
         ev = {
-            "event": "reform", "gen": gen, "members": new, "leader": leader,
+            "event": "reform", "gen": gen, "members": new, "leader": leader, "planned": planned,
             "dropped": [u for u in old_members if u not in new],
             "detected_at": detected_at,
             "rendezvous_s": round(t_rdzv - t_start, 4),
@@ -467,6 +499,22 @@ class FTComm:
             return True
         return False
 
+    def watch(self, keys) -> None:
+        """Have the heartbeat thread read these store counters every period (``watched``):
+        control values a training loop needs at step boundaries, without a store round trip
+        on the step's critical path."""
+        keys = [k for k in keys if k not in self.watched]
+        if not keys:
+            return
+        # one read now: what was posted before the first step applies at the first boundary
+        for k in keys:
+            self._observe_watched(k, self.store.add(k, 0))
+
+    def _observe_watched(self, key: str, value: int) -> None:
+        # the counters only grow: a heartbeat read that began before a fresher one must not
+        # take the value back
+        self.watched[key] = max(self.watched.get(key, 0), int(value))
+
     def _watch_supervisor(self, counter: int, now: float, blind: bool) -> None:
         """The supervisor's heartbeat, judged like a peer's (a starved observer judges
         nobody); silent for ``supervisor_staleness`` s: ``supervisor_lost``."""
@@ -490,13 +538,19 @@ class FTComm:
                 with self._lock:
                     gen, members = self._gen, list(self._members)
                 others = [m for m in members if m != me]
+                watch = list(self.watched)
                 keys = [f"hb/{m}" for m in others] + ["dead/epoch"]
                 if self.supervisor_staleness > 0:
                     keys.append(SUPERVISOR_HB)
+                keys += watch
                 if st.check(keys):  # one round trip for all counters (multi_get blocks on a
                     vals = [int(v) for v in st.multi_get(keys)]  # missing key: check first)
                 else:
                     vals = [st.add(k, 0) for k in keys]
+                if watch:
+                    for k, v in zip(watch, vals[-len(watch):]):
+                        self._observe_watched(k, v)
+                    del vals[-len(watch):]
                 if self.supervisor_staleness > 0:
                     sup = vals.pop()
                 counters = dict(zip(others, vals[:-1]))

@@ -274,6 +274,8 @@ class Inject:
     die_after_replan: bool = False     # SIGKILL after the first replan's patch compute
     die_in_retry: bool = False         # SIGKILL inside the first retried all-reduce
     drop_commit_at: int | None = None  # treat step K's completed all-reduce as failed, once
+    drop_commit_on_join: bool = False  # the same at the commit that makes the peers admit a
+    #                                    spare (they re-form for it while this one recovers)
     corrupt_snapshot: bool = False     # serve a snapshot with one flipped element (once)
     slow_from: int | None = None       # from step K on, every gradient takes slow_s longer
     slow_s: float = 0.06
@@ -357,7 +359,14 @@ class StackedRunner:
         self.admitted = 0    # join records (store ``join/<n>``) dealt with so far
         self.join_seen = 0   # join count seen by the last committed step's rank 0
         self._control_ready = False
-        self._reset_plan(list(range(cfg.groups)))
+        if hasattr(comm, "watch"):  # every member: whoever is rank 0 later has fresh values
+            comm.watch(_CONTROL)
+            self._control_ready = True
+        self._norm: tuple[torch.Tensor, float] | None = None  # (buffer, its gradient norm)
+        d = self._fresh_plan(list(range(cfg.groups)))
+        self.stacks, self.depth, self.contrib = d.stacks, d.depth, d.contributions()
+        self.plan_gen = 0       # the generation whose settle decided the plan (0: the start)
+        self.needs_state = False  # a joiner until the settle has copied the state to it
         self.step = 0
         self.grads: dict[int, torch.Tensor] = {}
         self.grads_step = -1
@@ -433,17 +442,11 @@ class StackedRunner:
             self.journal({"event": "fault", "kind": kind, "group": self.my_slot,
                           "uid": self.uid, "step": self.step, "t": time.time()})
 
-    def _reset_plan(self, live: list[int]) -> None:
-        """Fresh plan for ``live`` slots at a step boundary (start, or after an admission)."""
-        if len(live) == self.cfg.groups:
-            self.stacks, self.depth = initial_stacks(self.layout), 1
-            self.contrib = {w: (w,) for w in range(self.cfg.groups)}
-            return
-        d = decide(self.layout, live, initial_stacks(self.layout), 1,
-                   computed={w: [] for w in live})
-        if isinstance(d, WipeOut):
-            raise WipeOutError(f"step {getattr(self, 'step', 0)}: {d.reason}")
-        self.stacks, self.depth, self.contrib = d.stacks, d.depth, d.contributions()
+    def _fresh_plan(self, live: list[int]):
+        """The plan for ``live`` slots from the original stacks, as at a step boundary (the
+        start, an admission): plain data parallelism when every slot is live."""
+        return decide(self.layout, live, initial_stacks(self.layout), 1,
+                      computed={w: [] for w in live})
 
     def _fault(self, kind: str) -> None:
         self.journal({"event": "fault", "kind": kind, "group": self.my_slot, "uid": self.uid,
@@ -520,8 +523,16 @@ class StackedRunner:
         return buf
 
     def _control(self) -> tuple[float, float, float]:
-        """Rank 0's one store round trip per step: the join count, the code-record count and
-        the supervisor's stop request (counters, created once so ``multi_get`` never blocks)."""
+        """Rank 0's view of the join count, the code-record count and the supervisor's stop
+        request. They change rarely, so the communicator's heartbeat thread reads them (one
+        period behind at most) instead of a store round trip on every step's critical path;
+        a communicator without ``watch`` is asked directly."""
+        if hasattr(self.comm, "watch"):
+            if not self._control_ready:
+                self.comm.watch(_CONTROL)
+                self._control_ready = True
+            w = self.comm.watched
+            return tuple(float(w.get(k, 0)) for k in _CONTROL)
         st = self.comm.store
         if not self._control_ready:
             for k in _CONTROL:
@@ -553,8 +564,10 @@ class StackedRunner:
         while True:
             buf = self._pack()
             ok = self.comm.allreduce(buf)
-            if ok and inj.drop_commit_at == self.step:
-                inj.drop_commit_at = None  # this rank saw the op fail; its peers committed
+            if ok and (inj.drop_commit_at == self.step or (
+                    inj.drop_commit_on_join and int(buf[_JOIN]) > self.admitted)):
+                inj.drop_commit_at, inj.drop_commit_on_join = None, False  # this rank saw the
+                #                                         op fail; its peers committed
                 self.comm.fail("injected: completed all-reduce treated as failed")
                 ok = False
             if ok:
@@ -565,8 +578,7 @@ class StackedRunner:
                 self._ensure_grads()  # a verdict: recompute (retry, rollback, restore)
                 continue
             self._recover()
-            if self.grads_step != self.step:  # rolled forward into the next step
-                self._ensure_grads()
+            self._ensure_grads()  # rolled forward into the next step, or a fresh plan
 
     def _commit(self, buf: torch.Tensor, rolled: bool = False) -> None:
         tr, n, k = self.trainer, self.cfg.groups, self.step
@@ -593,7 +605,7 @@ class StackedRunner:
                       "plan": {str(t): self._uid_of(w) for w, ts in self.contrib.items()
                                for t in ts},
                       "loss": float(buf[_LOSS]) / n, "rolled": rolled,
-                      "grad_norm": round(float(buf[:tr.numel].norm()) / n, 9),
+                      "grad_norm": round(self._grad_norm(buf) / n, 9),
                       "compute_s": round(self.compute_s / max(1, self.compute_n), 6),
                       "t": time.time()})
         if self.ckpt is not None and self.step % self.ckpt_every == 0 \
@@ -608,6 +620,11 @@ class StackedRunner:
         if float(buf[_STOP]) > 0:
             raise StopRequested(f"stop requested; stopped after step {k} on every member")
 
+    def _grad_norm(self, buf: torch.Tensor) -> float:
+        if self._norm is not None and self._norm[0] is buf:
+            return self._norm[1]
+        return float(buf[:self.trainer.numel].norm())
+
     # ------------------------------------------------------------------ incidents
     def _step_check(self, buf: torch.Tensor) -> tuple[str, dict] | None:
         """What every member reads from the same reduced buffer: a member's step error, a
@@ -616,8 +633,13 @@ class StackedRunner:
         tr, n = self.trainer, self.cfg.groups
         if float(buf[_ERR]) > 0:
             return "code", {"errors": int(buf[_ERR]), "version": self.version}
-        if not bool(torch.isfinite(buf[:tr.numel]).all()) or not np.isfinite(float(buf[_LOSS])):
-            return "implicit", {"nonfinite": int((~torch.isfinite(buf[:tr.numel])).sum())}
+        # the norm is NaN/inf iff an element is (or the squares overflow: then count exactly);
+        # one reduction instead of an isfinite pass, and _commit journals the same norm
+        norm = float(buf[:tr.numel].norm())
+        self._norm = (buf, norm)
+        bad = 0 if np.isfinite(norm) else int((~torch.isfinite(buf[:tr.numel])).sum())
+        if bad or not np.isfinite(float(buf[_LOSS])):
+            return "implicit", {"nonfinite": bad}
         if self._check_step():
             d0 = tr.numel + n
             digests = _digests(buf[d0:d0 + n * n].view(n, n), range(n))
@@ -775,57 +797,114 @@ class StackedRunner:
         return -1
 
     # ------------------------------------------------------------------ recovery
-    def _recover(self) -> None:
-        """Re-form, agree on the step (rolling forward a member that missed a commit its peers
-        made), then re-plan with ``rectlr.decide`` and patch-compute. Loops on new failures."""
+    def _recover(self, members: list[int] | None = None, *, planned: bool = False,
+                 restart: bool = False) -> None:
+        """Enter a new generation and settle in it; loops on new failures.
+
+        ``members``: a generation this member already entered (an admission's planned
+        re-form, a joiner's ``join``); None: re-form after a failed op."""
         while True:
-            members = self.comm.reform()
-            t0 = time.time()
-            steps = torch.zeros(len(members), dtype=torch.float64, device=self.dev)
-            steps[self.comm.rank] = float(self.step)
-            if not self.comm.allreduce(steps):
-                continue
-            lo, hi = int(steps.min()), int(steps.max())
-            if hi - lo > 1:
-                raise DivergenceError(f"members at steps {steps.tolist()} after a re-form")
-            if hi != lo:
-                src = int((steps == hi).nonzero()[0])
-                b = (self.last_buf.clone() if self.comm.rank == src
-                     else torch.zeros(self._buflen(), dtype=torch.float64, device=self.dev))
-                if not self.comm.allreduce(b):
-                    continue
-                if self.step == lo:
-                    self.journal({"event": "roll_forward", "step": lo, "from": members[src],
-                                  "t": time.time()})
-                    self._commit(b, rolled=True)
-                    self._ensure_grads()
-            live = self.live_slots(members)
+            if members is None:
+                members = self.comm.reform()
+            if self._settle(members, planned=planned, restart=restart):
+                return
+            members, planned = None, False
+
+    def _settle(self, members: list[int], *, planned: bool, restart: bool = False) -> bool:
+        """The first collective of every generation, whatever brought each member into it (a
+        failed op, an admission at a step boundary, a joiner's first generation).
+
+        One all-reduce of (step, old member, admitted records, joiner slot, planned, plan
+        generation) per member gives everyone the same picture, so all take the same path:
+        a member one commit behind is rolled forward with a peer's reduced buffer; joiners
+        named in the buffer get the state; then either a fresh plan for the live slots (an
+        admission, or members whose plans disagree because a settle broke half-way) or the
+        failure re-plan ``rectlr.decide`` with what each group computed. Without this, a
+        member recovering from a failed op and its peers admitting a spare at the same
+        boundary entered different first collectives on the same group (a gloo mismatch).
+
+        False: the generation broke during the settle (re-form and settle again)."""
+        t0 = time.time()
+        m, r = len(members), self.comm.rank
+        old = not self.needs_state
+        v = torch.zeros(6 * m, dtype=torch.float64, device=self.dev)
+        v[r] = float(self.step) if old else -1.0
+        v[m + r] = 1.0 if old else 0.0
+        v[2 * m + r] = float(self.admitted)
+        v[3 * m + r] = 0.0 if old else float(self.my_slot + 1)
+        v[4 * m + r] = 1.0 if planned else 0.0
+        v[5 * m + r] = float(self.plan_gen) if old else -1.0
+        if not self.comm.allreduce(v):
+            return False
+        v = v.view(6, m)
+        olds = [i for i in range(m) if v[1, i] == 1.0]
+        if not olds:
+            raise WipeOutError(f"gen {self.comm.generation}: no member holds the state "
+                               f"(members {members} are all joiners)")
+        steps = [int(v[0, i]) for i in olds]
+        lo, hi = min(steps), max(steps)
+        if hi - lo > 1:
+            raise DivergenceError(f"members at steps {steps} after a re-form")
+        if hi != lo:
+            src = olds[steps.index(hi)]
+            b = (self.last_buf.clone() if r == src
+                 else torch.zeros(self._buflen(), dtype=torch.float64, device=self.dev))
+            if not self.comm.allreduce(b):
+                return False
+            if old and self.step == lo:
+                self.journal({"event": "roll_forward", "step": lo, "from": members[src],
+                              "t": time.time()})
+                self._commit(b, rolled=True)
+        joiners = {members[i]: int(v[3, i]) - 1 for i in range(m) if i not in olds}
+        for u, slot in joiners.items():
+            self.slot_of[u] = slot
+        if old:
+            self.admitted = max(int(v[2, i]) for i in olds)
+        fresh = bool(joiners) or bool((v[4] > 0).any()) or len(
+            {int(v[5, i]) for i in olds}) > 1
+        if joiners and not self._send_state(members, list(joiners)):
+            return False
+        live = self.live_slots(members)  # a joiner knows the old members' slots from here
+        if fresh:
+            d = self._fresh_plan(live)
+        else:
+            self._ensure_grads()
             d = decide(self.layout, live, self.stacks, self.depth,
                        computed={w: sorted(self.computed.get(w, ())) for w in live})
-            if isinstance(d, WipeOut):
-                self._wipeout(d, members)
-                return
-            self.stacks, self.depth, self.contrib = d.stacks, d.depth, d.contributions()
-            for w, ts in d.patch.items():
-                self.computed.setdefault(w, set()).update(ts)
-            mine = d.patch.get(self.my_slot, ())
-            if mine and self.inject.die_in_patch:
-                self._fault("kill")
-            for t in mine:
-                self.grads[t] = self._grad(t)
+        if isinstance(d, WipeOut):
+            self._wipeout(d, members)
+            return True
+        self.stacks, self.depth, self.contrib = d.stacks, d.depth, d.contributions()
+        self.plan_gen = self.comm.generation
+        if fresh:  # a step boundary for the plan: every group computes what it contributes
+            self.computed = {w: set(ts) for w, ts in self.contrib.items()}
+            if joiners:
+                self.journal({"event": "restart" if restart else "admit", "step": self.step,
+                              "gen": self.comm.generation, "members": members,
+                              "joined": {str(u): s for u, s in joiners.items()},
+                              "source": "snapshot", "reform_at": t0, "t": time.time()})
+                return True
+        for w, ts in d.patch.items():
+            self.computed.setdefault(w, set()).update(ts)
+        mine = [] if fresh else d.patch.get(self.my_slot, ())
+        if mine and self.inject.die_in_patch:
+            self._fault("kill")
+        for t in mine:
+            self.grads[t] = self._grad(t)
+        if not fresh:
             missing = set(self.contrib.get(self.my_slot, ())) - set(self.grads)
             assert not missing, f"plan assigns types {missing} that were never computed"
-            self.journal({"event": "replan", "step": self.step, "gen": self.comm.generation,
-                          "members": members, "phase": d.phase, "depth": d.depth,
-                          "patch": {str(self._uid_of(w)): list(ts) for w, ts in d.patch.items()},
-                          "reason": d.reason, "reform_at": t0, "t": time.time()})
-            # injected faults fire on a replan that moved work (not on a spurious re-form)
-            if self.inject.die_after_replan and d.patch:
-                self._fault("kill")
-            if self.inject.die_in_retry and d.patch:
-                self.inject.die_in_retry = False
-                self.comm.on_issue = lambda: self._fault("kill")
-            return
+        self.journal({"event": "replan", "step": self.step, "gen": self.comm.generation,
+                      "members": members, "phase": d.phase, "depth": d.depth,
+                      "patch": {str(self._uid_of(w)): list(ts) for w, ts in d.patch.items()},
+                      "reason": d.reason, "fresh": fresh, "reform_at": t0, "t": time.time()})
+        # injected faults fire on a replan that moved work (not on a spurious re-form)
+        if self.inject.die_after_replan and d.patch and not fresh:
+            self._fault("kill")
+        if self.inject.die_in_retry and d.patch and not fresh:
+            self.inject.die_in_retry = False
+            self.comm.on_issue = lambda: self._fault("kill")
+        return True
 
     # ------------------------------------------------------------------ wipe-out restart
     def _wipeout(self, d: WipeOut, members: list[int]) -> None:
@@ -867,9 +946,10 @@ class StackedRunner:
 
     # ------------------------------------------------------------------ admission (spares)
     def _admit(self, upto: int, restart: bool = False) -> None:
-        """Admit join records ``admitted+1..upto`` at a step boundary: a new generation with
-        the joiners, the committed state copied to them from a member's snapshot (checksummed;
-        a bad copy is refused and the next member's copy used), and a fresh plan."""
+        """Admit join records ``admitted+1..upto`` at a step boundary: a planned re-form with
+        the joiners (the old generation is not aborted), then the settle copies the committed
+        state to them from a member's snapshot (checksummed; a bad copy is refused and the
+        next member's used) and gives everyone a fresh plan."""
         st = self.comm.store
         live = set(self.live_slots())
         new: list[dict] = []
@@ -886,19 +966,8 @@ class StackedRunner:
         joiners = [r["uid"] for r in new]
         for r in new:
             st.set(f"admit/{r['uid']}", json.dumps({"gen": gen, "joiners": joiners}))
-        t0 = time.time()
-        members = self.comm.reform(expect=[r["uid"] for r in new])
-        came = [r for r in new if r["uid"] in members]
-        for r in came:
-            self.slot_of[r["uid"]] = r["slot"]
-        if not self._send_state(members, [r["uid"] for r in came]):
-            return  # a failure during the copy: the next all-reduce fails and recovery runs
-        self._reset_plan(self.live_slots(members))
-        ev = {"event": "restart" if restart else "admit", "step": self.step,
-              "gen": self.comm.generation, "members": members,
-              "joined": {str(r["uid"]): r["slot"] for r in came}, "source": "snapshot",
-              "reform_at": t0, "t": time.time()}
-        self.journal(ev)
+        members = self.comm.reform(expect=joiners, planned=True)
+        self._recover(members, planned=True, restart=restart)
 
     def _send_state(self, members: list[int], joiners: list[int]) -> bool:
         """Broadcast the snapshot (an all-reduce where only the source contributes) from each
@@ -936,6 +1005,7 @@ class StackedRunner:
             if bool((ack == 1.0).all()):
                 if self.uid in joiners:
                     meta = self.snap.restore_into(self.trainer.state_tensors())
+                    self.needs_state = False
                     self.step = int(meta["step"])
                     self.admitted = int(meta["admitted"])
                     if int(meta.get("code", 0)) > self.code_applied:  # the running version
@@ -952,14 +1022,11 @@ class StackedRunner:
         st.wait([f"admit/{self.uid}"], timedelta(seconds=timeout))
         admit = json.loads(st.get(f"admit/{self.uid}"))
         members = self.comm.join(int(admit["gen"]))
-        gen = self.comm.generation
         self.slot_of[self.uid] = slot
-        if not self._send_state(members, [u for u in admit["joiners"] if u in members]):
-            raise RuntimeError(f"joiner {self.uid}: the generation broke during the state copy")
-        self.slot_of[self.uid] = slot
-        self._reset_plan(self.live_slots(members))
-        self.journal({"event": "joined", "step": self.step, "gen": gen, "slot": slot,
-                      "t": time.time()})
+        self.needs_state = True
+        self._recover(members)  # the settle names this joiner and copies the state to it
+        self.journal({"event": "joined", "step": self.step, "gen": self.comm.generation,
+                      "slot": slot, "t": time.time()})
         return self.run()
 
 

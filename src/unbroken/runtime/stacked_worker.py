@@ -84,6 +84,7 @@ def worker_main(argv: list[str] | None = None) -> None:
     ap.add_argument("--die-in-patch", action="store_true")
     ap.add_argument("--die-in-retry", action="store_true")
     ap.add_argument("--drop-commit-at", type=int, default=None)
+    ap.add_argument("--drop-commit-on-join", action="store_true")
     ap.add_argument("--corrupt-snapshot", action="store_true")
     ap.add_argument("--slow-from", type=int, default=None,
                     help="from this step on, every gradient takes --slow-s longer (straggler)")
@@ -154,6 +155,7 @@ def worker_main(argv: list[str] | None = None) -> None:
     inject = Inject(die_at=a.die_at, stop_at=a.stop_at, die_in_patch=a.die_in_patch,
                     die_after_replan=a.die_after_replan, die_in_retry=a.die_in_retry,
                     drop_commit_at=a.drop_commit_at, corrupt_snapshot=a.corrupt_snapshot,
+                    drop_commit_on_join=a.drop_commit_on_join,
                     slow_from=a.slow_from, slow_s=a.slow_s, stall_at=a.stall_at,
                     nan_at=a.nan_at, flip_from=a.flip_from)
     try:
@@ -219,7 +221,8 @@ class StackedCluster(LocalCluster):
     ``spares`` warm standby processes (uids ``groups..``) that join when assigned a slot.
 
     ``die_at`` / ``stop_at`` / ``drop_commit_at``: uid -> step; ``die_after_replan``,
-    ``die_in_patch``, ``die_in_retry``, ``corrupt_snapshot``: uids (see ``stacked.Inject``).
+    ``die_in_patch``, ``die_in_retry``, ``corrupt_snapshot``, ``drop_commit_on_join``: uids
+    (see ``stacked.Inject``).
     """
 
     def __init__(self, cfg, journal_dir: str, *, die_at: dict[int, int] | None = None,
@@ -230,6 +233,7 @@ class StackedCluster(LocalCluster):
                  nan_at: dict[int, int] | None = None,
                  flip_from: dict[int, int] | None = None, verdicts: bool = False,
                  die_after_replan=(), die_in_patch=(), die_in_retry=(), corrupt_snapshot=(),
+                 drop_commit_on_join=(),
                  spares: int = 0, heartbeat: float = 0.1, staleness: float = 1.0,
                  pg_timeout: float = 30.0, wipeout_wait: float = 60.0,
                  ckpt_dir: str | None = None, ckpt_every: int = 50, resume: bool = False,
@@ -276,7 +280,8 @@ class StackedCluster(LocalCluster):
         self.procs = {}
         self._errs = {}
         flags = {"--die-after-replan": die_after_replan, "--die-in-patch": die_in_patch,
-                 "--die-in-retry": die_in_retry, "--corrupt-snapshot": corrupt_snapshot}
+                 "--die-in-retry": die_in_retry, "--corrupt-snapshot": corrupt_snapshot,
+                 "--drop-commit-on-join": drop_commit_on_join}
         steps = {"--die-at": die_at or {}, "--stop-at": stop_at or {},
                  "--drop-commit-at": drop_commit_at or {}, "--slow-from": slow_from or {},
                  "--stall-at": stall_at or {}, "--nan-at": nan_at or {},
