@@ -62,7 +62,7 @@ from datetime import timedelta
 import torch
 
 from unbroken.runtime.ftcomm import declare_dead
-from unbroken.runtime.stacked import TrainConfig
+from unbroken.runtime.config import TrainConfig
 from unbroken.runtime.stacked_worker import StackedCluster
 
 N, R = 4, 2
@@ -167,7 +167,7 @@ def plain_worker(a: argparse.Namespace) -> None:
     """One rank of plain data parallelism: own shard's gradient, ONE flat all_reduce, apply."""
     import torch.distributed as dist
 
-    from unbroken.runtime.stacked import make_trainer
+    from unbroken.runtime.trainer import make_trainer
 
     torch.set_num_threads(1)
     cfg = TrainConfig.from_json(a.config)
@@ -264,7 +264,7 @@ def run_plain(cfg: TrainConfig, warmup: int) -> tuple[list[float], list[float], 
 
 def grad_ms_one_thread(cfg: TrainConfig, n: int = 15) -> tuple[int, float]:
     """(parameter count, median ms of one shard gradient, 1 torch thread, this process)."""
-    from unbroken.runtime.stacked import make_trainer
+    from unbroken.runtime.trainer import make_trainer
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -299,7 +299,7 @@ def snapshot_capture_ms(cfg: TrainConfig, n: int = 200) -> dict:
     (parameters + AdamW buffers) into the preallocated buffer, as the runner does per commit.
     Far less noisy than the difference of two multi-process step times."""
     from unbroken.runtime.snapshot import Snapshot
-    from unbroken.runtime.stacked import make_trainer
+    from unbroken.runtime.trainer import make_trainer
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

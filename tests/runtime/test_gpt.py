@@ -11,7 +11,8 @@ torch = pytest.importorskip("torch")
 
 from unbroken.runtime import gpt  # noqa: E402
 from unbroken.runtime.gpt import GPTTrainer, stdlib_corpus  # noqa: E402
-from unbroken.runtime.stacked import TrainConfig, make_trainer, reference_run  # noqa: E402
+from unbroken.runtime.config import TrainConfig  # noqa: E402
+from unbroken.runtime.trainer import make_trainer, reference_run  # noqa: E402
 
 # dataset_size 4096: 128 steps per epoch, so steps >= STEPS hold windows training never saw
 CFG = TrainConfig(model="gpt", groups=4, steps=40, seed=7, dataset_size=4096, shard_size=8,

@@ -2,9 +2,9 @@
 
 Why this model
 --------------
-The MLP :class:`~unbroken.runtime.stacked.Trainer` is too small for step-time overheads to mean
+The MLP :class:`~unbroken.runtime.mlp.MLPTrainer` is too small for step-time overheads to mean
 anything. This is a realistic (if tiny) language model that still satisfies what the stacked step
-needs from a :class:`~unbroken.runtime.stacked.TrainerLike`:
+needs from a :class:`~unbroken.runtime.trainer.TrainerLike`:
 
 * **Real text without a download.** The corpus is the ``*.py`` sources of the running
   interpreter's standard library (``sysconfig.get_paths()["stdlib"]``, test directories and
@@ -35,7 +35,8 @@ import torch
 import torch.nn.functional as F
 
 from unbroken.core.shards import DataPlan
-from unbroken.runtime.stacked import ParamTrainer, TrainConfig
+from unbroken.runtime.config import TrainConfig
+from unbroken.runtime.trainer import ParamTrainer
 
 __all__ = ["CORPUS_BYTES", "VOCAB", "RECOMMENDED_LR", "stdlib_corpus", "GPT", "GPTTrainer"]
 
@@ -130,7 +131,7 @@ class GPT(torch.nn.Module):
 
 
 class GPTTrainer(ParamTrainer):
-    """Byte-level float64 GPT + AdamW, a :class:`~unbroken.runtime.stacked.TrainerLike`.
+    """Byte-level float64 GPT + AdamW, a :class:`~unbroken.runtime.trainer.TrainerLike`.
 
     Every group builds an identical one from the config; ``grad(step, t)`` (mean next-byte
     cross-entropy over the shard's ``shard_size x seq_len`` tokens) depends only on the

@@ -10,7 +10,8 @@ step number.
 
 Plugging it in: write a factory ``make(cfg) -> ModuleTrainer`` in an importable module and set
 ``TrainConfig(model="yourpkg.train:make")``; every group and every spare builds the same
-trainer from the config (seed everything inside the factory). ``make_trainer`` resolves
+trainer from the config (seed everything inside the factory).
+:func:`unbroken.runtime.trainer.make_trainer` resolves
 ``"module:function"`` names.
 
 Requirements: the gradient must be a deterministic function of the parameters and the batch
@@ -27,7 +28,7 @@ import torch
 from torch.utils.data import default_collate
 
 from unbroken.core.shards import DataPlan
-from unbroken.runtime.stacked import ParamTrainer
+from unbroken.runtime.trainer import ParamTrainer
 
 __all__ = ["ModuleTrainer"]
 

@@ -42,12 +42,12 @@ class _ShapeBug:
 
 
 def bad_gpt(cfg):
-    from unbroken.runtime.stacked import make_trainer
+    from unbroken.runtime.trainer import make_trainer
 
     return _ShapeBug(make_trainer(replace(cfg, model="gpt")))
 
 
 def bad_mlp(cfg):
-    from unbroken.runtime.stacked import make_trainer
+    from unbroken.runtime.trainer import make_trainer
 
     return _ShapeBug(make_trainer(replace(cfg, model="mlp")))

@@ -23,7 +23,7 @@ from unbroken.core.placement import check as check_placement
 
 __all__ = ["JobSpec", "TrainerError", "check", "spares_for", "train_config", "load_trainer"]
 
-#: what a trainer must offer (``runtime.stacked.TrainerLike``)
+#: what a trainer must offer (``runtime.trainer.TrainerLike``)
 _TRAINER_API = ("grad", "apply", "flat_params", "state_tensors", "numel")
 
 
@@ -158,8 +158,8 @@ def spares_for(spec: JobSpec, faults: list[Fault]) -> int:
 
 
 def train_config(spec: JobSpec, sdc_every: int = 0):
-    """The workers' configuration (``runtime.stacked.TrainConfig``) for this job."""
-    from unbroken.runtime.stacked import TrainConfig
+    """The workers' configuration (``runtime.config.TrainConfig``) for this job."""
+    from unbroken.runtime.config import TrainConfig
 
     extra = {}
     if spec.trainer == "gpt":  # the built-in GPT's own settings (the demo's)
@@ -192,7 +192,7 @@ def load_trainer(cfg):
             raise TrainerError(f"--trainer {name!r}: module {mod!r} has no {fn!r}") from None
         if not callable(factory):
             raise TrainerError(f"--trainer {name!r}: {fn!r} is not callable")
-    from unbroken.runtime.stacked import make_trainer
+    from unbroken.runtime.trainer import make_trainer
 
     try:
         tr = make_trainer(cfg)
