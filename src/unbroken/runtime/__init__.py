@@ -11,7 +11,8 @@ simulator never need it.
 * :mod:`unbroken.runtime.stacked_worker` - its worker process and ``StackedCluster``.
 * :mod:`unbroken.runtime.snapshot` / :mod:`unbroken.runtime.checkpoint` - the every-step
   in-memory snapshot and the durable (DCP) checkpoints, both checksummed.
-* :mod:`unbroken.runtime.config` - ``TrainConfig``, the workers' shared configuration.
+* :mod:`unbroken.runtime.config` - ``TrainConfig``, the runtime's configuration (no model
+  hyperparameters: those are the trainer factory's ``trainer_args``).
 * :mod:`unbroken.runtime.trainer` - ``TrainerLike``, ``ParamTrainer``, the trainer registry
   (``make_trainer``) and the single-process ``reference_run``.
 * :mod:`unbroken.runtime.mlp`, :mod:`unbroken.runtime.gpt`, :mod:`unbroken.runtime.module_trainer`

@@ -1,5 +1,13 @@
 """The fault-tolerant runtime's configuration (:class:`TrainConfig`): what every worker of a job
 shares, serialised as JSON on the worker's command line.
+
+Only what the runtime itself needs lives here: the layout (groups, redundancy), the length of
+the run, the seed and the shard size of the data plan (:class:`~unbroken.core.shards.DataPlan`),
+the every-step snapshot, the device, the redundant SDC check, and *which* trainer to build
+(``model``) with *which* keyword arguments (``trainer_args``). A model's hyperparameters
+(width, depth, learning rate, its dataset's size, ...) are its factory's keyword arguments,
+for the built-in "mlp" and "gpt" exactly as for a user's ``package.module:factory``
+(:func:`unbroken.runtime.trainer.make_trainer`).
 """
 
 from __future__ import annotations
@@ -16,19 +24,11 @@ class TrainConfig:
     redundancy: int = 2
     steps: int = 30
     seed: int = 0
-    dataset_size: int = 256
+    # samples per shard type per step (each group's micro-batch): the data plan's unit
     shard_size: int = 8
-    dim: int = 8
-    hidden: int = 16
-    lr: float = 0.05
-    momentum: float = 0.9
     # "mlp" (unbroken.runtime.mlp), "gpt" (unbroken.runtime.gpt: a byte-level GPT on stdlib
     # sources), or "package.module:factory" for a user's own trainer (see make_trainer)
     model: str = "mlp"
-    seq_len: int = 64
-    d_model: int = 64
-    n_layer: int = 2
-    n_head: int = 4
     # every-step in-memory snapshot of the committed state (off: to measure its cost)
     snapshot: bool = True
     # "cpu" (gloo) or "cuda" / "cuda:<i>" (NCCL): configuration, not a code path of its own
@@ -37,8 +37,8 @@ class TrainConfig:
     # hosts compare them bit for bit (0: off). Equal to ckpt_every, the checkpoint written
     # after a passing check is a verified roll-back target (see StackedRunner._incident)
     sdc_every: int = 0
-    # keyword arguments for a "package.module:factory" trainer (its model hyperparameters;
-    # JSON values): ``factory(cfg, **trainer_args)``
+    # the trainer factory's keyword arguments (the model's hyperparameters; JSON values):
+    # ``factory(cfg, **trainer_args)``, the built-in "mlp" and "gpt" included
     trainer_args: dict = field(default_factory=dict)
 
     @property

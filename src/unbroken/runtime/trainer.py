@@ -4,9 +4,10 @@
 * :class:`ParamTrainer` - the part every built-in trainer and
   :class:`~unbroken.runtime.module_trainer.ModuleTrainer` share (flat gradient, optimizer step
   from the summed gradient, the state listing).
-* :func:`make_trainer` - the registry: ``cfg.model`` names the built-in "mlp"
-  (:mod:`unbroken.runtime.mlp`), "gpt" (:mod:`unbroken.runtime.gpt`) or a user's
-  ``"package.module:factory"``, built the same way in every group and spare.
+* :func:`make_trainer` - the registry: ``cfg.model`` names a factory, called as
+  ``factory(cfg, **cfg.trainer_args)`` in every group and spare; the built-in "mlp"
+  (:mod:`unbroken.runtime.mlp`) and "gpt" (:mod:`unbroken.runtime.gpt`) the same way as a
+  user's ``"package.module:factory"``.
 * :func:`reference_run` - the failure-free single-process run every runtime test compares with.
 """
 
@@ -19,8 +20,12 @@ import torch
 
 from unbroken.runtime.config import TrainConfig
 
-__all__ = ["TrainerLike", "ParamTrainer", "make_trainer", "apply_sum", "flat",
+__all__ = ["TrainerLike", "ParamTrainer", "BUILTIN", "make_trainer", "apply_sum", "flat",
            "optimizer_state_tensors", "reference_run"]
+
+#: the built-in trainers' factories (``"package.module:factory"``, imported on first use)
+BUILTIN = {"mlp": "unbroken.runtime.mlp:MLPTrainer", "gpt": "unbroken.runtime.gpt:GPTTrainer"}
+
 
 class TrainerLike(Protocol):
     """What the stacked step needs from a model + optimizer (an extension point).
@@ -47,20 +52,14 @@ def make_trainer(cfg: TrainConfig) -> TrainerLike:
     """The trainer named by ``cfg.model``: "mlp", "gpt", or "package.module:factory" (a
     function of the config, e.g. one returning a
     :class:`~unbroken.runtime.module_trainer.ModuleTrainer`: how a user's own model, optimizer
-    and dataset come in; every group and spare builds it the same way)."""
-    if cfg.model == "mlp":
-        from unbroken.runtime.mlp import MLPTrainer
-
-        return MLPTrainer(cfg)
-    if cfg.model == "gpt":
-        from unbroken.runtime.gpt import GPTTrainer
-
-        return GPTTrainer(cfg)
-    if ":" in cfg.model:
-        mod, _, fn = cfg.model.partition(":")
-        return getattr(importlib.import_module(mod), fn)(cfg, **cfg.trainer_args)
-    raise ValueError(f"unknown model {cfg.model!r} (expected 'mlp', 'gpt' or "
-                     f"'package.module:factory')")
+    and dataset come in), called as ``factory(cfg, **cfg.trainer_args)``; every group and
+    spare builds it the same way. An unknown keyword argument is the factory's ``TypeError``."""
+    name = BUILTIN.get(cfg.model, cfg.model)
+    if ":" not in name:
+        raise ValueError(f"unknown model {cfg.model!r} (expected 'mlp', 'gpt' or "
+                         f"'package.module:factory')")
+    mod, _, fn = name.partition(":")
+    return getattr(importlib.import_module(mod), fn)(cfg, **cfg.trainer_args)
 
 
 class ParamTrainer:

@@ -158,17 +158,19 @@ def spares_for(spec: JobSpec, faults: list[Fault]) -> int:
 
 
 def train_config(spec: JobSpec, sdc_every: int = 0):
-    """The workers' configuration (``runtime.config.TrainConfig``) for this job."""
+    """The workers' configuration (``runtime.config.TrainConfig``) for this job. For the
+    built-in GPT its own settings (the demo's) come first in ``trainer_args``, and the job's
+    ``trainer_args`` override them."""
     from unbroken.runtime.config import TrainConfig
 
-    extra = {}
-    if spec.trainer == "gpt":  # the built-in GPT's own settings (the demo's)
+    args = dict(spec.trainer_args)
+    if spec.trainer == "gpt":
         from unbroken.runtime.gpt import RECOMMENDED_LR
 
-        extra = {"lr": RECOMMENDED_LR, "dataset_size": 8192}
+        args = {"lr": RECOMMENDED_LR, "dataset_size": 8192, **args}
     return TrainConfig(groups=spec.groups, redundancy=spec.redundancy, steps=spec.steps,
-                       seed=spec.seed, model=spec.trainer, trainer_args=dict(spec.trainer_args),
-                       shard_size=spec.shard_size, snapshot=True, sdc_every=sdc_every, **extra)
+                       seed=spec.seed, model=spec.trainer, trainer_args=args,
+                       shard_size=spec.shard_size, snapshot=True, sdc_every=sdc_every)
 
 
 def load_trainer(cfg):
