@@ -53,7 +53,8 @@ from datetime import timedelta
 import torch
 
 from unbroken.runtime.ftcomm import declare_dead
-from unbroken.runtime.stacked import TrainConfig, make_trainer
+from unbroken.runtime.config import TrainConfig
+from unbroken.runtime.trainer import make_trainer
 from unbroken.runtime.stacked_worker import StackedCluster
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -62,7 +62,7 @@ from datetime import timedelta
 import torch
 
 from unbroken.runtime.ftcomm import declare_dead
-from unbroken.runtime.stacked import TrainConfig
+from unbroken.runtime.config import TrainConfig
 from unbroken.runtime.stacked_worker import StackedCluster
 
 N, R = 4, 2
@@ -159,15 +159,17 @@ def kill_mode(notify: bool, repeats: int) -> dict:
 # ------------------------------------------------------------------ 2. step time
 def gpt_config(steps: int, snapshot: bool = True) -> TrainConfig:
     # dataset_size: 512 steps of 4 x 8 windows per epoch, so no run wraps an epoch
-    return TrainConfig(model="gpt", groups=N, redundancy=R, steps=steps, seed=3,
-                       dataset_size=GPT_DATASET, shard_size=8, lr=GPT_LR, snapshot=snapshot)
+    return TrainConfig(model="gpt", groups=N, redundancy=R, steps=steps, seed=3, shard_size=8,
+                       snapshot=snapshot,
+                       trainer_args={"seq_len": 64, "d_model": 64, "n_layer": 2, "n_head": 4,
+                                     "dataset_size": GPT_DATASET, "lr": GPT_LR})
 
 
 def plain_worker(a: argparse.Namespace) -> None:
     """One rank of plain data parallelism: own shard's gradient, ONE flat all_reduce, apply."""
     import torch.distributed as dist
 
-    from unbroken.runtime.stacked import make_trainer
+    from unbroken.runtime.trainer import make_trainer
 
     torch.set_num_threads(1)
     cfg = TrainConfig.from_json(a.config)
@@ -264,7 +266,7 @@ def run_plain(cfg: TrainConfig, warmup: int) -> tuple[list[float], list[float], 
 
 def grad_ms_one_thread(cfg: TrainConfig, n: int = 15) -> tuple[int, float]:
     """(parameter count, median ms of one shard gradient, 1 torch thread, this process)."""
-    from unbroken.runtime.stacked import make_trainer
+    from unbroken.runtime.trainer import make_trainer
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -299,7 +301,7 @@ def snapshot_capture_ms(cfg: TrainConfig, n: int = 200) -> dict:
     (parameters + AdamW buffers) into the preallocated buffer, as the runner does per commit.
     Far less noisy than the difference of two multi-process step times."""
     from unbroken.runtime.snapshot import Snapshot
-    from unbroken.runtime.stacked import make_trainer
+    from unbroken.runtime.trainer import make_trainer
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -352,6 +354,7 @@ def step_time(steps: int, warmup: int, rounds: int) -> dict:
     best = {k: min(v) for k, v in rmed.items()}
     wired = snapshot_in_runner()
     c = cfgs["stacked"]
+    h = c.trainer_args  # the GPT's hyperparameters (gpt_config)
     notes = [
         "stacked_over_plain uses the stacked run WITH the every-step snapshot (the default "
         "setting); stacked_nosnapshot_over_plain is the masking machinery alone.",
@@ -363,10 +366,11 @@ def step_time(steps: int, warmup: int, rounds: int) -> dict:
                      "no-snapshot runs execute the same code, so snapshot_over_nosnapshot "
                      "measures noise only.")
     return {
-        "model": {"name": "gpt", "seq_len": c.seq_len, "d_model": c.d_model,
-                  "n_layer": c.n_layer, "n_head": c.n_head, "shard_size": c.shard_size,
-                  "tokens_per_shard": c.shard_size * c.seq_len, "dataset_size": c.dataset_size,
-                  "lr": c.lr, "optimizer": "AdamW", "dtype": "float64", "grad_numel": numel,
+        "model": {"name": "gpt", "seq_len": h["seq_len"], "d_model": h["d_model"],
+                  "n_layer": h["n_layer"], "n_head": h["n_head"], "shard_size": c.shard_size,
+                  "tokens_per_shard": c.shard_size * h["seq_len"],
+                  "dataset_size": h["dataset_size"],
+                  "lr": h["lr"], "optimizer": "AdamW", "dtype": "float64", "grad_numel": numel,
                   "grad_ms_1thread_launcher": round(grad_ms, 3)},
         "steps_per_run": steps, "warmup_steps_dropped": warmup, "rounds": rounds,
         "snapshot_in_runner": wired,

@@ -49,7 +49,8 @@ def main() -> None:
     from torch.distributed import ReduceOp
     from torchft import Manager, ProcessGroupGloo
 
-    from unbroken.runtime.stacked import TrainConfig, make_trainer
+    from unbroken.runtime.config import TrainConfig
+    from unbroken.runtime.trainer import make_trainer
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     torch.set_num_threads(1)

@@ -41,7 +41,8 @@ def main() -> None:
     import torch
     import torch.distributed as dist
 
-    from unbroken.runtime.stacked import TrainConfig, make_trainer
+    from unbroken.runtime.config import TrainConfig
+    from unbroken.runtime.trainer import make_trainer
 
     t_start = time.time()
     torch.set_num_threads(1)

@@ -31,7 +31,7 @@ _WHERE = {
     "JobSpec": "unbroken.supervise.spec",
     "Supervisor": "unbroken.supervise.supervisor",
     "RunResult": "unbroken.supervise.supervisor",
-    "TrainerLike": "unbroken.runtime.stacked",
+    "TrainerLike": "unbroken.runtime.trainer",
     "ModuleTrainer": "unbroken.runtime.module_trainer",
     "LadderPolicy": "unbroken.core.ladder",
     "ExitCode": "unbroken.protocol",

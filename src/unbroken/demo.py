@@ -75,7 +75,7 @@ def reference(cfg, out: Path):
     """Failure-free single-process run of the same seed (cached by config)."""
     import torch
 
-    from unbroken.runtime.stacked import reference_run
+    from unbroken.runtime.trainer import reference_run
 
     key = hashlib.sha256(cfg.to_json().encode()).hexdigest()[:16]
     path = out / f"reference-{key}.pt"

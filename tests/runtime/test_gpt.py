@@ -11,11 +11,12 @@ torch = pytest.importorskip("torch")
 
 from unbroken.runtime import gpt  # noqa: E402
 from unbroken.runtime.gpt import GPTTrainer, stdlib_corpus  # noqa: E402
-from unbroken.runtime.stacked import TrainConfig, make_trainer, reference_run  # noqa: E402
+from unbroken.runtime.config import TrainConfig  # noqa: E402
+from unbroken.runtime.trainer import make_trainer, reference_run  # noqa: E402
 
 # dataset_size 4096: 128 steps per epoch, so steps >= STEPS hold windows training never saw
-CFG = TrainConfig(model="gpt", groups=4, steps=40, seed=7, dataset_size=4096, shard_size=8,
-                  lr=gpt.RECOMMENDED_LR)
+CFG = TrainConfig(model="gpt", groups=4, steps=40, seed=7, shard_size=8,
+                  trainer_args={"dataset_size": 4096, "lr": gpt.RECOMMENDED_LR})
 HELD_OUT_STEP = 100
 
 
@@ -63,7 +64,7 @@ def test_shard_types_and_steps_hold_different_data():
     assert (g00 - g01).abs().max().item() > 1e-6
     assert (g00 - g10).abs().max().item() > 1e-6
     x0, y0 = tr.batch(0, 0)
-    assert x0.shape == (CFG.shard_size, CFG.seq_len)
+    assert x0.shape == (CFG.shard_size, tr.seq_len)
     assert torch.equal(x0[:, 1:], y0[:, :-1])  # targets are the inputs shifted by one byte
     assert not torch.equal(x0, tr.batch(0, 1)[0])
 

@@ -20,7 +20,8 @@ from helpers import finish  # noqa: E402
 
 from unbroken.core.replay import majority_culprits  # noqa: E402
 from unbroken.runtime.ftcomm import declare_dead  # noqa: E402
-from unbroken.runtime.stacked import TrainConfig, reference_run  # noqa: E402
+from unbroken.runtime.config import TrainConfig  # noqa: E402
+from unbroken.runtime.trainer import reference_run  # noqa: E402
 from unbroken.runtime.stacked_worker import StackedCluster  # noqa: E402
 
 pytestmark = pytest.mark.mp

@@ -20,14 +20,10 @@ from fakecomm import FakeGroup, MemberDied, StorePool  # noqa: E402
 
 from unbroken.core.shards import exactly_once  # noqa: E402
 from unbroken.protocol import STOP_KEY  # noqa: E402
-from unbroken.runtime.stacked import (  # noqa: E402
-    DivergenceError,
-    StackedRunner,
-    StopRequested,
-    TrainConfig,
-    ledger_records,
-    reference_run,
-)
+from unbroken.runtime.config import TrainConfig  # noqa: E402
+from unbroken.runtime.ledger import DivergenceError, ledger_records  # noqa: E402
+from unbroken.runtime.stacked import StackedRunner, StopRequested  # noqa: E402
+from unbroken.runtime.trainer import reference_run  # noqa: E402
 
 CFG = TrainConfig(groups=4, redundancy=2, steps=10, seed=3)
 UIDS = list(range(CFG.groups))

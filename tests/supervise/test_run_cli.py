@@ -33,6 +33,10 @@ ROOT = Path(__file__).resolve().parents[2]
     (["--trainer", "mlp", "--trainer-args", "[1, 2]"], "expected a JSON object"),
     (["--trainer", "examples.tiny_lm:make", "--trainer-args", '{"depth": 3}'],
      "unexpected keyword argument 'depth'"),
+    # the built-ins take their hyperparameters the same way: a misspelt one is bad input
+    (["--trainer", "mlp", "--trainer-args", '{"hiden": 4}'], "unexpected keyword argument 'hiden'"),
+    (["--trainer", "gpt", "--trainer-args", '{"d_modle": 32}'],
+     "unexpected keyword argument 'd_modle'"),
 ])
 def test_a_bad_trainer_is_one_line_exit_2_and_nothing_started(cli, tmp_path, args, named):
     p = cli("run", *args, "--out", str(tmp_path / "run"))

@@ -11,8 +11,14 @@ simulator never need it.
 * :mod:`unbroken.runtime.stacked_worker` - its worker process and ``StackedCluster``.
 * :mod:`unbroken.runtime.snapshot` / :mod:`unbroken.runtime.checkpoint` - the every-step
   in-memory snapshot and the durable (DCP) checkpoints, both checksummed.
-* :mod:`unbroken.runtime.gpt`, :mod:`unbroken.runtime.module_trainer` - trainers: the demo's
-  byte-level GPT, and an adapter for a user's (model, optimizer, dataset, loss).
+* :mod:`unbroken.runtime.config` - ``TrainConfig``, the runtime's configuration (no model
+  hyperparameters: those are the trainer factory's ``trainer_args``).
+* :mod:`unbroken.runtime.trainer` - ``TrainerLike``, ``ParamTrainer``, the trainer registry
+  (``make_trainer``) and the single-process ``reference_run``.
+* :mod:`unbroken.runtime.mlp`, :mod:`unbroken.runtime.gpt`, :mod:`unbroken.runtime.module_trainer`
+  - trainers: the tests' MLP, the demo's byte-level GPT, and an adapter for a user's (model,
+  optimizer, dataset, loss).
+* :mod:`unbroken.runtime.ledger` - the exactly-once ledger read back from the journals.
 * :mod:`unbroken.runtime.store_host` - the coordinator's store in a process of its own.
 """
 

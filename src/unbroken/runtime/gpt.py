@@ -2,9 +2,9 @@
 
 Why this model
 --------------
-The MLP :class:`~unbroken.runtime.stacked.Trainer` is too small for step-time overheads to mean
+The MLP :class:`~unbroken.runtime.mlp.MLPTrainer` is too small for step-time overheads to mean
 anything. This is a realistic (if tiny) language model that still satisfies what the stacked step
-needs from a :class:`~unbroken.runtime.stacked.TrainerLike`:
+needs from a :class:`~unbroken.runtime.trainer.TrainerLike`:
 
 * **Real text without a download.** The corpus is the ``*.py`` sources of the running
   interpreter's standard library (``sysconfig.get_paths()["stdlib"]``, test directories and
@@ -20,8 +20,11 @@ needs from a :class:`~unbroken.runtime.stacked.TrainerLike`:
   reordering error (~1e-16 relative) stays far below that after AdamW's normalisation and 200
   steps of amplification; float32 (~1e-7) would not leave that margin.
 
-Recommended learning rate: ``lr=3e-3`` (AdamW, betas (0.9, 0.95), weight decay 0.1 on the 2-D
-weights only). ``TrainConfig.lr`` defaults to 0.05 for the MLP, which is far too high here.
+Hyperparameters are :class:`GPTTrainer`'s keyword arguments (``TrainConfig.trainer_args``,
+``--trainer-args``), as for any trainer factory. Recommended learning rate: ``lr=3e-3``
+(:data:`RECOMMENDED_LR`; AdamW, betas (0.9, 0.95), weight decay 0.1 on the 2-D weights only),
+which the job spec passes for ``--trainer gpt``; the keyword's default, 0.05 (the MLP's), is far
+too high here.
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ import torch
 import torch.nn.functional as F
 
 from unbroken.core.shards import DataPlan
-from unbroken.runtime.stacked import ParamTrainer, TrainConfig
+from unbroken.runtime.config import TrainConfig
+from unbroken.runtime.trainer import ParamTrainer
 
 __all__ = ["CORPUS_BYTES", "VOCAB", "RECOMMENDED_LR", "stdlib_corpus", "GPT", "GPTTrainer"]
 
@@ -130,28 +134,32 @@ class GPT(torch.nn.Module):
 
 
 class GPTTrainer(ParamTrainer):
-    """Byte-level float64 GPT + AdamW, a :class:`~unbroken.runtime.stacked.TrainerLike`.
+    """Byte-level float64 GPT + AdamW, a :class:`~unbroken.runtime.trainer.TrainerLike`.
 
-    Every group builds an identical one from the config; ``grad(step, t)`` (mean next-byte
-    cross-entropy over the shard's ``shard_size x seq_len`` tokens) depends only on the
-    parameters and (seed, step, t).
+    Every group builds an identical one from the config and the same keyword arguments (the
+    model's hyperparameters; ``dataset_size``: how many corpus windows the data plan draws
+    from); ``grad(step, t)`` (mean next-byte cross-entropy over the shard's
+    ``shard_size x seq_len`` tokens) depends only on the parameters and (seed, step, t).
     """
 
-    def __init__(self, cfg: TrainConfig) -> None:
+    def __init__(self, cfg: TrainConfig, *, seq_len: int = 64, d_model: int = 64,
+                 n_layer: int = 2, n_head: int = 4, lr: float = 0.05,
+                 dataset_size: int = 256) -> None:
         self.cfg = cfg
-        self.data = DataPlan(cfg.dataset_size, cfg.groups, cfg.shard_size, cfg.seed)
+        self.seq_len = seq_len
+        self.data = DataPlan(dataset_size, cfg.groups, cfg.shard_size, cfg.seed)
         self.corpus = _corpus_tensor()
-        span = cfg.seq_len + 1
+        span = seq_len + 1
         room = self.corpus.numel() - span
-        if room < 0 or room < cfg.dataset_size - 1:
+        if room < 0 or room < dataset_size - 1:
             raise ValueError(f"corpus of {self.corpus.numel()} bytes cannot hold "
-                             f"{cfg.dataset_size} distinct windows of {span} bytes")
-        stride = room // max(1, cfg.dataset_size - 1)
-        self.offsets = torch.arange(cfg.dataset_size, dtype=torch.int64) * stride
+                             f"{dataset_size} distinct windows of {span} bytes")
+        stride = room // max(1, dataset_size - 1)
+        self.offsets = torch.arange(dataset_size, dtype=torch.int64) * stride
         self.span = torch.arange(span, dtype=torch.int64)
         torch.manual_seed(cfg.seed)
         self.device = torch.device(cfg.device)
-        self.model = GPT(cfg.seq_len, cfg.d_model, cfg.n_layer, cfg.n_head).to(torch.float64)
+        self.model = GPT(seq_len, d_model, n_layer, n_head).to(torch.float64)
         self.model.to(self.device)  # the device is configuration (cuda: NCCL), chosen at start
         self.params = list(self.model.parameters())
         self.numel = sum(p.numel() for p in self.params)
@@ -159,7 +167,7 @@ class GPTTrainer(ParamTrainer):
         no_decay = [p for p in self.params if p.dim() < 2]  # biases, LayerNorm gains
         self.opt = torch.optim.AdamW(
             [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8)
+            lr=lr, betas=(0.9, 0.95), eps=1e-8)
         self.last_loss: dict[int, float] = {}
 
     def batch(self, step: int, shard_type: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,10 +8,11 @@ optimizer, an indexable dataset and a loss function. The sample indices of a sha
 the pure data plan (:class:`unbroken.core.shards.DataPlan`), so the data position is simply the
 step number.
 
-Plugging it in: write a factory ``make(cfg) -> ModuleTrainer`` in an importable module and set
-``TrainConfig(model="yourpkg.train:make")``; every group and every spare builds the same
-trainer from the config (seed everything inside the factory). ``make_trainer`` resolves
-``"module:function"`` names.
+Plugging it in: write a factory ``make(cfg, **hyperparameters) -> ModuleTrainer`` in an
+importable module and set ``TrainConfig(model="yourpkg.train:make", trainer_args={...})``;
+every group and every spare builds the same trainer from the config (seed everything inside
+the factory). :func:`unbroken.runtime.trainer.make_trainer` resolves ``"module:function"``
+names and calls ``make(cfg, **cfg.trainer_args)``.
 
 Requirements: the gradient must be a deterministic function of the parameters and the batch
 (deterministic kernels), the optimizer one whose state can be created eagerly (SGD, Adam,
@@ -27,7 +28,7 @@ import torch
 from torch.utils.data import default_collate
 
 from unbroken.core.shards import DataPlan
-from unbroken.runtime.stacked import ParamTrainer
+from unbroken.runtime.trainer import ParamTrainer
 
 __all__ = ["ModuleTrainer"]
 

@@ -45,9 +45,9 @@ import json
 import os
 import signal
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -55,212 +55,17 @@ import torch
 from unbroken.core.placement import make_layout
 from unbroken.core.rectlr import WipeOut, decide, initial_stacks
 from unbroken.core.replay import digest_mismatches, sdc_check_due
-from unbroken.core.shards import DataPlan
 from unbroken.protocol import STOP_KEY
+from unbroken.runtime.config import TrainConfig
+from unbroken.runtime.ledger import DivergenceError
+from unbroken.runtime.trainer import TrainerLike, make_trainer
 
-__all__ = ["TrainConfig", "Trainer", "TrainerLike", "make_trainer", "WipeOutError",
-           "DivergenceError", "CoordinatorLostError", "StopRequested", "Inject", "StackedRunner", "reference_run", "ledger_records"]
+__all__ = ["WipeOutError", "DivergenceError", "CoordinatorLostError", "StopRequested", "Inject",
+           "StackedRunner"]
 
 
 class WipeOutError(RuntimeError):
     """A shard type lost all of its hosts: the step cannot be masked (restart from snapshot)."""
-
-
-class DivergenceError(RuntimeError):
-    """The in-band check of a completed all-reduce failed (members at different steps, or a
-    shard type missing / counted twice)."""
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    groups: int = 4
-    redundancy: int = 2
-    steps: int = 30
-    seed: int = 0
-    dataset_size: int = 256
-    shard_size: int = 8
-    dim: int = 8
-    hidden: int = 16
-    lr: float = 0.05
-    momentum: float = 0.9
-    # "mlp" (this file), "gpt" (unbroken.runtime.gpt: a byte-level GPT on stdlib sources), or
-    # "package.module:factory" for a user's own trainer (see make_trainer)
-    model: str = "mlp"
-    seq_len: int = 64
-    d_model: int = 64
-    n_layer: int = 2
-    n_head: int = 4
-    # every-step in-memory snapshot of the committed state (off: to measure its cost)
-    snapshot: bool = True
-    # "cpu" (gloo) or "cuda" / "cuda:<i>" (NCCL): configuration, not a code path of its own
-    device: str = "cpu"
-    # every sdc_every-th step every group also computes the other shard types it hosts and the
-    # hosts compare them bit for bit (0: off). Equal to ckpt_every, the checkpoint written
-    # after a passing check is a verified roll-back target (see _incident)
-    sdc_every: int = 0
-    # keyword arguments for a "package.module:factory" trainer (its model hyperparameters;
-    # JSON values): ``factory(cfg, **trainer_args)``
-    trainer_args: dict = field(default_factory=dict)
-
-    @property
-    def backend(self) -> str:
-        return "nccl" if self.device.startswith("cuda") else "gloo"
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_json(cls, s: str) -> TrainConfig:
-        return cls(**json.loads(s))
-
-
-class TrainerLike(Protocol):
-    """What the stacked step needs from a model + optimizer (an extension point).
-
-    ``grad(step, t)`` must depend only on the parameters and (seed, step, t), so any group can
-    patch-compute any shard type; ``apply(total)`` takes the *sum* of the N shard-type
-    gradients. ``state_tensors()`` lists every tensor of the training state (parameters, then
-    optimizer buffers) in a fixed order: snapshots and the state copy to a joining spare use it.
-    """
-
-    numel: int
-    last_loss: dict[int, float]
-
-    def grad(self, step: int, shard_type: int) -> torch.Tensor: ...
-
-    def apply(self, total: torch.Tensor) -> None: ...
-
-    def flat_params(self) -> torch.Tensor: ...
-
-    def state_tensors(self) -> list[torch.Tensor]: ...
-
-
-def make_trainer(cfg: TrainConfig) -> TrainerLike:
-    """The trainer named by ``cfg.model``: "mlp", "gpt", or "package.module:factory" (a
-    function of the config, e.g. one returning a
-    :class:`~unbroken.runtime.module_trainer.ModuleTrainer`: how a user's own model, optimizer
-    and dataset come in; every group and spare builds it the same way)."""
-    if cfg.model == "mlp":
-        return Trainer(cfg)
-    if cfg.model == "gpt":
-        from unbroken.runtime.gpt import GPTTrainer
-
-        return GPTTrainer(cfg)
-    if ":" in cfg.model:
-        import importlib
-
-        mod, _, fn = cfg.model.partition(":")
-        return getattr(importlib.import_module(mod), fn)(cfg, **cfg.trainer_args)
-    raise ValueError(f"unknown model {cfg.model!r} (expected 'mlp', 'gpt' or "
-                     f"'package.module:factory')")
-
-
-class ParamTrainer:
-    """The part every trainer shares: ``params``, ``opt``, ``cfg`` and ``last_loss`` set by the
-    subclass; the shard gradient as one flat float64 vector, the optimizer step from the sum
-    of the N shard gradients, and the state listing."""
-
-    params: list[torch.Tensor]
-    opt: torch.optim.Optimizer
-    last_loss: dict[int, float]
-
-    def _flat_grad(self, loss: torch.Tensor, shard_type: int) -> torch.Tensor:
-        self.last_loss[shard_type] = float(loss.detach())
-        gs = torch.autograd.grad(loss, self.params, allow_unused=True)
-        return torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1)
-                          .to(torch.float64) for p, g in zip(self.params, gs)])
-
-    def apply(self, total: torch.Tensor) -> None:
-        """Optimizer step with grad = ``total`` / N (the sum of the N shard-type gradients)."""
-        apply_sum(self.params, self.opt, total, self.cfg.groups)
-
-    def flat_params(self) -> torch.Tensor:
-        return flat(self.params)
-
-    def state_tensors(self) -> list[torch.Tensor]:
-        return optimizer_state_tensors(self.params, self.opt)
-
-
-class Trainer(ParamTrainer):
-    """A 2-layer float64 MLP regression on a seeded synthetic dataset, SGD with momentum.
-
-    Every group builds an identical one from the config; the gradient of shard type ``t`` at
-    step ``k`` depends only on the parameters and (seed, k, t).
-    """
-
-    def __init__(self, cfg: TrainConfig) -> None:
-        self.cfg = cfg
-        self.data = DataPlan(cfg.dataset_size, cfg.groups, cfg.shard_size, cfg.seed)
-        rng = np.random.default_rng([cfg.seed, 12345])
-        x = rng.standard_normal((cfg.dataset_size, cfg.dim))
-        w = rng.standard_normal(cfg.dim)
-        y = np.sin(x @ w) + 0.1 * rng.standard_normal(cfg.dataset_size)
-        self.device = torch.device(cfg.device)
-        self.x = torch.from_numpy(x).to(self.device)
-        self.y = torch.from_numpy(y)[:, None].to(self.device)
-        torch.manual_seed(cfg.seed)
-        self.model = torch.nn.Sequential(
-            torch.nn.Linear(cfg.dim, cfg.hidden), torch.nn.Tanh(), torch.nn.Linear(cfg.hidden, 1),
-        ).to(torch.float64).to(self.device)
-        self.params = list(self.model.parameters())
-        self.numel = sum(p.numel() for p in self.params)
-        self.opt = torch.optim.SGD(self.params, lr=cfg.lr, momentum=cfg.momentum)
-        self.last_loss: dict[int, float] = {}
-
-    def grad(self, step: int, shard_type: int) -> torch.Tensor:
-        idx = torch.tensor(self.data.shard(step, shard_type), device=self.device)
-        loss = torch.nn.functional.mse_loss(self.model(self.x[idx]), self.y[idx])
-        return self._flat_grad(loss, shard_type)
-
-
-def apply_sum(params: list[torch.Tensor], opt: torch.optim.Optimizer, total: torch.Tensor,
-              groups: int) -> None:
-    """Optimizer step with grad = ``total`` / N (``total``: the sum of the N shard-type
-    gradients, flat, in parameter order)."""
-    g = total / groups
-    off = 0
-    for p in params:
-        n = p.numel()
-        p.grad = g[off:off + n].view_as(p).to(p.dtype).clone()
-        off += n
-    opt.step()
-
-
-def flat(params: list[torch.Tensor]) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1).to(torch.float64) for p in params])
-
-
-def optimizer_state_tensors(params: list[torch.Tensor], opt: torch.optim.Optimizer
-                            ) -> list[torch.Tensor]:
-    """Parameters, then each parameter's optimizer buffers sorted by name. The buffers are
-    created eagerly (zeros: the same first update as lazily created ones) so that a fresh
-    process lists the same tensors as one that has trained."""
-    out = [p.data for p in params]
-    for p in params:
-        st = opt.state[p]
-        if not st:
-            if isinstance(opt, torch.optim.SGD):
-                st["momentum_buffer"] = torch.zeros_like(p)
-            elif isinstance(opt, (torch.optim.Adam, torch.optim.AdamW)):
-                st["step"] = torch.tensor(0.0, dtype=torch.float32)  # AdamW keeps it on CPU
-                st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        for name in sorted(st):
-            v = st[name]
-            if isinstance(v, torch.Tensor):
-                out.append(v)
-    return out
-
-
-def reference_run(cfg: TrainConfig) -> torch.Tensor:
-    """Single process: per step, sum the N shard-type gradients, divide by N, step."""
-    tr = make_trainer(cfg)
-    for k in range(cfg.steps):
-        total = torch.zeros(tr.numel, dtype=torch.float64, device=cfg.device)
-        for t in range(cfg.groups):
-            total += tr.grad(k, t)
-        tr.apply(total)
-    return tr.flat_params()
 
 
 @dataclass
@@ -1051,29 +856,3 @@ def _stuck_in_user_code() -> None:
     import threading
 
     threading.Event().wait()
-
-
-def ledger_records(journals: dict[int, list[dict]]) -> list[tuple[int, int, int]]:
-    """(step, type, group) contributions of every committed step, from all journals.
-
-    A step's contributions are its committed plan (type -> contributing group), checked
-    in-band by the coverage vector; every journal that committed the step must agree on it
-    (else :class:`DivergenceError`). Using the plan rather than each group's own record keeps
-    a group that died between the all-reduce and its journal line counted, and a group's
-    ``mine`` must match the plan. A ``restore`` to step c (a roll-back) discards commits of
-    steps >= c made before it.
-    """
-    events = sorted(((e["t"], g, e) for g, evs in journals.items() for e in evs
-                     if e.get("event") in ("commit", "restore")), key=lambda x: x[0])
-    plans: dict[int, dict] = {}
-    for _t, g, e in events:
-        if e["event"] == "restore":
-            plans = {k: p for k, p in plans.items() if k < e["step"]}
-            continue
-        k, plan = e["step"], e["plan"]
-        if plans.setdefault(k, plan) != plan:
-            raise DivergenceError(f"step {k}: groups committed different plans")
-        if any(plan.get(str(t)) != g for t in e["mine"]):
-            raise DivergenceError(f"step {k}: group {g} journaled types {e['mine']} that the "
-                                  f"plan {plan} gives to others")
-    return [(k, int(t), int(w)) for k, plan in sorted(plans.items()) for t, w in plan.items()]

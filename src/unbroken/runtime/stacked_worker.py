@@ -121,9 +121,9 @@ def worker_main(argv: list[str] | None = None) -> None:
         Inject,
         StackedRunner,
         StopRequested,
-        TrainConfig,
         WipeOutError,
     )
+    from unbroken.runtime.config import TrainConfig
 
     torch.set_num_threads(1)
     from unbroken.detect.stacks import install_faulthandler

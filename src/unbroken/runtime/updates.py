@@ -2,11 +2,12 @@
 ``StackedRunner._apply_code``).
 
 A version is a trainer factory (``"package.module:factory"``, the same contract as
-``TrainConfig.model``): the runner builds it and carries the training state over at a step
-boundary, without restarting a process (ByteRobust's hot update, byterobust.md §7). The chaos
-run needs an update that is *bad* in the way real ones are: these factories build the ordinary
-trainer but its step has a shape bug (a reshape to the wrong width), so the first step under it
-raises a real torch error on every group. Only a rollback to the last good version recovers.
+``TrainConfig.model``, called with the job's ``trainer_args``): the runner builds it and
+carries the training state over at a step boundary, without restarting a process (ByteRobust's
+hot update, byterobust.md §7). The chaos run needs an update that is *bad* in the way real
+ones are: these factories build the ordinary trainer but its step has a shape bug (a reshape to
+the wrong width), so the first step under it raises a real torch error on every group. Only a
+rollback to the last good version recovers.
 """
 
 from __future__ import annotations
@@ -41,13 +42,15 @@ class _ShapeBug:
         return self.inner.state_tensors()
 
 
-def bad_gpt(cfg):
-    from unbroken.runtime.stacked import make_trainer
+def bad_gpt(cfg, **trainer_args):
+    """The built-in GPT (built from ``cfg.trainer_args``, the same as ``trainer_args``)."""
+    from unbroken.runtime.trainer import make_trainer
 
     return _ShapeBug(make_trainer(replace(cfg, model="gpt")))
 
 
-def bad_mlp(cfg):
-    from unbroken.runtime.stacked import make_trainer
+def bad_mlp(cfg, **trainer_args):
+    """The built-in MLP (built from ``cfg.trainer_args``, the same as ``trainer_args``)."""
+    from unbroken.runtime.trainer import make_trainer
 
     return _ShapeBug(make_trainer(replace(cfg, model="mlp")))

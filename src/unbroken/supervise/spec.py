@@ -23,7 +23,7 @@ from unbroken.core.placement import check as check_placement
 
 __all__ = ["JobSpec", "TrainerError", "check", "spares_for", "train_config", "load_trainer"]
 
-#: what a trainer must offer (``runtime.stacked.TrainerLike``)
+#: what a trainer must offer (``runtime.trainer.TrainerLike``)
 _TRAINER_API = ("grad", "apply", "flat_params", "state_tensors", "numel")
 
 
@@ -158,17 +158,19 @@ def spares_for(spec: JobSpec, faults: list[Fault]) -> int:
 
 
 def train_config(spec: JobSpec, sdc_every: int = 0):
-    """The workers' configuration (``runtime.stacked.TrainConfig``) for this job."""
-    from unbroken.runtime.stacked import TrainConfig
+    """The workers' configuration (``runtime.config.TrainConfig``) for this job. For the
+    built-in GPT its own settings (the demo's) come first in ``trainer_args``, and the job's
+    ``trainer_args`` override them."""
+    from unbroken.runtime.config import TrainConfig
 
-    extra = {}
-    if spec.trainer == "gpt":  # the built-in GPT's own settings (the demo's)
+    args = dict(spec.trainer_args)
+    if spec.trainer == "gpt":
         from unbroken.runtime.gpt import RECOMMENDED_LR
 
-        extra = {"lr": RECOMMENDED_LR, "dataset_size": 8192}
+        args = {"lr": RECOMMENDED_LR, "dataset_size": 8192, **args}
     return TrainConfig(groups=spec.groups, redundancy=spec.redundancy, steps=spec.steps,
-                       seed=spec.seed, model=spec.trainer, trainer_args=dict(spec.trainer_args),
-                       shard_size=spec.shard_size, snapshot=True, sdc_every=sdc_every, **extra)
+                       seed=spec.seed, model=spec.trainer, trainer_args=args,
+                       shard_size=spec.shard_size, snapshot=True, sdc_every=sdc_every)
 
 
 def load_trainer(cfg):
@@ -192,7 +194,7 @@ def load_trainer(cfg):
             raise TrainerError(f"--trainer {name!r}: module {mod!r} has no {fn!r}") from None
         if not callable(factory):
             raise TrainerError(f"--trainer {name!r}: {fn!r} is not callable")
-    from unbroken.runtime.stacked import make_trainer
+    from unbroken.runtime.trainer import make_trainer
 
     try:
         tr = make_trainer(cfg)

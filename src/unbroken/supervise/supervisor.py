@@ -234,7 +234,7 @@ class Supervisor:
         from unbroken.core.shards import exactly_once
         from unbroken.demo_report import build_report
         from unbroken.guard import Guard
-        from unbroken.runtime.stacked import ledger_records
+        from unbroken.runtime.ledger import ledger_records
 
         spec = self.spec
         t_start = time.time()

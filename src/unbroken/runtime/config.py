@@ -1,0 +1,53 @@
+"""The fault-tolerant runtime's configuration (:class:`TrainConfig`): what every worker of a job
+shares, serialised as JSON on the worker's command line.
+
+Only what the runtime itself needs lives here: the layout (groups, redundancy), the length of
+the run, the seed and the shard size of the data plan (:class:`~unbroken.core.shards.DataPlan`),
+the every-step snapshot, the device, the redundant SDC check, and *which* trainer to build
+(``model``) with *which* keyword arguments (``trainer_args``). A model's hyperparameters
+(width, depth, learning rate, its dataset's size, ...) are its factory's keyword arguments,
+for the built-in "mlp" and "gpt" exactly as for a user's ``package.module:factory``
+(:func:`unbroken.runtime.trainer.make_trainer`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+__all__ = ["TrainConfig"]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    groups: int = 4
+    redundancy: int = 2
+    steps: int = 30
+    seed: int = 0
+    # samples per shard type per step (each group's micro-batch): the data plan's unit
+    shard_size: int = 8
+    # "mlp" (unbroken.runtime.mlp), "gpt" (unbroken.runtime.gpt: a byte-level GPT on stdlib
+    # sources), or "package.module:factory" for a user's own trainer (see make_trainer)
+    model: str = "mlp"
+    # every-step in-memory snapshot of the committed state (off: to measure its cost)
+    snapshot: bool = True
+    # "cpu" (gloo) or "cuda" / "cuda:<i>" (NCCL): configuration, not a code path of its own
+    device: str = "cpu"
+    # every sdc_every-th step every group also computes the other shard types it hosts and the
+    # hosts compare them bit for bit (0: off). Equal to ckpt_every, the checkpoint written
+    # after a passing check is a verified roll-back target (see StackedRunner._incident)
+    sdc_every: int = 0
+    # the trainer factory's keyword arguments (the model's hyperparameters; JSON values):
+    # ``factory(cfg, **trainer_args)``, the built-in "mlp" and "gpt" included
+    trainer_args: dict = field(default_factory=dict)
+
+    @property
+    def backend(self) -> str:
+        return "nccl" if self.device.startswith("cuda") else "gloo"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, s: str) -> TrainConfig:
+        return cls(**json.loads(s))

@@ -1,0 +1,43 @@
+"""The exactly-once ledger read back from the journals (pure: no torch).
+
+:func:`ledger_records` turns every group's journal into the (step, type, group) contributions
+of the committed steps; :func:`unbroken.core.shards.exactly_once` then checks that each shard
+type of each step was counted once. :class:`DivergenceError` is what the runner raises when the
+in-band check of a completed all-reduce fails, and what the ledger raises when journals
+disagree on a committed step.
+"""
+
+from __future__ import annotations
+
+__all__ = ["DivergenceError", "ledger_records"]
+
+
+class DivergenceError(RuntimeError):
+    """The in-band check of a completed all-reduce failed (members at different steps, or a
+    shard type missing / counted twice)."""
+
+
+def ledger_records(journals: dict[int, list[dict]]) -> list[tuple[int, int, int]]:
+    """(step, type, group) contributions of every committed step, from all journals.
+
+    A step's contributions are its committed plan (type -> contributing group), checked
+    in-band by the coverage vector; every journal that committed the step must agree on it
+    (else :class:`DivergenceError`). Using the plan rather than each group's own record keeps
+    a group that died between the all-reduce and its journal line counted, and a group's
+    ``mine`` must match the plan. A ``restore`` to step c (a roll-back) discards commits of
+    steps >= c made before it.
+    """
+    events = sorted(((e["t"], g, e) for g, evs in journals.items() for e in evs
+                     if e.get("event") in ("commit", "restore")), key=lambda x: x[0])
+    plans: dict[int, dict] = {}
+    for _t, g, e in events:
+        if e["event"] == "restore":
+            plans = {k: p for k, p in plans.items() if k < e["step"]}
+            continue
+        k, plan = e["step"], e["plan"]
+        if plans.setdefault(k, plan) != plan:
+            raise DivergenceError(f"step {k}: groups committed different plans")
+        if any(plan.get(str(t)) != g for t in e["mine"]):
+            raise DivergenceError(f"step {k}: group {g} journaled types {e['mine']} that the "
+                                  f"plan {plan} gives to others")
+    return [(k, int(t), int(w)) for k, plan in sorted(plans.items()) for t, w in plan.items()]

@@ -1,0 +1,138 @@
+"""What the stacked step needs from a model + optimizer, and how a trainer is named and built.
+
+* :class:`TrainerLike` - the protocol (the extension point).
+* :class:`ParamTrainer` - the part every built-in trainer and
+  :class:`~unbroken.runtime.module_trainer.ModuleTrainer` share (flat gradient, optimizer step
+  from the summed gradient, the state listing).
+* :func:`make_trainer` - the registry: ``cfg.model`` names a factory, called as
+  ``factory(cfg, **cfg.trainer_args)`` in every group and spare; the built-in "mlp"
+  (:mod:`unbroken.runtime.mlp`) and "gpt" (:mod:`unbroken.runtime.gpt`) the same way as a
+  user's ``"package.module:factory"``.
+* :func:`reference_run` - the failure-free single-process run every runtime test compares with.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Protocol
+
+import torch
+
+from unbroken.runtime.config import TrainConfig
+
+__all__ = ["TrainerLike", "ParamTrainer", "BUILTIN", "make_trainer", "apply_sum", "flat",
+           "optimizer_state_tensors", "reference_run"]
+
+#: the built-in trainers' factories (``"package.module:factory"``, imported on first use)
+BUILTIN = {"mlp": "unbroken.runtime.mlp:MLPTrainer", "gpt": "unbroken.runtime.gpt:GPTTrainer"}
+
+
+class TrainerLike(Protocol):
+    """What the stacked step needs from a model + optimizer (an extension point).
+
+    ``grad(step, t)`` must depend only on the parameters and (seed, step, t), so any group can
+    patch-compute any shard type; ``apply(total)`` takes the *sum* of the N shard-type
+    gradients. ``state_tensors()`` lists every tensor of the training state (parameters, then
+    optimizer buffers) in a fixed order: snapshots and the state copy to a joining spare use it.
+    """
+
+    numel: int
+    last_loss: dict[int, float]
+
+    def grad(self, step: int, shard_type: int) -> torch.Tensor: ...
+
+    def apply(self, total: torch.Tensor) -> None: ...
+
+    def flat_params(self) -> torch.Tensor: ...
+
+    def state_tensors(self) -> list[torch.Tensor]: ...
+
+
+def make_trainer(cfg: TrainConfig) -> TrainerLike:
+    """The trainer named by ``cfg.model``: "mlp", "gpt", or "package.module:factory" (a
+    function of the config, e.g. one returning a
+    :class:`~unbroken.runtime.module_trainer.ModuleTrainer`: how a user's own model, optimizer
+    and dataset come in), called as ``factory(cfg, **cfg.trainer_args)``; every group and
+    spare builds it the same way. An unknown keyword argument is the factory's ``TypeError``."""
+    name = BUILTIN.get(cfg.model, cfg.model)
+    if ":" not in name:
+        raise ValueError(f"unknown model {cfg.model!r} (expected 'mlp', 'gpt' or "
+                         f"'package.module:factory')")
+    mod, _, fn = name.partition(":")
+    return getattr(importlib.import_module(mod), fn)(cfg, **cfg.trainer_args)
+
+
+class ParamTrainer:
+    """The part every trainer shares: ``params``, ``opt``, ``cfg`` and ``last_loss`` set by the
+    subclass; the shard gradient as one flat float64 vector, the optimizer step from the sum
+    of the N shard gradients, and the state listing."""
+
+    params: list[torch.Tensor]
+    opt: torch.optim.Optimizer
+    last_loss: dict[int, float]
+
+    def _flat_grad(self, loss: torch.Tensor, shard_type: int) -> torch.Tensor:
+        self.last_loss[shard_type] = float(loss.detach())
+        gs = torch.autograd.grad(loss, self.params, allow_unused=True)
+        return torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1)
+                          .to(torch.float64) for p, g in zip(self.params, gs)])
+
+    def apply(self, total: torch.Tensor) -> None:
+        """Optimizer step with grad = ``total`` / N (the sum of the N shard-type gradients)."""
+        apply_sum(self.params, self.opt, total, self.cfg.groups)
+
+    def flat_params(self) -> torch.Tensor:
+        return flat(self.params)
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        return optimizer_state_tensors(self.params, self.opt)
+
+
+def apply_sum(params: list[torch.Tensor], opt: torch.optim.Optimizer, total: torch.Tensor,
+              groups: int) -> None:
+    """Optimizer step with grad = ``total`` / N (``total``: the sum of the N shard-type
+    gradients, flat, in parameter order)."""
+    g = total / groups
+    off = 0
+    for p in params:
+        n = p.numel()
+        p.grad = g[off:off + n].view_as(p).to(p.dtype).clone()
+        off += n
+    opt.step()
+
+
+def flat(params: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1).to(torch.float64) for p in params])
+
+
+def optimizer_state_tensors(params: list[torch.Tensor], opt: torch.optim.Optimizer
+                            ) -> list[torch.Tensor]:
+    """Parameters, then each parameter's optimizer buffers sorted by name. The buffers are
+    created eagerly (zeros: the same first update as lazily created ones) so that a fresh
+    process lists the same tensors as one that has trained."""
+    out = [p.data for p in params]
+    for p in params:
+        st = opt.state[p]
+        if not st:
+            if isinstance(opt, torch.optim.SGD):
+                st["momentum_buffer"] = torch.zeros_like(p)
+            elif isinstance(opt, (torch.optim.Adam, torch.optim.AdamW)):
+                st["step"] = torch.tensor(0.0, dtype=torch.float32)  # AdamW keeps it on CPU
+                st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        for name in sorted(st):
+            v = st[name]
+            if isinstance(v, torch.Tensor):
+                out.append(v)
+    return out
+
+
+def reference_run(cfg: TrainConfig) -> torch.Tensor:
+    """Single process: per step, sum the N shard-type gradients, divide by N, step."""
+    tr = make_trainer(cfg)
+    for k in range(cfg.steps):
+        total = torch.zeros(tr.numel, dtype=torch.float64, device=cfg.device)
+        for t in range(cfg.groups):
+            total += tr.grad(k, t)
+        tr.apply(total)
+    return tr.flat_params()
