@@ -77,6 +77,7 @@ from unbroken.core.ladder import (
     Tried,
     advance,
     decide,
+    quarantined,
     queue_update,
     update_due,
 )
@@ -157,7 +158,8 @@ class Guard:
                    "rung": d.rung.name.lower() if d.rung is not None else None,
                    "groups": list(d.groups), "exit_code": d.exit_code, "reason": reason, "t": t})
         if acting:
-            self.orders.extend(actions_for(d, how, reason, self.state.quarantined))
+            self.orders.extend(actions_for(d, how, reason,
+                                           quarantined(self.state, self.policy, t)))
             self._tried(d)
         return d
 

@@ -13,6 +13,7 @@ from unbroken.core.ladder import (
     Tried,
     advance,
     decide,
+    quarantined,
     queue_update,
     update_due,
 )
@@ -51,7 +52,8 @@ def test_unmaskable_death_with_standby_evicts_and_replaces():
     d, _ = decide(Fault("death", (1, 2)), LadderState(standby=2), POLICY, 0.0)
     assert d.rung is Rung.EVICT and d.groups == (1, 2) and d.replace == 2 and not d.mask
     state = advance(LadderState(standby=2), Tried(d))
-    assert state.standby == 0 and state.offences == {1: 1, 2: 1}
+    assert state.standby == 0
+    assert {g: r.faults for g, r in state.exclusions.items()} == {1: (0.0,), 2: (0.0,)}
     # one standby too few for two groups: no full replacement -> not an eviction
     d, _ = decide(Fault("death", (1, 2)), LadderState(standby=1), POLICY, 0.0)
     assert d.rung is Rung.RETRY
@@ -181,7 +183,44 @@ def test_repeat_offender_is_quarantined():
     d, reason = decide(Fault("death", (9,)), state, policy, 10.0)
     assert d.rung is Rung.EVICT and d.quarantine == (9,) and "quarantine [9]" in reason
     state = advance(state, Tried(d), policy)
-    assert 9 in state.quarantined
+    assert quarantined(state, policy, 10.0) == {9}
+    # in quarantine, a retry sends a spare rather than restart the machine in place
+    assert quarantined(state, policy, 10.0 + policy.quarantine_cooldown - 1) == {9}
+    # the cool-down ends it: release is a matter of time (core.exclusion's rule)
+    assert quarantined(state, policy, 10.0 + policy.quarantine_cooldown) == frozenset()
+
+
+def test_evictions_further_apart_than_the_window_do_not_quarantine():
+    policy = LadderPolicy(quarantine_after=2, quarantine_window=100.0)
+    state = LadderState(standby=5)
+    for t in (0.0, 150.0):  # two evictions, 150 s apart: never two within 100 s
+        d, _ = decide(Fault("death", (4,)), state, policy, t)
+        assert d.rung is Rung.EVICT and d.quarantine == ()
+        state = advance(advance(state, Tried(d), policy), Committed(50), policy)
+    assert quarantined(state, policy, 150.0) == frozenset()
+    d, reason = decide(Fault("death", (4,)), state, policy, 200.0)  # 50 s after the last one
+    assert d.quarantine == (4,) and "quarantine [4]" in reason
+    state = advance(state, Tried(d), policy)
+    assert state.exclusions[4].faults == (0.0, 150.0, 200.0)
+    assert quarantined(state, policy, 200.0) == {4}
+    # evicted again while in quarantine: recorded, but not quarantined a second time
+    state = advance(state, Committed(50), policy)
+    d, reason = decide(Fault("death", (4,)), state, policy, 300.0)
+    assert d.quarantine == () and "quarantine" not in reason
+    state = advance(state, Tried(d), policy)
+    assert state.exclusions[4].quarantines == 1 and len(state.exclusions[4].faults) == 4
+
+
+def test_an_eviction_before_the_last_one_is_booked_not_refused():
+    # a wall clock that stepped back: the eviction happened, so it counts (at the last time)
+    policy = LadderPolicy(quarantine_after=2)
+    state = LadderState(standby=5)
+    d, _ = decide(Fault("death", (1,)), state, policy, 100.0)
+    state = advance(advance(state, Tried(d), policy), Committed(50), policy)
+    d, _ = decide(Fault("death", (1,)), state, policy, 90.0)
+    assert d.quarantine == (1,)
+    state = advance(state, Tried(d), policy)
+    assert state.exclusions[1].faults == (100.0, 100.0)
 
 
 def test_lazy_update_forced_after_deadline_and_promotion_to_last_good():
@@ -211,6 +250,8 @@ def test_lazy_update_forced_after_deadline_and_promotion_to_last_good():
     ({"backoff_cap": 10.0}, "backoff_cap"),
     ({"time_budget": float("nan")}, "time_budget"),
     ({"resolved_after": 0}, "resolved_after"),
+    ({"quarantine_window": 0.0}, "quarantine_window"),
+    ({"quarantine_cooldown": float("inf")}, "quarantine_cooldown"),
 ])
 def test_impossible_policy_is_refused_in_one_line(kwargs, match):
     with pytest.raises(LadderError, match=match) as err:
@@ -238,10 +279,12 @@ def test_bad_faults_states_and_times_are_refused():
 def test_parse_policy_sets_attempts_and_fields_over_the_defaults():
     from unbroken.core.ladder import parse_policy
 
-    p = parse_policy("retry=1, rollback=0, time_budget=600, resolved_after=3")
+    p = parse_policy("retry=1, rollback=0, time_budget=600, resolved_after=3, "
+                     "quarantine_after=4, quarantine_window=60")
     assert p.limit(Rung.RETRY) == 1 and p.limit(Rung.ROLLBACK) == 0
     assert p.limit(Rung.MASK) == LadderPolicy().limit(Rung.MASK)
     assert p.time_budget == 600 and p.resolved_after == 3
+    assert (p.exclusion.threshold, p.exclusion.window) == (4, 60.0)
 
 
 @pytest.mark.parametrize("spec, words", [

@@ -38,9 +38,11 @@ Rules taken from the references
   deadline (24 h by default, byterobust.md §7).
 * Requeue backs off exponentially, ``min(cap, base · 2**a)`` with the report's 10 min base
   (backendai.md §7, marked [U/I] there; the 1 h cap is ours, as in ``core.retry``).
-* Repeat offenders are quarantined: a per-machine exclusion counter, and a machine excluded
-  ``quarantine_after`` times is not re-admitted (backendai.md §7 [I]: 3 of 63 nodes cause more
-  than half of the exclusions).
+* Repeat offenders are quarantined: every eviction is booked in the machine's exclusion history
+  (``core.exclusion``, the same record the learn face reads), and a machine evicted
+  ``quarantine_after`` times within ``quarantine_window`` is not re-admitted for
+  ``quarantine_cooldown`` (backendai.md §7 [I]: 3 of 63 nodes cause more than half of the
+  exclusions). One rule: the ladder keeps no counter of its own.
 
 Rules chosen here (not in the references)
 -----------------------------------------
@@ -86,6 +88,13 @@ from dataclasses import dataclass, field, replace
 from enum import Enum, IntEnum
 from typing import Mapping
 
+from unbroken.core.exclusion import (
+    ExclusionPolicy,
+    NodeRecord,
+    record_fault,
+)
+from unbroken.core.exclusion import quarantined as _quarantined_at
+
 __all__ = [
     "EXIT_NO_PROGRESS",
     "LadderError",
@@ -99,6 +108,7 @@ __all__ = [
     "Committed",
     "decide",
     "advance",
+    "quarantined",
     "queue_update",
     "update_due",
     "parse_policy",
@@ -192,6 +202,9 @@ class Fault:
             raise LadderError("a wipe-out fault cannot be maskable")
 
 
+#: the exclusion history's window and cool-down defaults (core.exclusion's, not a second copy)
+_EXCLUSION = ExclusionPolicy()
+
 _DEFAULT_ATTEMPTS = {Rung.MASK: 2, Rung.EVICT: 2, Rung.RETRY: 2, Rung.ROLLBACK: 1,
                      Rung.REPLAY: 1, Rung.RESTART: 2, Rung.REQUEUE: 3}
 
@@ -208,7 +221,9 @@ class LadderPolicy:
         backoff_base, backoff_cap: requeue ``a`` waits ``min(cap, base * 2**a)`` (backendai §7).
         resolved_after: committed steps that end an incident.
         good_after: committed steps after which the running code version is *last good*.
-        quarantine_after: evictions after which a machine is quarantined.
+        quarantine_after: evictions within ``quarantine_window`` after which a machine is
+            quarantined (for ``quarantine_cooldown``): ``exclusion`` is this as the
+            ``core.exclusion`` policy the ladder books evictions with.
     """
 
     max_attempts: Mapping[Rung, int] = field(default_factory=dict)
@@ -219,6 +234,8 @@ class LadderPolicy:
     resolved_after: int = 10
     good_after: int = 100
     quarantine_after: int = 2
+    quarantine_window: float = _EXCLUSION.window
+    quarantine_cooldown: float = _EXCLUSION.cooldown
 
     def __post_init__(self) -> None:
         attempts = dict(_DEFAULT_ATTEMPTS)
@@ -250,6 +267,17 @@ class LadderPolicy:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise LadderError(f"ladder policy: {name}={v!r} must be an integer >= 1")
+        for name in ("quarantine_window", "quarantine_cooldown"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                    or v <= 0:
+                raise LadderError(f"ladder policy: {name}={v!r} must be a number > 0 s")
+
+    @property
+    def exclusion(self) -> ExclusionPolicy:
+        """The quarantine rule as ``core.exclusion`` applies it (validated above)."""
+        return ExclusionPolicy(self.quarantine_after, float(self.quarantine_window),
+                               float(self.quarantine_cooldown))
 
     def limit(self, rung: Rung) -> int:
         return self.max_attempts[rung]
@@ -267,7 +295,8 @@ class LadderState:
         incident_start: when the current incident began (None: no incident).
         steps: steps committed since the incident began; running_steps: on ``running``.
         incident_groups: the groups the open incident's faults named.
-        offences: machine -> evictions so far; quarantined: machines not to re-admit.
+        exclusions: machine -> its eviction history (``core.exclusion.NodeRecord``): which
+            machines are quarantined at a time is read from it (:func:`quarantined`).
         rejected: code versions rolled back (never applied again).
     """
 
@@ -280,8 +309,7 @@ class LadderState:
     incident_start: float | None = None
     steps: int = 0
     running_steps: int = 0
-    offences: Mapping[int, int] = field(default_factory=dict)
-    quarantined: frozenset[int] = frozenset()
+    exclusions: Mapping[int, NodeRecord] = field(default_factory=dict)
     rejected: frozenset[str] = frozenset()
     incident_groups: frozenset[int] = frozenset()  # groups the open incident has named
 
@@ -316,7 +344,8 @@ class Decision:
         version: code version to run after this restart: the lazily applied update, or the
             rollback target (ROLLBACK); None keeps the running code.
         backoff: seconds to wait before resubmitting (REQUEUE).
-        quarantine: evicted machines that have now offended ``quarantine_after`` times.
+        quarantine: evicted machines this eviction quarantines (their ``quarantine_after``-th
+            within the window; one already in quarantine is not listed again).
         exit_code: ``EXIT_NO_PROGRESS`` when the ladder gives up.
         incident: False for a restart that answers no fault (``update_due``): trying it opens
             no incident and uses no attempt.
@@ -478,8 +507,7 @@ def _make(rung: Rung, fault: Fault, state: LadderState, policy: LadderPolicy, no
     extra = ""
     if rung is Rung.EVICT:
         replace_n = min(state.standby, len(fault.groups))
-        quarantine = tuple(g for g in fault.groups
-                           if state.offences.get(g, 0) + 1 >= policy.quarantine_after)
+        quarantine = _newly_quarantined(fault.groups, state, policy, now)
         d = replace(d, replace=replace_n, mask=replace_n < len(fault.groups),
                     quarantine=quarantine)
         extra = f"; {replace_n} standby of {state.standby}"
@@ -499,13 +527,40 @@ def _make(rung: Rung, fault: Fault, state: LadderState, policy: LadderPolicy, no
     return d, head + extra
 
 
+def _book(exclusions: Mapping[int, NodeRecord], groups: tuple[int, ...], at: float,
+          policy: LadderPolicy) -> dict[int, NodeRecord]:
+    """``exclusions`` with an eviction of each of ``groups`` at ``at``."""
+    out = dict(exclusions)
+    for g in groups:
+        rec = out.get(g)
+        # a wall clock that stepped back books the eviction at the machine's last one rather
+        # than refuse to record an eviction that did happen
+        t = max(at, rec.faults[-1]) if rec is not None and rec.faults else at
+        out, _ = record_fault(out, g, t, policy.exclusion)
+    return out
+
+
+def _newly_quarantined(groups: tuple[int, ...], state: LadderState, policy: LadderPolicy,
+                       now: float) -> tuple[int, ...]:
+    """The groups an eviction at ``now`` would put into quarantine (what ``advance`` books)."""
+    after = _book(state.exclusions, groups, now, policy)
+    return tuple(g for g in groups
+                 if after[g].quarantines > state.exclusions.get(g, NodeRecord()).quarantines)
+
+
+def quarantined(state: LadderState, policy: LadderPolicy, now: float) -> frozenset[int]:
+    """Machines in quarantine at ``now``: not to be restarted in place or re-admitted."""
+    return frozenset(_quarantined_at(state.exclusions, _check_time("now", now),
+                                     policy.exclusion))
+
+
 def advance(state: LadderState, outcome: Outcome, policy: LadderPolicy | None = None,
             ) -> LadderState:
     """The state after ``outcome``: a rung tried (``Tried``) or steps committed (``Committed``).
 
     ``Tried`` opens the incident if none is open (at the decision's time), counts the try,
-    and applies the rung's side effects when ``ok``: standbys consumed and offenders counted
-    (EVICT; offences count even when the replacement failed), the code version switched
+    and applies the rung's side effects when ``ok``: standbys consumed and the evictions booked
+    in the exclusion history (EVICT; booked even when the replacement failed), the code version switched
     (ROLLBACK, or a lazily applied update; a rolled-back version is rejected for good).
     ``Committed`` counts steps: ``policy.resolved_after`` of them close the incident, and
     ``policy.good_after`` on the running version make it the last good one.
@@ -541,12 +596,7 @@ def advance(state: LadderState, outcome: Outcome, policy: LadderPolicy | None = 
             d.at if state.incident_start is None else state.incident_start),
             incident_groups=state.incident_groups | frozenset(d.groups))
     if d.rung is Rung.EVICT:
-        offences = dict(state.offences)
-        for g in d.groups:
-            offences[g] = offences.get(g, 0) + 1
-        quarantined = state.quarantined | {g for g, c in offences.items()
-                                           if c >= policy.quarantine_after}
-        new = replace(new, offences=offences, quarantined=frozenset(quarantined))
+        new = replace(new, exclusions=_book(state.exclusions, d.groups, d.at, policy))
         if outcome.ok:
             new = replace(new, standby=max(0, state.standby - d.replace))
     if outcome.ok and d.version is not None and d.version != state.running:
@@ -591,7 +641,8 @@ def update_due(state: LadderState, policy: LadderPolicy, now: float,
 
 
 _POLICY_FIELDS = ("time_budget", "update_deadline", "backoff_base", "backoff_cap",
-                  "resolved_after", "good_after", "quarantine_after")
+                  "resolved_after", "good_after", "quarantine_after", "quarantine_window",
+                  "quarantine_cooldown")
 
 
 def parse_policy(spec: str, base: LadderPolicy | None = None) -> LadderPolicy:
