@@ -247,6 +247,7 @@ def test_lazy_update_forced_after_deadline_and_promotion_to_last_good():
     ({"time_budget": -5.0}, "time_budget"),
     ({"update_deadline": 0}, "update_deadline"),
     ({"backoff_base": -1.0}, "backoff_base"),
+    ({"backoff_base": 0.0}, "backoff_base"),
     ({"backoff_cap": 10.0}, "backoff_cap"),
     ({"time_budget": float("nan")}, "time_budget"),
     ({"resolved_after": 0}, "resolved_after"),

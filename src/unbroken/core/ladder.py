@@ -21,9 +21,9 @@ handle its kind, and climbs one rung when that rung has used up its attempts:
 ``REQUEUE``   give the allocation back and resubmit after an exponential backoff
 ==========  =========================================================================
 
-Past ``REQUEUE`` the ladder gives up: the decision carries ``EXIT_NO_PROGRESS`` (6, the same code
-``core.retry`` uses), which tells a launcher "automatic recovery stopped on purpose" apart from a
-crash (3), a wipe-out without replacements (4) and a lost coordinator (5).
+Past ``REQUEUE`` the ladder gives up: the decision carries ``EXIT_NO_PROGRESS`` (6), which tells a
+launcher "automatic recovery stopped on purpose" apart from a crash (3), a wipe-out without
+replacements (4) and a lost coordinator (5).
 
 Rules taken from the references
 -------------------------------
@@ -37,7 +37,8 @@ Rules taken from the references
 * Code updates are lazy: queued, applied at the next restart the job needs anyway, forced after a
   deadline (24 h by default, byterobust.md §7).
 * Requeue backs off exponentially, ``min(cap, base · 2**a)`` with the report's 10 min base
-  (backendai.md §7, marked [U/I] there; the 1 h cap is ours, as in ``core.retry``).
+  (backendai.md §7, marked [U/I] there; the 1 h cap is ours): ``core.retry.backoff_delay``
+  computes it, the ladder only names the attempt.
 * Repeat offenders are quarantined: every eviction is booked in the machine's exclusion history
   (``core.exclusion``, the same record the learn face reads), and a machine evicted
   ``quarantine_after`` times within ``quarantine_window`` is not re-admitted for
@@ -94,6 +95,7 @@ from unbroken.core.exclusion import (
     record_fault,
 )
 from unbroken.core.exclusion import quarantined as _quarantined_at
+from unbroken.core.retry import RetryPolicy, backoff_delay
 
 __all__ = [
     "EXIT_NO_PROGRESS",
@@ -114,7 +116,7 @@ __all__ = [
     "parse_policy",
 ]
 
-#: Exit code of a job whose ladder gave up (same value as ``core.retry.EXIT_NO_PROGRESS``).
+#: Exit code of a job whose ladder gave up (``protocol.ExitCode.NO_PROGRESS``).
 #: 0 success, 1 demo failed, 2 bad input, 3 error, 4 wipe-out without replacements,
 #: 5 coordinator lost are taken.
 EXIT_NO_PROGRESS = 6
@@ -218,7 +220,8 @@ class LadderPolicy:
             0 skips the rung).
         time_budget: an incident older than this jumps to ``REQUEUE`` (no-progress guard).
         update_deadline: a queued code update is forced this long after it was queued (§7: 24 h).
-        backoff_base, backoff_cap: requeue ``a`` waits ``min(cap, base * 2**a)`` (backendai §7).
+        backoff_base, backoff_cap: requeue ``a`` waits ``min(cap, base * 2**a)`` (backendai §7;
+            ``requeue`` is this as a ``core.retry`` policy).
         resolved_after: committed steps that end an incident.
         good_after: committed steps after which the running code version is *last good*.
         quarantine_after: evictions within ``quarantine_window`` after which a machine is
@@ -258,8 +261,8 @@ class LadderPolicy:
         for name in ("time_budget", "update_deadline"):
             if getattr(self, name) <= 0:
                 raise LadderError(f"ladder policy: {name}={getattr(self, name)} must be > 0 s")
-        if self.backoff_base < 0:
-            raise LadderError(f"ladder policy: backoff_base={self.backoff_base} is negative")
+        if self.backoff_base <= 0:  # a zero base is no backoff: core.retry refuses it too
+            raise LadderError(f"ladder policy: backoff_base={self.backoff_base} must be > 0 s")
         if self.backoff_cap < self.backoff_base:
             raise LadderError(f"ladder policy: backoff_cap={self.backoff_cap} is below "
                               f"backoff_base={self.backoff_base}")
@@ -272,6 +275,13 @@ class LadderPolicy:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
                     or v <= 0:
                 raise LadderError(f"ladder policy: {name}={v!r} must be a number > 0 s")
+
+    @property
+    def requeue(self) -> RetryPolicy:
+        """The requeue backoff as ``core.retry`` computes it. No jitter: a decision carries no
+        per-job seed, and one seed for every job would not de-synchronise them anyway."""
+        return RetryPolicy(base=float(self.backoff_base), factor=2.0,
+                           max_delay=float(self.backoff_cap), jitter=0.0)
 
     @property
     def exclusion(self) -> ExclusionPolicy:
@@ -516,8 +526,7 @@ def _make(rung: Rung, fault: Fault, state: LadderState, policy: LadderPolicy, no
         if quarantine:
             extra += f"; quarantine {list(quarantine)}"
     elif rung is Rung.REQUEUE:
-        a = state.tries(Rung.REQUEUE)
-        backoff = min(policy.backoff_cap, policy.backoff_base * 2.0 ** a)
+        backoff = backoff_delay(state.tries(Rung.REQUEUE), policy.requeue)
         d = replace(d, backoff=backoff)
         extra = f"; resubmit after {backoff:g}s excluding {list(fault.groups)}"
     if rung is Rung.ROLLBACK:
