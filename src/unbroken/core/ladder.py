@@ -298,7 +298,6 @@ class LadderState:
     """What the ladder remembers between decisions (the caller keeps it, e.g. in the journal).
 
     Attributes:
-        standby: warm standbys available now (the caller refills it as the pool refills).
         running: code version running now; last_good: the last version that trained well.
         pending: a queued code update (applied lazily), queued at ``pending_since``.
         attempts: rung -> tries in the current incident.
@@ -310,7 +309,6 @@ class LadderState:
         rejected: code versions rolled back (never applied again).
     """
 
-    standby: int = 0
     running: str = "v0"
     last_good: str = "v0"
     pending: str | None = None
@@ -324,8 +322,6 @@ class LadderState:
     incident_groups: frozenset[int] = frozenset()  # groups the open incident has named
 
     def __post_init__(self) -> None:
-        if isinstance(self.standby, bool) or not isinstance(self.standby, int) or self.standby < 0:
-            raise LadderError(f"ladder state: standby={self.standby!r} must be an integer >= 0")
         for name in ("running", "last_good"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise LadderError(f"ladder state: {name}={getattr(self, name)!r} is not a version")
@@ -425,13 +421,14 @@ def _start(fault: Fault, state: LadderState) -> tuple[Rung, bool, str]:
     return Rung.MASK, False, "cheapest rung first"
 
 
-def _applicable(rung: Rung, fault: Fault, state: LadderState, forced: bool) -> bool:
+def _applicable(rung: Rung, fault: Fault, state: LadderState, forced: bool,
+                standby: int) -> bool:
     if rung is Rung.MASK:
         return fault.maskable and bool(fault.groups)
     if rung is Rung.EVICT:
         if not fault.groups:
             return False
-        full = state.standby >= len(fault.groups)
+        full = standby >= len(fault.groups)
         return full or (forced and fault.maskable)
     if rung is Rung.ROLLBACK:
         return state.running != state.last_good
@@ -448,8 +445,12 @@ def _lazy_update(state: LadderState) -> str | None:
 
 
 def decide(fault: Fault, state: LadderState, policy: LadderPolicy, now: float,
-           ) -> tuple[Decision, str]:
-    """The next rung for ``fault``, given the incident so far.
+           standby: int = 0) -> tuple[Decision, str]:
+    """The next rung for ``fault``, given the incident so far and ``standby`` warm spares.
+
+    The pool size is an argument, not part of the state: the pool belongs to whoever starts and
+    assigns spares (the supervisor, the simulator), so the ladder reads it at each decision
+    rather than keep a copy that must be kept in step with it.
 
     The fault enters at the cheapest rung its kind allows (XID classes and proven corruption
     short-circuit), then climbs past every rung that does not apply or has used its attempts in
@@ -470,6 +471,8 @@ def decide(fault: Fault, state: LadderState, policy: LadderPolicy, now: float,
     if not isinstance(policy, LadderPolicy):
         raise LadderError(f"policy {policy!r} is not a ladder.LadderPolicy")
     now = _check_time("now", now)
+    if isinstance(standby, bool) or not isinstance(standby, int) or standby < 0:
+        raise LadderError(f"standby={standby!r} must be an integer >= 0")
     if _separate(fault.groups, state):
         state = replace(state, attempts={}, incident_start=None, steps=0,
                         incident_groups=frozenset())
@@ -490,9 +493,9 @@ def decide(fault: Fault, state: LadderState, policy: LadderPolicy, now: float,
         if state.tries(rung) >= policy.limit(rung):
             skipped.append(f"{rung.name.lower()} used {state.tries(rung)}/{policy.limit(rung)}")
             continue
-        if not _applicable(rung, fault, state, forced):
+        if not _applicable(rung, fault, state, forced, standby):
             continue
-        return _make(rung, fault, state, policy, now, forced, where, why, skipped)
+        return _make(rung, fault, state, policy, now, standby, where, why, skipped)
     reason = (f"give up: {where}; {why}; " + (", ".join(skipped) or "no rung left")
               + f" (exit {EXIT_NO_PROGRESS})")
     return Decision(rung=None, at=now, groups=fault.groups, exit_code=EXIT_NO_PROGRESS), reason
@@ -505,7 +508,7 @@ def _separate(groups: tuple[int, ...], state: LadderState) -> bool:
 
 
 def _make(rung: Rung, fault: Fault, state: LadderState, policy: LadderPolicy, now: float,
-          forced: bool, where: str, why: str, skipped: list[str]) -> tuple[Decision, str]:
+          standby: int, where: str, why: str, skipped: list[str]) -> tuple[Decision, str]:
     n = state.tries(rung) + 1
     head = f"{rung.name.lower()} (try {n}/{policy.limit(rung)}): {where}; {why}"
     if skipped:
@@ -516,11 +519,11 @@ def _make(rung: Rung, fault: Fault, state: LadderState, policy: LadderPolicy, no
     d = Decision(rung=rung, at=now, groups=fault.groups, version=version)
     extra = ""
     if rung is Rung.EVICT:
-        replace_n = min(state.standby, len(fault.groups))
+        replace_n = min(standby, len(fault.groups))
         quarantine = _newly_quarantined(fault.groups, state, policy, now)
         d = replace(d, replace=replace_n, mask=replace_n < len(fault.groups),
                     quarantine=quarantine)
-        extra = f"; {replace_n} standby of {state.standby}"
+        extra = f"; {replace_n} standby of {standby}"
         if d.mask:
             extra += ", survivors mask the rest"
         if quarantine:
@@ -568,9 +571,10 @@ def advance(state: LadderState, outcome: Outcome, policy: LadderPolicy | None = 
     """The state after ``outcome``: a rung tried (``Tried``) or steps committed (``Committed``).
 
     ``Tried`` opens the incident if none is open (at the decision's time), counts the try,
-    and applies the rung's side effects when ``ok``: standbys consumed and the evictions booked
-    in the exclusion history (EVICT; booked even when the replacement failed), the code version switched
-    (ROLLBACK, or a lazily applied update; a rolled-back version is rejected for good).
+    and applies the rung's side effects: the evictions booked in the exclusion history (EVICT,
+    even when the replacement failed; the spares it used are the pool owner's to count), and,
+    when ``ok``, the code version switched (ROLLBACK, or a lazily applied update; a rolled-back
+    version is rejected for good).
     ``Committed`` counts steps: ``policy.resolved_after`` of them close the incident, and
     ``policy.good_after`` on the running version make it the last good one.
     """
@@ -606,8 +610,6 @@ def advance(state: LadderState, outcome: Outcome, policy: LadderPolicy | None = 
             incident_groups=state.incident_groups | frozenset(d.groups))
     if d.rung is Rung.EVICT:
         new = replace(new, exclusions=_book(state.exclusions, d.groups, d.at, policy))
-        if outcome.ok:
-            new = replace(new, standby=max(0, state.standby - d.replace))
     if outcome.ok and d.version is not None and d.version != state.running:
         rejected = state.rejected | {state.running} if d.rung is Rung.ROLLBACK else state.rejected
         pending, since = state.pending, state.pending_since

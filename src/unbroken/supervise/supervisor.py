@@ -253,7 +253,7 @@ class Supervisor:
             self.emit({"event": "journal_repaired", "file": path,
                        "reason": "a last line cut off mid-write was removed"})
         holders: dict[int, int] = {}  # pid -> uid, for XID lines
-        guard = Guard(self.emit, standby=spares, xid_log=xid_log, act=spec.guard == "act",
+        guard = Guard(self.emit, xid_log=xid_log, act=spec.guard == "act",
                       base_model=cfg.model, uid_of_pid=holders.get,
                       ckpt_every=spec.ckpt_interval(), policy=spec.policy())
         fired: set[tuple[str, int]] = set()
@@ -396,6 +396,7 @@ class _Attempt:
         self.holder = {s: s for s in range(self.spec.groups)}  # slot -> its newest holder
         self.stop_code: tuple[int, str] | None = None  # a StopJob carried out
         guard.maskable = self._maskable
+        guard.standby = lambda: len(self.pool)  # the ladder counts on the pool as it is now
         self.stall_job, self.stall_pool = None, None  # stack dumps off the loop (_stall)
 
     # ------------------------------------------------------------------ the loop
@@ -412,7 +413,6 @@ class _Attempt:
     def _loop(self) -> dict[int, dict]:
         deadline = time.monotonic() + self.spec.timeout
         while True:
-            self.guard.sync_standby(len(self.pool))  # what the ladder may count on now
             for u in list(self.c.uids):
                 for ev in self._tail(u).read():
                     self._on_event(u, ev)
@@ -539,7 +539,6 @@ class _Attempt:
         """A member died (exit) or hung (left behind): the ladder answers. When the slots
         without a holder leave a shard type uncovered (a wipe-out), the fault names every such
         slot's last holder, so one answer refills them all."""
-        self.guard.sync_standby(len(self.pool))
         for ev in self._tail(uid).read():  # its own last lines first: an injected fault says so
             self._on_event(uid, ev)
         now = time.time()
@@ -671,7 +670,6 @@ class _Attempt:
         with a restart from the checkpoint (retry in place, restart, requeue after a backoff)
         or gives up. Raises :class:`_Restart` or :class:`_Ended`; the attempt's processes are
         closed either way."""
-        self.guard.sync_standby(len(self.pool))
         self.guard.on_wipeout((), time.time(), why)
         for a in self.guard.orders:
             if isinstance(a, StopJob):
