@@ -53,7 +53,7 @@ from unbroken.core.actions import (
 from unbroken.core.anomaly import stall_suspected
 from unbroken.core.faults import Fault, format_faults
 from unbroken.core.membership import left_behind
-from unbroken.core.placement import make_layout, uncovered
+from unbroken.core.placement import make_layout, uncovered, wiped_out
 from unbroken.core.standby import refill
 from unbroken.protocol import STOP_KEY, SUPERVISOR_HB, ExitCode
 from unbroken.supervise.drill import LauncherDrill
@@ -538,7 +538,7 @@ class _Attempt:
     def _lost(self, uid: int, how: str) -> None:
         """A member died (exit) or hung (left behind): the ladder answers. When the slots
         without a holder leave a shard type uncovered (a wipe-out), the fault names every such
-        slot's last holder, so one answer refills them all."""
+        slot's last holder, so one answer refills them all (``core.placement.wiped_out``)."""
         for ev in self._tail(uid).read():  # its own last lines first: an injected fault says so
             self._on_event(uid, ev)
         now = time.time()
@@ -549,12 +549,10 @@ class _Attempt:
         if self._maskable((uid,)) or self.stop_posted is not None:
             self.guard.on_member_lost(uid, how, now)
         else:
-            held = {self.slot_of[u] for u in self.members if u != uid}
-            gone = tuple(sorted({self.holder[s] for s in range(self.spec.groups)
-                                 if s not in held} | {uid}))
+            gone, why = wiped_out(self.holder, {self.slot_of[u] for u in self.members
+                                                 if u != uid}, uid)
             self._evict(uid, how)  # this one is out first; the answer refills every slot
-            self.guard.on_wipeout(gone, now, f"wipe-out: slots {sorted(self.slot_of[g] for g in gone)} "
-                                             f"have no live holder")
+            self.guard.on_wipeout(gone, now, why)
         self._orders()
 
     def _orders(self) -> None:
