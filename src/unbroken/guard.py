@@ -53,7 +53,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from unbroken.core.actions import Action, PostCode, PostVerdict, actions_for
+from unbroken.core.actions import Action, PostCode, PostVerdict, Replace, actions_for
 from unbroken.core.anomaly import (
     FailSlowPolicy,
     NumericPolicy,
@@ -151,7 +151,9 @@ class Guard:
         (``core.actions.actions_for``) when acting, or ``always`` (deaths and hangs: masking and
         replacing them is the runtime's baseline, not a guard action); ``answered`` ones
         (runtime incidents) are carried out by the caller."""
-        d, reason = decide(fault, self.state, self.policy, t, self.standby())
+        # spares promised to orders the supervisor has not carried out yet are not free
+        free = max(0, self.standby() - sum(isinstance(o, Replace) for o in self.orders))
+        d, reason = decide(fault, self.state, self.policy, t, free)
         acting = (self.act or always) and actionable
         mode = "act" if acting or (answered and self.act) else "log-only"
         self.emit({"event": "ladder", "for": what, "mode": mode,

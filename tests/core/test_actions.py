@@ -88,3 +88,12 @@ def test_the_ladder_reads_the_pool_as_it_is_at_each_decision():
     g.orders.clear()
     assert g.on_member_lost(3, "exit", 12.0).rung is Rung.EVICT
     assert g.orders == [Evict(3, "exit"), Replace(3)]
+
+
+def test_a_spare_promised_to_an_order_not_yet_carried_out_is_not_offered_twice():
+    # two unmaskable deaths answered before the supervisor carries out the first answer: the
+    # one spare goes to the first; the second gets a fresh process in its slot
+    g, _ = guard(standby=1, maskable=lambda groups: False)
+    assert g.on_member_lost(1, "exit", 10.0).rung is Rung.EVICT
+    assert g.on_member_lost(2, "exit", 10.1).rung is Rung.RETRY
+    assert g.orders == [Evict(1, "exit"), Replace(1), Evict(2, "exit"), Respawn(2)]
