@@ -14,7 +14,7 @@ def run(commits, xid_lines=None, tmp_path=None):
     if xid_lines is not None:
         log = tmp_path / "kern.log"
         log.write_text("".join(x + "\n" for x in xid_lines))
-    g = Guard(out.append, standby=1, xid_log=str(log) if log else None)
+    g = Guard(out.append, standby=lambda: 1, xid_log=str(log) if log else None)
     for k, loss in enumerate(commits):
         ev = {"event": "commit", "step": k, "loss": loss, "t": 100.0 + k}
         g.on_commit(ev)

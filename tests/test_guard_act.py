@@ -110,7 +110,7 @@ def test_a_ladder_with_no_rung_left_stops_the_job():
 def test_xid_classes_map_to_respawn_in_place_or_evict(tmp_path):
     log = tmp_path / "kern.log"
     log.write_text("")
-    g, out = make(xid_log=str(log), standby=2, uid_of_pid={4242: 1, 5151: 3}.get)
+    g, out = make(xid_log=str(log), standby=lambda: 2, uid_of_pid={4242: 1, 5151: 3}.get)
     log.write_text("NVRM: Xid (PCI:0000:02:00): 43, pid=4242, name=python, Ch 00000010\n")
     g.poll(50.0)
     log.write_text(log.read_text()

@@ -53,9 +53,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from dataclasses import replace
-
-from unbroken.core.actions import Action, PostCode, PostVerdict, actions_for
+from unbroken.core.actions import Action, PostCode, PostVerdict, Replace, actions_for
 from unbroken.core.anomaly import (
     FailSlowPolicy,
     NumericPolicy,
@@ -77,6 +75,7 @@ from unbroken.core.ladder import (
     Tried,
     advance,
     decide,
+    quarantined,
     queue_update,
     update_due,
 )
@@ -104,7 +103,7 @@ _INCIDENT_KIND = {"code": FaultKind.CODE, "implicit": FaultKind.IMPLICIT,
 
 
 class Guard:
-    def __init__(self, emit: Callable[[dict], None], *, standby: int = 0,
+    def __init__(self, emit: Callable[[dict], None], *, standby: Callable[[], int] = lambda: 0,
                  xid_log: str | None = None, policy: LadderPolicy | None = None,
                  act: bool = False, base_model: str = "gpt",
                  uid_of_pid: Callable[[int], int | None] = lambda pid: None,
@@ -117,7 +116,9 @@ class Guard:
         self.orders: list[Action] = []
         self.uid_of_pid = uid_of_pid
         self.maskable = maskable  # can the survivors mask these groups (the supervisor knows)
-        self.state = LadderState(standby=standby)
+        # the warm pool's size now: the supervisor owns the pool, the ladder reads it per decision
+        self.standby = standby
+        self.state = LadderState()
         self.models = {"v0": base_model}  # code version -> trainer factory
         self.code_n = 0                   # code records posted
         self.top = -1                     # newest committed step
@@ -150,21 +151,19 @@ class Guard:
         (``core.actions.actions_for``) when acting, or ``always`` (deaths and hangs: masking and
         replacing them is the runtime's baseline, not a guard action); ``answered`` ones
         (runtime incidents) are carried out by the caller."""
-        d, reason = decide(fault, self.state, self.policy, t)
+        # spares promised to orders the supervisor has not carried out yet are not free
+        free = max(0, self.standby() - sum(isinstance(o, Replace) for o in self.orders))
+        d, reason = decide(fault, self.state, self.policy, t, free)
         acting = (self.act or always) and actionable
         mode = "act" if acting or (answered and self.act) else "log-only"
         self.emit({"event": "ladder", "for": what, "mode": mode,
                    "rung": d.rung.name.lower() if d.rung is not None else None,
                    "groups": list(d.groups), "exit_code": d.exit_code, "reason": reason, "t": t})
         if acting:
-            self.orders.extend(actions_for(d, how, reason, self.state.quarantined))
+            self.orders.extend(actions_for(d, how, reason,
+                                           quarantined(self.state, self.policy, t)))
             self._tried(d)
         return d
-
-    def sync_standby(self, n: int) -> None:
-        """The warm pool as it is now (spares used by masks, refilled by the supervisor)."""
-        if n != self.state.standby:
-            self.state = replace(self.state, standby=max(0, int(n)))
 
     def on_member_lost(self, uid: int, how: str, now: float) -> Decision:
         """A member died (``how`` = "exit") or hung (the survivors re-formed without it:

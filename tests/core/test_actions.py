@@ -36,7 +36,7 @@ def test_each_rung_maps_to_its_actions():
 
 def guard(standby=1, maskable=lambda g: True, **policy):
     out: list[dict] = []
-    return Guard(out.append, standby=standby, maskable=maskable,
+    return Guard(out.append, standby=lambda: standby, maskable=maskable,
                  policy=LadderPolicy(**policy)), out
 
 
@@ -71,3 +71,29 @@ def test_restarts_are_the_ladders_budget_not_a_separate_one():
     # no group to name: retry in place (twice), restart, requeue after its backoff, give up
     assert rungs == ["RETRY", "RETRY", "RESTART", "REQUEUE", None]
     assert g.orders == [StopJob(6, [e for e in out if e["event"] == "ladder"][-1]["reason"])]
+
+
+def test_the_ladder_reads_the_pool_as_it_is_at_each_decision():
+    # the supervisor owns the pool; the guard asks for its size when it decides, so a spare
+    # used (or one refilled) between two faults changes the answer without any syncing
+    pool = [7, 8]
+    out: list[dict] = []
+    g = Guard(out.append, standby=lambda: len(pool), maskable=lambda groups: False)
+    assert g.on_member_lost(1, "exit", 10.0).rung is Rung.EVICT  # a spare for its slot
+    pool.clear()                                                  # the pool is used up
+    g.orders.clear()
+    d = g.on_member_lost(2, "exit", 11.0)
+    assert d.rung is Rung.RETRY and g.orders == [Evict(2, "exit"), Respawn(2)]
+    pool.append(9)                                                # refilled
+    g.orders.clear()
+    assert g.on_member_lost(3, "exit", 12.0).rung is Rung.EVICT
+    assert g.orders == [Evict(3, "exit"), Replace(3)]
+
+
+def test_a_spare_promised_to_an_order_not_yet_carried_out_is_not_offered_twice():
+    # two unmaskable deaths answered before the supervisor carries out the first answer: the
+    # one spare goes to the first; the second gets a fresh process in its slot
+    g, _ = guard(standby=1, maskable=lambda groups: False)
+    assert g.on_member_lost(1, "exit", 10.0).rung is Rung.EVICT
+    assert g.on_member_lost(2, "exit", 10.1).rung is Rung.RETRY
+    assert g.orders == [Evict(1, "exit"), Replace(1), Evict(2, "exit"), Respawn(2)]

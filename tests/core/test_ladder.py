@@ -13,6 +13,7 @@ from unbroken.core.ladder import (
     Tried,
     advance,
     decide,
+    quarantined,
     queue_update,
     update_due,
 )
@@ -41,19 +42,19 @@ def test_rungs_are_in_ladder_order_cheapest_first():
 
 
 def test_maskable_death_is_masked():
-    d, reason = decide(Fault("death", (3,), maskable=True), LadderState(standby=2), POLICY, 5.0)
+    d, reason = decide(Fault("death", (3,), maskable=True), LadderState(), POLICY, 5.0, standby=2)
     assert d.rung is Rung.MASK and d.groups == (3,) and d.version is None
     assert not d.restarts
     assert "mask" in reason
 
 
 def test_unmaskable_death_with_standby_evicts_and_replaces():
-    d, _ = decide(Fault("death", (1, 2)), LadderState(standby=2), POLICY, 0.0)
+    d, _ = decide(Fault("death", (1, 2)), LadderState(), POLICY, 0.0, standby=2)
     assert d.rung is Rung.EVICT and d.groups == (1, 2) and d.replace == 2 and not d.mask
-    state = advance(LadderState(standby=2), Tried(d))
-    assert state.standby == 0 and state.offences == {1: 1, 2: 1}
+    state = advance(LadderState(), Tried(d))
+    assert {g: r.faults for g, r in state.exclusions.items()} == {1: (0.0,), 2: (0.0,)}
     # one standby too few for two groups: no full replacement -> not an eviction
-    d, _ = decide(Fault("death", (1, 2)), LadderState(standby=1), POLICY, 0.0)
+    d, _ = decide(Fault("death", (1, 2)), LadderState(), POLICY, 0.0, standby=1)
     assert d.rung is Rung.RETRY
 
 
@@ -94,13 +95,13 @@ def test_nan_without_culprit_retries_rolls_back_then_replays():
 def test_attempts_exhausted_escalates_to_next_rung():
     policy = LadderPolicy(max_attempts={Rung.MASK: 1})
     fault = Fault("hang", (2,), maskable=True)
-    d, _ = decide(fault, LadderState(standby=1), policy, 0.0)
+    d, _ = decide(fault, LadderState(), policy, 0.0, standby=1)
     assert d.rung is Rung.MASK
-    state = advance(LadderState(standby=1), Tried(d), policy)
-    d, reason = decide(fault, state, policy, 1.0)
+    state = advance(LadderState(), Tried(d), policy)
+    d, reason = decide(fault, state, policy, 1.0, standby=1)
     assert d.rung is Rung.EVICT and "escalated past mask used 1/1" in reason
     # a zero budget skips a rung outright
-    d, _ = decide(fault, LadderState(standby=1), LadderPolicy(max_attempts={"mask": 0}), 0.0)
+    d, _ = decide(fault, LadderState(), LadderPolicy(max_attempts={"mask": 0}), 0.0, standby=1)
     assert d.rung is Rung.EVICT
 
 
@@ -121,7 +122,7 @@ def test_incident_closes_after_enough_committed_steps():
 def test_xid_hardware_classes_evict_at_once(action):
     # even when masking were possible: the machine must go
     d, reason = decide(Fault("xid", (5,), maskable=True, xid_action=action),
-                       LadderState(standby=1), POLICY, 0.0)
+                       LadderState(), POLICY, 0.0, standby=1)
     assert d.rung is Rung.EVICT and d.replace == 1 and "evict at once" in reason
     # no standby but the survivors can mask: evict anyway, keep training masked
     d, _ = decide(Fault("xid", (5,), maskable=True, xid_action=action), LadderState(), POLICY, 0.0)
@@ -130,17 +131,17 @@ def test_xid_hardware_classes_evict_at_once(action):
 
 def test_xid_restart_app_retries_in_place():
     d, reason = decide(Fault("xid", (5,), maskable=True, xid_action="restart-app"),
-                       LadderState(standby=3), POLICY, 0.0)
+                       LadderState(), POLICY, 0.0, standby=3)
     assert d.rung is Rung.RETRY and "restart the application" in reason
     d, _ = decide(Fault("xid", (5,), maskable=True, xid_action="investigate"),
-                  LadderState(standby=3), POLICY, 0.0)
+                  LadderState(), POLICY, 0.0, standby=3)
     assert d.rung is Rung.MASK  # unknown class: the ordinary ladder
 
 
 def test_sdc_mismatch_replays_and_proven_culprit_is_evicted():
-    d, _ = decide(Fault("sdc", (0, 7)), LadderState(standby=1), POLICY, 0.0)
+    d, _ = decide(Fault("sdc", (0, 7)), LadderState(), POLICY, 0.0, standby=1)
     assert d.rung is Rung.REPLAY
-    d, _ = decide(Fault("corrupt", (7,)), LadderState(standby=1), POLICY, 0.0)
+    d, _ = decide(Fault("corrupt", (7,)), LadderState(), POLICY, 0.0, standby=1)
     assert d.rung is Rung.EVICT and d.groups == (7,)
 
 
@@ -173,15 +174,52 @@ def test_no_progress_guard_jumps_to_requeue_with_backoff_then_gives_up():
 
 def test_repeat_offender_is_quarantined():
     policy = LadderPolicy(quarantine_after=2)
-    state = LadderState(standby=5)
-    d, _ = decide(Fault("death", (9,)), state, policy, 0.0)
+    state = LadderState()
+    d, _ = decide(Fault("death", (9,)), state, policy, 0.0, standby=5)
     assert d.quarantine == ()
     state = advance(state, Tried(d), policy)
     state = advance(state, Committed(50), policy)  # incident over
-    d, reason = decide(Fault("death", (9,)), state, policy, 10.0)
+    d, reason = decide(Fault("death", (9,)), state, policy, 10.0, standby=5)
     assert d.rung is Rung.EVICT and d.quarantine == (9,) and "quarantine [9]" in reason
     state = advance(state, Tried(d), policy)
-    assert 9 in state.quarantined
+    assert quarantined(state, policy, 10.0) == {9}
+    # in quarantine, a retry sends a spare rather than restart the machine in place
+    assert quarantined(state, policy, 10.0 + policy.quarantine_cooldown - 1) == {9}
+    # the cool-down ends it: release is a matter of time (core.exclusion's rule)
+    assert quarantined(state, policy, 10.0 + policy.quarantine_cooldown) == frozenset()
+
+
+def test_evictions_further_apart_than_the_window_do_not_quarantine():
+    policy = LadderPolicy(quarantine_after=2, quarantine_window=100.0)
+    state = LadderState()
+    for t in (0.0, 150.0):  # two evictions, 150 s apart: never two within 100 s
+        d, _ = decide(Fault("death", (4,)), state, policy, t, standby=5)
+        assert d.rung is Rung.EVICT and d.quarantine == ()
+        state = advance(advance(state, Tried(d), policy), Committed(50), policy)
+    assert quarantined(state, policy, 150.0) == frozenset()
+    d, reason = decide(Fault("death", (4,)), state, policy, 200.0, standby=5)  # 50 s after the last one
+    assert d.quarantine == (4,) and "quarantine [4]" in reason
+    state = advance(state, Tried(d), policy)
+    assert state.exclusions[4].faults == (0.0, 150.0, 200.0)
+    assert quarantined(state, policy, 200.0) == {4}
+    # evicted again while in quarantine: recorded, but not quarantined a second time
+    state = advance(state, Committed(50), policy)
+    d, reason = decide(Fault("death", (4,)), state, policy, 300.0, standby=5)
+    assert d.quarantine == () and "quarantine" not in reason
+    state = advance(state, Tried(d), policy)
+    assert state.exclusions[4].quarantines == 1 and len(state.exclusions[4].faults) == 4
+
+
+def test_an_eviction_before_the_last_one_is_booked_not_refused():
+    # a wall clock that stepped back: the eviction happened, so it counts (at the last time)
+    policy = LadderPolicy(quarantine_after=2)
+    state = LadderState()
+    d, _ = decide(Fault("death", (1,)), state, policy, 100.0, standby=5)
+    state = advance(advance(state, Tried(d), policy), Committed(50), policy)
+    d, _ = decide(Fault("death", (1,)), state, policy, 90.0, standby=5)
+    assert d.quarantine == (1,)
+    state = advance(state, Tried(d), policy)
+    assert state.exclusions[1].faults == (100.0, 100.0)
 
 
 def test_lazy_update_forced_after_deadline_and_promotion_to_last_good():
@@ -208,9 +246,12 @@ def test_lazy_update_forced_after_deadline_and_promotion_to_last_good():
     ({"time_budget": -5.0}, "time_budget"),
     ({"update_deadline": 0}, "update_deadline"),
     ({"backoff_base": -1.0}, "backoff_base"),
+    ({"backoff_base": 0.0}, "backoff_base"),
     ({"backoff_cap": 10.0}, "backoff_cap"),
     ({"time_budget": float("nan")}, "time_budget"),
     ({"resolved_after": 0}, "resolved_after"),
+    ({"quarantine_window": 0.0}, "quarantine_window"),
+    ({"quarantine_cooldown": float("inf")}, "quarantine_cooldown"),
 ])
 def test_impossible_policy_is_refused_in_one_line(kwargs, match):
     with pytest.raises(LadderError, match=match) as err:
@@ -227,8 +268,8 @@ def test_bad_faults_states_and_times_are_refused():
         Fault("xid", (1,))
     with pytest.raises(LadderError, match="maskable"):
         Fault("wipe-out", (1, 2), maskable=True)
-    with pytest.raises(LadderError, match="standby"):
-        LadderState(standby=-1)
+    with pytest.raises(LadderError, match="standby=-1"):
+        decide(Fault("hang", (1,)), LadderState(), POLICY, 0.0, standby=-1)
     with pytest.raises(LadderError, match="before the incident"):
         decide(Fault("hang", (1,)), LadderState(incident_start=10.0), POLICY, 5.0)
     with pytest.raises(LadderError, match="inf"):
@@ -238,10 +279,12 @@ def test_bad_faults_states_and_times_are_refused():
 def test_parse_policy_sets_attempts_and_fields_over_the_defaults():
     from unbroken.core.ladder import parse_policy
 
-    p = parse_policy("retry=1, rollback=0, time_budget=600, resolved_after=3")
+    p = parse_policy("retry=1, rollback=0, time_budget=600, resolved_after=3, "
+                     "quarantine_after=4, quarantine_window=60")
     assert p.limit(Rung.RETRY) == 1 and p.limit(Rung.ROLLBACK) == 0
     assert p.limit(Rung.MASK) == LadderPolicy().limit(Rung.MASK)
     assert p.time_budget == 600 and p.resolved_after == 3
+    assert (p.exclusion.threshold, p.exclusion.window) == (4, 60.0)
 
 
 @pytest.mark.parametrize("spec, words", [
@@ -265,7 +308,7 @@ def test_parse_policy_rejects_impossible_budgets_in_one_line(spec, words):
 
 def test_faults_on_other_machines_open_their_own_incident():
     policy = LadderPolicy(time_budget=100.0)
-    state = LadderState(standby=0)
+    state = LadderState()
     for g, t in ((1, 0.0), (2, 60.0), (3, 120.0)):  # three independent deaths, 1 min apart
         d, why = decide(Fault("death", (g,), maskable=True), state, policy, t)
         assert d.rung is Rung.MASK and "try 1/" in why, why  # never the budget's requeue

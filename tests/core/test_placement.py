@@ -148,3 +148,20 @@ def test_limits_raise_placement_error(n, r, needles):
 def test_placement_error_is_value_error():
     assert issubclass(PlacementError, ValueError)
     assert placement.PlacementError is PlacementError
+
+
+def test_a_wipe_out_names_the_last_holder_of_every_slot_without_a_live_one():
+    # 5 slots; slot 3 was refilled by uid 7; the lost member is uid 7 (slot 3), and slot 1 lost
+    # its holder earlier without a replacement: the answer must refill both slots
+    holder = {0: 0, 1: 1, 2: 2, 3: 7, 4: 4}
+    gone, why = placement.wiped_out(holder, held={0, 2, 4}, lost=7)
+    assert gone == (1, 7)
+    assert why == "wipe-out: slots [1, 3] have no live holder"
+    # every slot still held by someone else: only the lost one is named
+    gone, why = placement.wiped_out(holder, held={0, 1, 2, 4}, lost=7)
+    assert gone == (7,) and "[3]" in why
+    # the lost member is named even when its slot already has a newer holder
+    gone, _ = placement.wiped_out({0: 5, 1: 1}, held={0}, lost=0)
+    assert gone == (0, 1)
+    # nobody left: every slot's last holder
+    assert placement.wiped_out({0: 3, 1: 4}, held=(), lost=4)[0] == (3, 4)

@@ -24,6 +24,12 @@ Rules
 * A node is in quarantine at ``now`` iff ``quarantined_at <= now < quarantined_at + cooldown``:
   release is a matter of time, not of a call.
 
+Who uses it: the recovery ladder (``core.ladder``) books every eviction here and reads its
+quarantine decision back (``LadderPolicy.quarantine_after`` / ``quarantine_window`` /
+``quarantine_cooldown`` are this module's policy). ``concentration`` (the hot-spot share) and
+``rank_replacements`` (clean history first) read the same records; nothing in the runtime calls
+them yet (its spares are fresh processes without a history), they are for the learn face.
+
 Pure: state in, state out. The state is a plain ``dict`` of node -> ``NodeRecord`` (frozen);
 no function mutates its input. Time is passed in.
 """

@@ -21,9 +21,9 @@ handle its kind, and climbs one rung when that rung has used up its attempts:
 ``REQUEUE``   give the allocation back and resubmit after an exponential backoff
 ==========  =========================================================================
 
-Past ``REQUEUE`` the ladder gives up: the decision carries ``EXIT_NO_PROGRESS`` (6, the same code
-``core.retry`` uses), which tells a launcher "automatic recovery stopped on purpose" apart from a
-crash (3), a wipe-out without replacements (4) and a lost coordinator (5).
+Past ``REQUEUE`` the ladder gives up: the decision carries ``EXIT_NO_PROGRESS`` (6), which tells a
+launcher "automatic recovery stopped on purpose" apart from a crash (3), a wipe-out without
+replacements (4) and a lost coordinator (5).
 
 Rules taken from the references
 -------------------------------
@@ -37,10 +37,13 @@ Rules taken from the references
 * Code updates are lazy: queued, applied at the next restart the job needs anyway, forced after a
   deadline (24 h by default, byterobust.md §7).
 * Requeue backs off exponentially, ``min(cap, base · 2**a)`` with the report's 10 min base
-  (backendai.md §7, marked [U/I] there; the 1 h cap is ours, as in ``core.retry``).
-* Repeat offenders are quarantined: a per-machine exclusion counter, and a machine excluded
-  ``quarantine_after`` times is not re-admitted (backendai.md §7 [I]: 3 of 63 nodes cause more
-  than half of the exclusions).
+  (backendai.md §7, marked [U/I] there; the 1 h cap is ours): ``core.retry.backoff_delay``
+  computes it, the ladder only names the attempt.
+* Repeat offenders are quarantined: every eviction is booked in the machine's exclusion history
+  (``core.exclusion``, the same record the learn face reads), and a machine evicted
+  ``quarantine_after`` times within ``quarantine_window`` is not re-admitted for
+  ``quarantine_cooldown`` (backendai.md §7 [I]: 3 of 63 nodes cause more than half of the
+  exclusions). One rule: the ladder keeps no counter of its own.
 
 Rules chosen here (not in the references)
 -----------------------------------------
@@ -86,6 +89,14 @@ from dataclasses import dataclass, field, replace
 from enum import Enum, IntEnum
 from typing import Mapping
 
+from unbroken.core.exclusion import (
+    ExclusionPolicy,
+    NodeRecord,
+    record_fault,
+)
+from unbroken.core.exclusion import quarantined as _quarantined_at
+from unbroken.core.retry import RetryPolicy, backoff_delay
+
 __all__ = [
     "EXIT_NO_PROGRESS",
     "LadderError",
@@ -99,12 +110,13 @@ __all__ = [
     "Committed",
     "decide",
     "advance",
+    "quarantined",
     "queue_update",
     "update_due",
     "parse_policy",
 ]
 
-#: Exit code of a job whose ladder gave up (same value as ``core.retry.EXIT_NO_PROGRESS``).
+#: Exit code of a job whose ladder gave up (``protocol.ExitCode.NO_PROGRESS``).
 #: 0 success, 1 demo failed, 2 bad input, 3 error, 4 wipe-out without replacements,
 #: 5 coordinator lost are taken.
 EXIT_NO_PROGRESS = 6
@@ -192,6 +204,9 @@ class Fault:
             raise LadderError("a wipe-out fault cannot be maskable")
 
 
+#: the exclusion history's window and cool-down defaults (core.exclusion's, not a second copy)
+_EXCLUSION = ExclusionPolicy()
+
 _DEFAULT_ATTEMPTS = {Rung.MASK: 2, Rung.EVICT: 2, Rung.RETRY: 2, Rung.ROLLBACK: 1,
                      Rung.REPLAY: 1, Rung.RESTART: 2, Rung.REQUEUE: 3}
 
@@ -205,10 +220,13 @@ class LadderPolicy:
             0 skips the rung).
         time_budget: an incident older than this jumps to ``REQUEUE`` (no-progress guard).
         update_deadline: a queued code update is forced this long after it was queued (§7: 24 h).
-        backoff_base, backoff_cap: requeue ``a`` waits ``min(cap, base * 2**a)`` (backendai §7).
+        backoff_base, backoff_cap: requeue ``a`` waits ``min(cap, base * 2**a)`` (backendai §7;
+            ``requeue`` is this as a ``core.retry`` policy).
         resolved_after: committed steps that end an incident.
         good_after: committed steps after which the running code version is *last good*.
-        quarantine_after: evictions after which a machine is quarantined.
+        quarantine_after: evictions within ``quarantine_window`` after which a machine is
+            quarantined (for ``quarantine_cooldown``): ``exclusion`` is this as the
+            ``core.exclusion`` policy the ladder books evictions with.
     """
 
     max_attempts: Mapping[Rung, int] = field(default_factory=dict)
@@ -219,6 +237,8 @@ class LadderPolicy:
     resolved_after: int = 10
     good_after: int = 100
     quarantine_after: int = 2
+    quarantine_window: float = _EXCLUSION.window
+    quarantine_cooldown: float = _EXCLUSION.cooldown
 
     def __post_init__(self) -> None:
         attempts = dict(_DEFAULT_ATTEMPTS)
@@ -241,8 +261,8 @@ class LadderPolicy:
         for name in ("time_budget", "update_deadline"):
             if getattr(self, name) <= 0:
                 raise LadderError(f"ladder policy: {name}={getattr(self, name)} must be > 0 s")
-        if self.backoff_base < 0:
-            raise LadderError(f"ladder policy: backoff_base={self.backoff_base} is negative")
+        if self.backoff_base <= 0:  # a zero base is no backoff: core.retry refuses it too
+            raise LadderError(f"ladder policy: backoff_base={self.backoff_base} must be > 0 s")
         if self.backoff_cap < self.backoff_base:
             raise LadderError(f"ladder policy: backoff_cap={self.backoff_cap} is below "
                               f"backoff_base={self.backoff_base}")
@@ -250,6 +270,24 @@ class LadderPolicy:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise LadderError(f"ladder policy: {name}={v!r} must be an integer >= 1")
+        for name in ("quarantine_window", "quarantine_cooldown"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                    or v <= 0:
+                raise LadderError(f"ladder policy: {name}={v!r} must be a number > 0 s")
+
+    @property
+    def requeue(self) -> RetryPolicy:
+        """The requeue backoff as ``core.retry`` computes it. No jitter: a decision carries no
+        per-job seed, and one seed for every job would not de-synchronise them anyway."""
+        return RetryPolicy(base=float(self.backoff_base), factor=2.0,
+                           max_delay=float(self.backoff_cap), jitter=0.0)
+
+    @property
+    def exclusion(self) -> ExclusionPolicy:
+        """The quarantine rule as ``core.exclusion`` applies it (validated above)."""
+        return ExclusionPolicy(self.quarantine_after, float(self.quarantine_window),
+                               float(self.quarantine_cooldown))
 
     def limit(self, rung: Rung) -> int:
         return self.max_attempts[rung]
@@ -260,18 +298,17 @@ class LadderState:
     """What the ladder remembers between decisions (the caller keeps it, e.g. in the journal).
 
     Attributes:
-        standby: warm standbys available now (the caller refills it as the pool refills).
         running: code version running now; last_good: the last version that trained well.
         pending: a queued code update (applied lazily), queued at ``pending_since``.
         attempts: rung -> tries in the current incident.
         incident_start: when the current incident began (None: no incident).
         steps: steps committed since the incident began; running_steps: on ``running``.
         incident_groups: the groups the open incident's faults named.
-        offences: machine -> evictions so far; quarantined: machines not to re-admit.
+        exclusions: machine -> its eviction history (``core.exclusion.NodeRecord``): which
+            machines are quarantined at a time is read from it (:func:`quarantined`).
         rejected: code versions rolled back (never applied again).
     """
 
-    standby: int = 0
     running: str = "v0"
     last_good: str = "v0"
     pending: str | None = None
@@ -280,14 +317,11 @@ class LadderState:
     incident_start: float | None = None
     steps: int = 0
     running_steps: int = 0
-    offences: Mapping[int, int] = field(default_factory=dict)
-    quarantined: frozenset[int] = frozenset()
+    exclusions: Mapping[int, NodeRecord] = field(default_factory=dict)
     rejected: frozenset[str] = frozenset()
     incident_groups: frozenset[int] = frozenset()  # groups the open incident has named
 
     def __post_init__(self) -> None:
-        if isinstance(self.standby, bool) or not isinstance(self.standby, int) or self.standby < 0:
-            raise LadderError(f"ladder state: standby={self.standby!r} must be an integer >= 0")
         for name in ("running", "last_good"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise LadderError(f"ladder state: {name}={getattr(self, name)!r} is not a version")
@@ -316,7 +350,8 @@ class Decision:
         version: code version to run after this restart: the lazily applied update, or the
             rollback target (ROLLBACK); None keeps the running code.
         backoff: seconds to wait before resubmitting (REQUEUE).
-        quarantine: evicted machines that have now offended ``quarantine_after`` times.
+        quarantine: evicted machines this eviction quarantines (their ``quarantine_after``-th
+            within the window; one already in quarantine is not listed again).
         exit_code: ``EXIT_NO_PROGRESS`` when the ladder gives up.
         incident: False for a restart that answers no fault (``update_due``): trying it opens
             no incident and uses no attempt.
@@ -386,13 +421,14 @@ def _start(fault: Fault, state: LadderState) -> tuple[Rung, bool, str]:
     return Rung.MASK, False, "cheapest rung first"
 
 
-def _applicable(rung: Rung, fault: Fault, state: LadderState, forced: bool) -> bool:
+def _applicable(rung: Rung, fault: Fault, state: LadderState, forced: bool,
+                standby: int) -> bool:
     if rung is Rung.MASK:
         return fault.maskable and bool(fault.groups)
     if rung is Rung.EVICT:
         if not fault.groups:
             return False
-        full = state.standby >= len(fault.groups)
+        full = standby >= len(fault.groups)
         return full or (forced and fault.maskable)
     if rung is Rung.ROLLBACK:
         return state.running != state.last_good
@@ -409,8 +445,12 @@ def _lazy_update(state: LadderState) -> str | None:
 
 
 def decide(fault: Fault, state: LadderState, policy: LadderPolicy, now: float,
-           ) -> tuple[Decision, str]:
-    """The next rung for ``fault``, given the incident so far.
+           standby: int = 0) -> tuple[Decision, str]:
+    """The next rung for ``fault``, given the incident so far and ``standby`` warm spares.
+
+    The pool size is an argument, not part of the state: the pool belongs to whoever starts and
+    assigns spares (the supervisor, the simulator), so the ladder reads it at each decision
+    rather than keep a copy that must be kept in step with it.
 
     The fault enters at the cheapest rung its kind allows (XID classes and proven corruption
     short-circuit), then climbs past every rung that does not apply or has used its attempts in
@@ -431,6 +471,8 @@ def decide(fault: Fault, state: LadderState, policy: LadderPolicy, now: float,
     if not isinstance(policy, LadderPolicy):
         raise LadderError(f"policy {policy!r} is not a ladder.LadderPolicy")
     now = _check_time("now", now)
+    if isinstance(standby, bool) or not isinstance(standby, int) or standby < 0:
+        raise LadderError(f"standby={standby!r} must be an integer >= 0")
     if _separate(fault.groups, state):
         state = replace(state, attempts={}, incident_start=None, steps=0,
                         incident_groups=frozenset())
@@ -451,9 +493,9 @@ def decide(fault: Fault, state: LadderState, policy: LadderPolicy, now: float,
         if state.tries(rung) >= policy.limit(rung):
             skipped.append(f"{rung.name.lower()} used {state.tries(rung)}/{policy.limit(rung)}")
             continue
-        if not _applicable(rung, fault, state, forced):
+        if not _applicable(rung, fault, state, forced, standby):
             continue
-        return _make(rung, fault, state, policy, now, forced, where, why, skipped)
+        return _make(rung, fault, state, policy, now, standby, where, why, skipped)
     reason = (f"give up: {where}; {why}; " + (", ".join(skipped) or "no rung left")
               + f" (exit {EXIT_NO_PROGRESS})")
     return Decision(rung=None, at=now, groups=fault.groups, exit_code=EXIT_NO_PROGRESS), reason
@@ -466,7 +508,7 @@ def _separate(groups: tuple[int, ...], state: LadderState) -> bool:
 
 
 def _make(rung: Rung, fault: Fault, state: LadderState, policy: LadderPolicy, now: float,
-          forced: bool, where: str, why: str, skipped: list[str]) -> tuple[Decision, str]:
+          standby: int, where: str, why: str, skipped: list[str]) -> tuple[Decision, str]:
     n = state.tries(rung) + 1
     head = f"{rung.name.lower()} (try {n}/{policy.limit(rung)}): {where}; {why}"
     if skipped:
@@ -477,19 +519,17 @@ def _make(rung: Rung, fault: Fault, state: LadderState, policy: LadderPolicy, no
     d = Decision(rung=rung, at=now, groups=fault.groups, version=version)
     extra = ""
     if rung is Rung.EVICT:
-        replace_n = min(state.standby, len(fault.groups))
-        quarantine = tuple(g for g in fault.groups
-                           if state.offences.get(g, 0) + 1 >= policy.quarantine_after)
+        replace_n = min(standby, len(fault.groups))
+        quarantine = _newly_quarantined(fault.groups, state, policy, now)
         d = replace(d, replace=replace_n, mask=replace_n < len(fault.groups),
                     quarantine=quarantine)
-        extra = f"; {replace_n} standby of {state.standby}"
+        extra = f"; {replace_n} standby of {standby}"
         if d.mask:
             extra += ", survivors mask the rest"
         if quarantine:
             extra += f"; quarantine {list(quarantine)}"
     elif rung is Rung.REQUEUE:
-        a = state.tries(Rung.REQUEUE)
-        backoff = min(policy.backoff_cap, policy.backoff_base * 2.0 ** a)
+        backoff = backoff_delay(state.tries(Rung.REQUEUE), policy.requeue)
         d = replace(d, backoff=backoff)
         extra = f"; resubmit after {backoff:g}s excluding {list(fault.groups)}"
     if rung is Rung.ROLLBACK:
@@ -499,14 +539,42 @@ def _make(rung: Rung, fault: Fault, state: LadderState, policy: LadderPolicy, no
     return d, head + extra
 
 
+def _book(exclusions: Mapping[int, NodeRecord], groups: tuple[int, ...], at: float,
+          policy: LadderPolicy) -> dict[int, NodeRecord]:
+    """``exclusions`` with an eviction of each of ``groups`` at ``at``."""
+    out = dict(exclusions)
+    for g in groups:
+        rec = out.get(g)
+        # a wall clock that stepped back books the eviction at the machine's last one rather
+        # than refuse to record an eviction that did happen
+        t = max(at, rec.faults[-1]) if rec is not None and rec.faults else at
+        out, _ = record_fault(out, g, t, policy.exclusion)
+    return out
+
+
+def _newly_quarantined(groups: tuple[int, ...], state: LadderState, policy: LadderPolicy,
+                       now: float) -> tuple[int, ...]:
+    """The groups an eviction at ``now`` would put into quarantine (what ``advance`` books)."""
+    after = _book(state.exclusions, groups, now, policy)
+    return tuple(g for g in groups
+                 if after[g].quarantines > state.exclusions.get(g, NodeRecord()).quarantines)
+
+
+def quarantined(state: LadderState, policy: LadderPolicy, now: float) -> frozenset[int]:
+    """Machines in quarantine at ``now``: not to be restarted in place or re-admitted."""
+    return frozenset(_quarantined_at(state.exclusions, _check_time("now", now),
+                                     policy.exclusion))
+
+
 def advance(state: LadderState, outcome: Outcome, policy: LadderPolicy | None = None,
             ) -> LadderState:
     """The state after ``outcome``: a rung tried (``Tried``) or steps committed (``Committed``).
 
     ``Tried`` opens the incident if none is open (at the decision's time), counts the try,
-    and applies the rung's side effects when ``ok``: standbys consumed and offenders counted
-    (EVICT; offences count even when the replacement failed), the code version switched
-    (ROLLBACK, or a lazily applied update; a rolled-back version is rejected for good).
+    and applies the rung's side effects: the evictions booked in the exclusion history (EVICT,
+    even when the replacement failed; the spares it used are the pool owner's to count), and,
+    when ``ok``, the code version switched (ROLLBACK, or a lazily applied update; a rolled-back
+    version is rejected for good).
     ``Committed`` counts steps: ``policy.resolved_after`` of them close the incident, and
     ``policy.good_after`` on the running version make it the last good one.
     """
@@ -541,14 +609,7 @@ def advance(state: LadderState, outcome: Outcome, policy: LadderPolicy | None = 
             d.at if state.incident_start is None else state.incident_start),
             incident_groups=state.incident_groups | frozenset(d.groups))
     if d.rung is Rung.EVICT:
-        offences = dict(state.offences)
-        for g in d.groups:
-            offences[g] = offences.get(g, 0) + 1
-        quarantined = state.quarantined | {g for g, c in offences.items()
-                                           if c >= policy.quarantine_after}
-        new = replace(new, offences=offences, quarantined=frozenset(quarantined))
-        if outcome.ok:
-            new = replace(new, standby=max(0, state.standby - d.replace))
+        new = replace(new, exclusions=_book(state.exclusions, d.groups, d.at, policy))
     if outcome.ok and d.version is not None and d.version != state.running:
         rejected = state.rejected | {state.running} if d.rung is Rung.ROLLBACK else state.rejected
         pending, since = state.pending, state.pending_since
@@ -591,7 +652,8 @@ def update_due(state: LadderState, policy: LadderPolicy, now: float,
 
 
 _POLICY_FIELDS = ("time_budget", "update_deadline", "backoff_base", "backoff_cap",
-                  "resolved_after", "good_after", "quarantine_after")
+                  "resolved_after", "good_after", "quarantine_after", "quarantine_window",
+                  "quarantine_cooldown")
 
 
 def parse_policy(spec: str, base: LadderPolicy | None = None) -> LadderPolicy:

@@ -13,11 +13,15 @@ pair of hosts.
 
 The offsets are the optimal Golomb rulers of order 1..27, the same table the authors'
 simulator uses.
+
+Coverage questions over a layout live here too, pure: which shard types the live groups no
+longer cover (``uncovered``: masking works iff there are none) and, when some are lost, which
+holders a wipe-out names (``wiped_out``), so the supervisor only carries the answer out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -143,3 +147,19 @@ def uncovered(layout: Layout, live: Iterable[int]) -> tuple[int, ...]:
     alive = set(live)
     n = layout.stacks.shape[0]
     return tuple(t for t in range(n) if not alive.intersection(layout.hosts(t)))
+
+
+def wiped_out(holder: Mapping[int, int], held: Iterable[int], lost: int
+              ) -> tuple[tuple[int, ...], str]:
+    """The groups a wipe-out names, and why: the last holder of every slot without a live
+    holder, plus ``lost`` (the member whose loss made it a wipe-out).
+
+    ``holder`` maps each slot to its newest holder (a uid); ``held`` are the slots some other
+    member still holds. Naming every such slot, not only the lost one's, lets one ladder answer
+    (evict with spares for all, or retry with fresh processes in all) refill every slot the
+    survivors cannot cover; a slot lost earlier that is still empty is part of the same hole.
+    """
+    live = set(held)
+    empty = sorted(s for s in holder if s not in live)
+    gone = tuple(sorted({holder[s] for s in empty} | {lost}))
+    return gone, f"wipe-out: slots {empty} have no live holder"

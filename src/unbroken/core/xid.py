@@ -13,11 +13,11 @@ The catalog is the Backend.AI operations report's Table 3 as encoded by Algalon
 cluster; where NVIDIA's own immediate resolution differs the entry says so. Action classes:
 
 * ``restart_app`` — restart the job session on the same node; no node exclusion. The ladder
-  *retries in place* (``core.retry``).
+  *retries in place* (``core.ladder``'s RETRY rung).
 * ``reset_gpu`` — the GPU must be reset: the node is *evicted at once* and replaced.
 * ``reboot_node`` — the report's ``RESTART_BM`` (restart the bare-metal node): *evicted at
-  once*; repeated occurrences mean hardware replacement (contact support), which
-  ``core.exclusion`` turns into a quarantine.
+  once*; repeated occurrences mean hardware replacement (contact support), which the
+  ladder's eviction history (``core.exclusion``) turns into a quarantine.
 * ``investigate`` — the default for every XID not in Table 3 ("other ≠ 0"): a warning for a
   human; the XID alone moves no rung, the other detectors decide.
 * ``ignore`` — XID 0 only: DCGM's XID gauge reads 0 when no XID occurred, and Algalon's rule

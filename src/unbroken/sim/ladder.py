@@ -344,7 +344,8 @@ class _Run:
         self.plan: rectlr.Plan | None = None             # rectlr's plan for the fault at hand
         self.next_fail = np.array([self.interval() for _ in range(sc.groups)])
         self.refills: list[float] = []
-        self.state = ladder.LadderState(standby=pool)
+        self.state = ladder.LadderState()
+        self.standby = pool                              # warm spares in the pool now
         self.versions = 0
         self.t = 0.0
         self.into = 0.0                                  # seconds into the current step
@@ -377,13 +378,10 @@ class _Run:
         return self.base if d is None else d
 
     # -- pool, masking, restarts -------------------------------------------------------------
-    def set_standby(self, n: int) -> None:
-        self.state = replace(self.state, standby=n)
-
     def take_refills(self) -> None:
         while self.refills and self.refills[0] <= self.t:
             heapq.heappop(self.refills)
-            self.set_standby(min(self.pool, self.state.standby + 1))
+            self.standby = min(self.pool, self.standby + 1)
 
     def revive(self, g: int) -> None:
         if g in self.masked:
@@ -396,9 +394,9 @@ class _Run:
 
     def replace_masked(self) -> None:
         """Step boundary: warm standbys take the masked groups' places (outside the ladder)."""
-        while self.masked and self.state.standby > 0:
+        while self.masked and self.standby > 0:
             g = next(iter(self.masked))
-            self.set_standby(self.state.standby - 1)
+            self.standby -= 1
             heapq.heappush(self.refills, self.t + self.refill_s)
             self.revive(g)
 
@@ -463,7 +461,7 @@ class _Run:
         self.t += det
         self.charge("detect", kind0, det)
         while True:
-            d, why = ladder.decide(fault, self.state, self.policy, self.t)
+            d, why = ladder.decide(fault, self.state, self.policy, self.t, self.standby)
             if d.rung is None:
                 self.gave_up = why
                 self.charge("detect", kind0, self.into)  # the step in progress is lost too
@@ -491,6 +489,7 @@ class _Run:
             cost = self.cost[rung]
             wasted, self.into = self.into, 0.0  # the step in progress is lost (already run)
             if rung is Rung.EVICT:
+                self.standby -= d.replace  # the woken standbys leave the pool until refilled
                 for g in d.groups[:d.replace]:
                     heapq.heappush(self.refills, self.t + self.refill_s)
                     self.revive(g)

@@ -53,7 +53,7 @@ from unbroken.core.actions import (
 from unbroken.core.anomaly import stall_suspected
 from unbroken.core.faults import Fault, format_faults
 from unbroken.core.membership import left_behind
-from unbroken.core.placement import make_layout, uncovered
+from unbroken.core.placement import make_layout, uncovered, wiped_out
 from unbroken.core.standby import refill
 from unbroken.protocol import STOP_KEY, SUPERVISOR_HB, ExitCode
 from unbroken.supervise.drill import LauncherDrill
@@ -253,7 +253,7 @@ class Supervisor:
             self.emit({"event": "journal_repaired", "file": path,
                        "reason": "a last line cut off mid-write was removed"})
         holders: dict[int, int] = {}  # pid -> uid, for XID lines
-        guard = Guard(self.emit, standby=spares, xid_log=xid_log, act=spec.guard == "act",
+        guard = Guard(self.emit, xid_log=xid_log, act=spec.guard == "act",
                       base_model=cfg.model, uid_of_pid=holders.get,
                       ckpt_every=spec.ckpt_interval(), policy=spec.policy())
         fired: set[tuple[str, int]] = set()
@@ -396,6 +396,7 @@ class _Attempt:
         self.holder = {s: s for s in range(self.spec.groups)}  # slot -> its newest holder
         self.stop_code: tuple[int, str] | None = None  # a StopJob carried out
         guard.maskable = self._maskable
+        guard.standby = lambda: len(self.pool)  # the ladder counts on the pool as it is now
         self.stall_job, self.stall_pool = None, None  # stack dumps off the loop (_stall)
 
     # ------------------------------------------------------------------ the loop
@@ -412,7 +413,6 @@ class _Attempt:
     def _loop(self) -> dict[int, dict]:
         deadline = time.monotonic() + self.spec.timeout
         while True:
-            self.guard.sync_standby(len(self.pool))  # what the ladder may count on now
             for u in list(self.c.uids):
                 for ev in self._tail(u).read():
                     self._on_event(u, ev)
@@ -538,8 +538,7 @@ class _Attempt:
     def _lost(self, uid: int, how: str) -> None:
         """A member died (exit) or hung (left behind): the ladder answers. When the slots
         without a holder leave a shard type uncovered (a wipe-out), the fault names every such
-        slot's last holder, so one answer refills them all."""
-        self.guard.sync_standby(len(self.pool))
+        slot's last holder, so one answer refills them all (``core.placement.wiped_out``)."""
         for ev in self._tail(uid).read():  # its own last lines first: an injected fault says so
             self._on_event(uid, ev)
         now = time.time()
@@ -550,12 +549,10 @@ class _Attempt:
         if self._maskable((uid,)) or self.stop_posted is not None:
             self.guard.on_member_lost(uid, how, now)
         else:
-            held = {self.slot_of[u] for u in self.members if u != uid}
-            gone = tuple(sorted({self.holder[s] for s in range(self.spec.groups)
-                                 if s not in held} | {uid}))
+            gone, why = wiped_out(self.holder, {self.slot_of[u] for u in self.members
+                                                 if u != uid}, uid)
             self._evict(uid, how)  # this one is out first; the answer refills every slot
-            self.guard.on_wipeout(gone, now, f"wipe-out: slots {sorted(self.slot_of[g] for g in gone)} "
-                                             f"have no live holder")
+            self.guard.on_wipeout(gone, now, why)
         self._orders()
 
     def _orders(self) -> None:
@@ -671,7 +668,6 @@ class _Attempt:
         with a restart from the checkpoint (retry in place, restart, requeue after a backoff)
         or gives up. Raises :class:`_Restart` or :class:`_Ended`; the attempt's processes are
         closed either way."""
-        self.guard.sync_standby(len(self.pool))
         self.guard.on_wipeout((), time.time(), why)
         for a in self.guard.orders:
             if isinstance(a, StopJob):
