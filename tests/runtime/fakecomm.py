@@ -204,7 +204,8 @@ class FakeComm:
             self.group._abort(self._gen)
         self.journal.append({"event": "abort", "gen": self._gen, "reason": reason})
 
-    def reform(self, expect: list[int] | tuple[int, ...] = ()) -> list[int]:
+    def reform(self, expect: list[int] | tuple[int, ...] = (), *,
+               planned: bool = False) -> list[int]:
         if expect:
             raise NotImplementedError("the fake comm does not model admissions")
         g = self.group

@@ -232,3 +232,43 @@ def test_member_that_missed_a_commit_is_rolled_forward(reference, stores):
     assert rf["step"] == at and rf["from"] == 0
     assert all(job.events(u, "roll_forward") == [] for u in UIDS if u != lag)
     job.ledger_ok()
+
+
+@pytest.mark.timeout(60)
+def test_member_rolled_forward_past_a_death_journals_the_contributors_of_its_step(
+        reference, stores):
+    # group 1's step-4 contribution completes the round and then it dies; group 3 is told
+    # that same all-reduce failed. Groups 0 and 2 commit step 4 with type 1 from group 1;
+    # group 3 is rolled forward in generation 1, where group 1 is no longer a member: its
+    # commit of step 4 must still name group 1 (the generation the op ran in), or the ledger
+    # sees two different plans for one step
+    hooks = {1: {"die_at_call": 4, "die_after_send": True}, 3: {"drop_at_call": 4}}
+    job = Job(CFG, stores, hooks=hooks).run()
+    assert set(job.error) == {1}
+    (rf,) = job.events(3, "roll_forward")
+    assert rf["step"] == 4
+    for u in (0, 2, 3):
+        assert max_diff(job.result[u], reference) < 1e-9, u
+        assert job.commits(u)[4]["plan"] == {"0": 0, "1": 1, "2": 2, "3": 3}
+    assert job.commits(3)[4]["rolled"] is True and job.commits(3)[4]["gen"] == 1
+    job.ledger_ok()
+
+
+@pytest.mark.timeout(60)
+def test_a_settle_that_broke_half_way_ends_in_one_fresh_plan(reference, stores):
+    # group 1 dies before sending step 4. In generation 1's settle (each survivor's call 5)
+    # group 3 is told the op failed while groups 0 and 2 completed it and re-planned (group 0
+    # patch-computes type 1). Generation 2's settle finds the members' plans from different
+    # generations and every one takes the same fresh plan for the live slots
+    hooks = {1: {"die_at_call": 4}, 3: {"drop_at_call": 5}}
+    job = Job(CFG, stores, hooks=hooks).run()
+    assert set(job.error) == {1}
+    for u in (0, 2, 3):
+        assert max_diff(job.result[u], reference) < 1e-9, u
+        fresh = [e for e in job.events(u, "replan") if e["fresh"]]
+        assert [(e["step"], e["members"]) for e in fresh] == [(4, [0, 2, 3])], u
+        assert job.commits(u)[4]["plan"] == {"0": 0, "1": 0, "2": 2, "3": 3}
+        assert job.commits(u)[4]["gen"] == 2
+    assert [e["fresh"] for e in job.events(0, "replan")] == [False, True]
+    assert [e["fresh"] for e in job.events(3, "replan")] == [True]
+    job.ledger_ok()

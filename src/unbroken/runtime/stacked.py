@@ -180,6 +180,7 @@ class StackedRunner:
         self._faults_told: set[tuple[str, int]] = set()
         self.computed: dict[int, set[int]] = {}
         self.last_buf: torch.Tensor | None = None
+        self.op_members: list[int] = list(comm.members)  # the generation of the last step op
         self.ckpt = None
         self.ckpt_every = max(1, int(ckpt_every))
         if ckpt_dir is not None:
@@ -253,10 +254,13 @@ class StackedRunner:
         return decide(self.layout, live, initial_stacks(self.layout), 1,
                       computed={w: [] for w in live})
 
-    def _fault(self, kind: str) -> None:
+    def _announce(self, kind: str) -> None:
         self.journal({"event": "fault", "kind": kind, "group": self.my_slot, "uid": self.uid,
                       "step": self.step, "t": time.time()})
         self.on_fault(kind)
+
+    def _fault(self, kind: str) -> None:
+        self._announce(kind)
         os.kill(os.getpid(), signal.SIGSTOP if kind == "hang" else signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)  # continued after a hang: leave, we were evicted
 
@@ -325,6 +329,7 @@ class StackedRunner:
         buf[_LOST] = 1.0 if lost else 0.0
         buf[_COUNT] = 1.0
         buf[_STEP] = float(self.step)
+        self.op_members = self.comm.members
         return buf
 
     def _control(self) -> tuple[float, float, float]:
@@ -407,7 +412,10 @@ class StackedRunner:
         self.journal({"event": "commit", "step": k, "gen": self.comm.generation,
                       "members": self.comm.members,
                       "mine": list(self.contrib.get(self.my_slot, ())),
-                      "plan": {str(t): self._uid_of(w) for w, ts in self.contrib.items()
+                      # who contributed: the holders in the generation the step's op ran
+                      # in (a member rolled forward is already in the next one)
+                      "plan": {str(t): self._uid_of(w, self.op_members)
+                               for w, ts in self.contrib.items()
                                for t in ts},
                       "loss": float(buf[_LOSS]) / n, "rolled": rolled,
                       "grad_norm": round(self._grad_norm(buf) / n, 9),
@@ -595,8 +603,8 @@ class StackedRunner:
                       "path": str(path), **({"reason": reason} if reason else {}),
                       "t": time.time()})
 
-    def _uid_of(self, slot: int) -> int:
-        for u in self.comm.members:
+    def _uid_of(self, slot: int, members: list[int] | None = None) -> int:
+        for u in (members or self.comm.members):
             if self.slot_of[u] == slot:
                 return u
         return -1
@@ -708,7 +716,9 @@ class StackedRunner:
             self._fault("kill")
         if self.inject.die_in_retry and d.patch and not fresh:
             self.inject.die_in_retry = False
-            self.comm.on_issue = lambda: self._fault("kill")
+            self._announce("kill")  # before the op: between its issue and the kill there is
+            #                         no time for the op to complete on the peers
+            self.comm.on_issue = lambda: os.kill(os.getpid(), signal.SIGKILL)
         return True
 
     # ------------------------------------------------------------------ wipe-out restart
