@@ -84,9 +84,13 @@ def test_member_that_missed_a_commit_rolls_forward(ref4, tmp_path):
     assert rf["step"] == 7
     c7 = [e for e in events(j[2], "commit") if e["step"] == 7]
     assert len(c7) == 1 and c7[0]["rolled"] is True
+    # group 2 breaking the generation can catch a peer that was still receiving the op's last
+    # chunks: it abandons the op too and is rolled forward the same way; the source is not
+    behind = [u for u in (0, 1, 3) if events(j[u], "roll_forward")]
+    assert len(behind) < 3 and all(events(j[u], "roll_forward")[0]["step"] == 7 for u in behind)
     for u in (0, 1, 3):
-        assert not events(j[u], "roll_forward")
         assert [e["step"] for e in events(j[u], "commit")] == list(range(CFG.steps))
+        assert len(events(j[u], "roll_forward")) <= 1
 
 
 @pytest.mark.timeout(150)
