@@ -80,6 +80,7 @@ from unbroken.core.ladder import (
     update_due,
 )
 from unbroken.core.replay import majority_culprits, restore_target, verified_checkpoint
+from unbroken.protocol import verdict_key
 
 __all__ = ["Guard"]
 
@@ -211,7 +212,7 @@ class Guard:
         self._tried(d)
 
     def _verdict(self, step: int, n: int, obj: dict) -> None:
-        self.orders.append(PostVerdict(f"verdict/{step}/{n}", obj))
+        self.orders.append(PostVerdict(verdict_key(step, n), obj))
 
     def _resolved(self, incident: str, t: float, detected: float, how: str,
                   **extra) -> None:

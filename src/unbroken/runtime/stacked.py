@@ -55,7 +55,9 @@ import torch
 from unbroken.core.placement import make_layout
 from unbroken.core.rectlr import WipeOut, decide, initial_stacks
 from unbroken.core.replay import digest_mismatches, sdc_check_due
-from unbroken.protocol import STOP_KEY
+from unbroken.protocol import (CODE_COUNT, JOIN_COUNT, STOP_KEY, admit_key, code_key, dead_key,
+                               incident_key, join_key, replay_key, state_key, verdict_key,
+                               wipeout_key)
 from unbroken.runtime.config import TrainConfig
 from unbroken.runtime.ledger import DivergenceError
 from unbroken.runtime.trainer import TrainerLike, make_trainer
@@ -98,7 +100,7 @@ _TAIL = 8
 
 
 #: the store counters rank 0 reads into every step's buffer (see ``_control``)
-_CONTROL = ("join/count", "code/count", STOP_KEY)
+_CONTROL = (JOIN_COUNT, CODE_COUNT, STOP_KEY)
 
 
 class CoordinatorLostError(RuntimeError):
@@ -474,7 +476,7 @@ class StackedRunner:
                       "gen": self.comm.generation, "members": self.comm.members,
                       "slot": self.my_slot, **detail, "t": time.time()})
         if self.verdicts and self.comm.rank == 0:  # one key to wait on (the journal says more)
-            self.comm.store.set(f"incident/{self.step}/{n}", json.dumps({"kind": kind, **detail}))
+            self.comm.store.set(incident_key(self.step, n), json.dumps({"kind": kind, **detail}))
         if not self.verdicts:
             if kind == "code":
                 raise RuntimeError(f"step {self.step}: the training code failed on a member "
@@ -505,7 +507,7 @@ class StackedRunner:
                                  f"{v.get('reason', action)}")
 
     def _await_verdict(self, n: int) -> dict:
-        key = f"verdict/{self.step}/{n}"
+        key = verdict_key(self.step, n)
         try:
             self.comm.store.wait([key], timedelta(seconds=self.verdict_wait))
         except Exception as exc:
@@ -527,7 +529,7 @@ class StackedRunner:
         rec = {"ok": bool(ok), "digests": found,
                "uids": {str(self.slot_of[u]): u for u in self.comm.members}}
         if self.comm.rank == 0:
-            self.comm.store.set(f"replay/{self.step}/{n}", json.dumps(rec))
+            self.comm.store.set(replay_key(self.step, n), json.dumps(rec))
         self.journal({"event": "replay", "step": self.step, "n": n,
                       "members": self.comm.members, **rec, "t": time.time()})
 
@@ -554,7 +556,7 @@ class StackedRunner:
     def _apply_code(self, upto: int) -> None:
         """Hot update (or rollback) to the newest code record ``code/<upto>``: build the
         trainer of that version and carry the training state over; no process restarts."""
-        rec = json.loads(self.comm.store.get(f"code/{upto}"))
+        rec = json.loads(self.comm.store.get(code_key(upto)))
         self.code_applied = upto
         if rec["version"] == self.version:
             return
@@ -731,7 +733,7 @@ class StackedRunner:
         self.journal({"event": "wipeout", "step": k, "members": members,
                       "lost_types": list(d.lost_types), "dead_slots": sorted(dead),
                       "reason": d.reason, "t": time.time()})
-        st.set(f"wipeout/{self.uid}", json.dumps({"step": k, "dead_slots": sorted(dead)}))
+        st.set(wipeout_key(self.uid), json.dumps({"step": k, "dead_slots": sorted(dead)}))
         if self.snap is None:
             raise WipeOutError(f"step {k}: {d.reason}; no in-memory snapshot to restart from")
         # the first join records (in order) that cover every dead slot: the same for everyone
@@ -741,16 +743,16 @@ class StackedRunner:
         records: list[tuple[int, bool]] = []
         while (took := wipeout_cover(records, dead)) is None:
             j = self.admitted + len(records)
-            if st.add("join/count", 0) > j:
-                rec = json.loads(st.get(f"join/{j + 1}"))
-                records.append((int(rec["slot"]), st.check([f"dead/{rec['uid']}"])))
+            if st.add(JOIN_COUNT, 0) > j:
+                rec = json.loads(st.get(join_key(j + 1)))
+                records.append((int(rec["slot"]), st.check([dead_key(rec["uid"])])))
                 continue
             if time.monotonic() > deadline:
                 covered = {slot for slot, gone in records if not gone}
                 raise WipeOutError(f"step {k}: {d.reason}; no replacement for slots "
                                    f"{sorted(dead - covered)} within {self.wipeout_wait:.0f}s")
             try:
-                st.wait([f"join/{j + 1}"], timedelta(seconds=0.5))
+                st.wait([join_key(j + 1)], timedelta(seconds=0.5))
             except Exception:
                 pass
         j = self.admitted + took
@@ -769,8 +771,8 @@ class StackedRunner:
         live = set(self.live_slots())
         new: list[dict] = []
         for i in range(self.admitted + 1, upto + 1):
-            rec = json.loads(st.get(f"join/{i}"))
-            if st.check([f"dead/{rec['uid']}"]):
+            rec = json.loads(st.get(join_key(i)))
+            if st.check([dead_key(rec["uid"])]):
                 continue  # a spare that died before it was admitted
             if rec["slot"] not in live and rec["slot"] not in {r["slot"] for r in new}:
                 new.append(rec)
@@ -780,7 +782,7 @@ class StackedRunner:
         gen = self.comm.generation + 1
         joiners = [r["uid"] for r in new]
         for r in new:
-            st.set(f"admit/{r['uid']}", json.dumps({"gen": gen, "joiners": joiners}))
+            st.set(admit_key(r["uid"]), json.dumps({"gen": gen, "joiners": joiners}))
         members = self.comm.reform(expect=joiners, planned=True)
         self._recover(members, planned=True, restart=restart)
 
@@ -795,7 +797,7 @@ class StackedRunner:
             if self.uid == src:
                 self.snap.capture(self.trainer.state_tensors(), self._meta())
                 info = {"meta": self.snap.meta, "digest": self.snap.digest()}
-                self.comm.store.set(f"state/{gen}/{src}", json.dumps(info))
+                self.comm.store.set(state_key(gen, src), json.dumps(info))
                 payload = self.snap.payload().to(self.dev, copy=True)
                 if self.inject.corrupt_snapshot:
                     self.inject.corrupt_snapshot = False
@@ -806,7 +808,7 @@ class StackedRunner:
                 return False
             good = 1.0
             if self.uid in joiners:
-                info = json.loads(self.comm.store.get(f"state/{gen}/{src}"))
+                info = json.loads(self.comm.store.get(state_key(gen, src)))
                 try:
                     self.snap.receive(payload.cpu(), info["meta"], info["digest"])
                 except SnapshotError as exc:
@@ -832,10 +834,10 @@ class StackedRunner:
     def join_and_run(self, slot: int, timeout: float = 120.0) -> torch.Tensor:
         """Spare: ask to take over ``slot``, wait to be admitted, receive the state, train."""
         st = self.comm.store
-        n = st.add("join/count", 1)
-        st.set(f"join/{n}", json.dumps({"uid": self.uid, "slot": slot}))
-        st.wait([f"admit/{self.uid}"], timedelta(seconds=timeout))
-        admit = json.loads(st.get(f"admit/{self.uid}"))
+        n = st.add(JOIN_COUNT, 1)
+        st.set(join_key(n), json.dumps({"uid": self.uid, "slot": slot}))
+        st.wait([admit_key(self.uid)], timedelta(seconds=timeout))
+        admit = json.loads(st.get(admit_key(self.uid)))
         members = self.comm.join(int(admit["gen"]))
         self.slot_of[self.uid] = slot
         self.needs_state = True

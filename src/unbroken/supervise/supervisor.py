@@ -55,7 +55,8 @@ from unbroken.core.faults import Fault, format_faults
 from unbroken.core.membership import left_behind
 from unbroken.core.placement import make_layout, uncovered, wiped_out
 from unbroken.core.standby import refill
-from unbroken.protocol import STOP_KEY, SUPERVISOR_HB, ExitCode
+from unbroken.protocol import (CODE_COUNT, STOP_KEY, SUPERVISOR_HB, ExitCode, code_key, done_key,
+                               error_key)
 from unbroken.supervise.drill import LauncherDrill
 from unbroken.supervise.outdir import prepare, read_journal, repair_journals
 from unbroken.supervise.spec import JobSpec, check, load_trainer, spares_for, train_config
@@ -561,8 +562,8 @@ class _Attempt:
         while self.guard.orders:
             a = self.guard.orders.pop(0)
             if isinstance(a, PostCode):
-                st.set(f"code/{a.n}", json.dumps(a.record))
-                st.add("code/count", 1)  # rank 0 reads it: every member swaps at one boundary
+                st.set(code_key(a.n), json.dumps(a.record))
+                st.add(CODE_COUNT, 1)  # rank 0 reads it: every member swaps at one boundary
                 self.emit({"event": "code_posted", "n": a.n, **a.record})
             elif isinstance(a, PostVerdict):
                 st.set(a.key, json.dumps(a.verdict))
@@ -632,11 +633,11 @@ class _Attempt:
         for u in sorted(self.members):
             if u in self.finished or u in self.stopped:
                 continue
-            if c.store.check([f"done/{u}"]):
-                self.finished[u] = json.loads(c.store.get(f"done/{u}"))
+            if c.store.check([done_key(u)]):
+                self.finished[u] = json.loads(c.store.get(done_key(u)))
                 continue
-            if c.store.check([f"error/{u}"]):
-                raise RunError(f"group {u} failed:\n{c.store.get(f'error/{u}').decode()}")
+            if c.store.check([error_key(u)]):
+                raise RunError(f"group {u} failed:\n{c.store.get(error_key(u)).decode()}")
             rc = c.procs[u].poll()
             if rc is None or u in self.handled:
                 continue
