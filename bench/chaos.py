@@ -50,6 +50,7 @@ import time
 from pathlib import Path
 
 from unbroken.core.ettr import RESOLVED_BY
+from unbroken.events import Event
 
 #: fault kind -> prefixes of the guard's ``ladder.for`` text that answer that kind
 LADDER_FOR = {
@@ -100,24 +101,24 @@ def classify(events: list[dict], costs: list[dict] | None = None) -> list[dict]:
     last_t = _t(evs[-1]) if evs else 0.0
     by_key = {(c.get("kind"), c.get("group"), c.get("step")): c for c in costs or []}
     out = []
-    for f in (e for e in evs if e.get("event") == "fault"):
+    for f in (e for e in evs if e.get("event") == Event.FAULT):
         kind, tf = f.get("kind"), _t(f)
         uid = f.get("uid", f.get("group"))
         incident = RESOLVED_BY.get(kind)
 
         def ends(e, incident=incident, uid=uid) -> bool:
             if incident is not None:
-                return e.get("event") == "resolved" and e.get("incident") == incident
-            if e.get("event") == "restart":
+                return e.get("event") == Event.RESOLVED and e.get("incident") == incident
+            if e.get("event") == Event.RESTART:
                 return True
             members = e.get("members")
-            return e.get("event") in ("replan", "wipeout") and not (
+            return e.get("event") in (Event.REPLAN, Event.WIPEOUT) and not (
                 isinstance(members, list) and uid in members)
 
         end = next((e for e in evs if _t(e) >= tf and ends(e)), None)
         t_end = _t(end) if end is not None else last_t
         prefixes = LADDER_FOR.get(kind, ())
-        decisions = [e for e in evs if e.get("event") == "ladder" and tf <= _t(e) <= t_end
+        decisions = [e for e in evs if e.get("event") == Event.LADDER and tf <= _t(e) <= t_end
                      and str(e.get("for", "")).startswith(prefixes)]
         rungs: list[str] = []
         for d in decisions:
@@ -132,7 +133,7 @@ def classify(events: list[dict], costs: list[dict] | None = None) -> list[dict]:
                 rungs, rung_from = [guess], "how"
         removed = None
         if kind not in ("update", "nan"):  # these leave every process in place
-            det = next((e for e in evs if e.get("event") == "detected" and _t(e) >= tf
+            det = next((e for e in evs if e.get("event") == Event.DETECTED and _t(e) >= tf
                         and e.get("group") == uid), None)
             removed = det.get("how") if det is not None else None
         out.append({
@@ -150,9 +151,9 @@ def classify(events: list[dict], costs: list[dict] | None = None) -> list[dict]:
 def handled(events: list[dict], costs: list[dict]) -> tuple[bool, list[str]]:
     """Every scheduled fault (the ``start`` event's list) has a ``fault`` event and a ``how``
     other than "unresolved"; the problems, one line each."""
-    start = next((e for e in events if e.get("event") == "start"), {})
+    start = next((e for e in events if e.get("event") == Event.START), {})
     fired = {(e.get("kind"), e.get("group"), e.get("step")) for e in events
-             if e.get("event") == "fault"}
+             if e.get("event") == Event.FAULT}
     how = {(c.get("kind"), c.get("group"), c.get("step")): c.get("how") for c in costs}
     problems = []
     for s in start.get("faults", []):
@@ -174,13 +175,13 @@ def _journal(out: Path) -> list[dict]:
 
 def _tail(events: list[dict], n: int = 12) -> list[str]:
     """The last ``n`` non-commit events, compact (for a failed run's report)."""
-    keep = [e for e in events if e.get("event") not in ("commit", "sdc_check")]
+    keep = [e for e in events if e.get("event") not in (Event.COMMIT, Event.SDC_CHECK)]
     return [json.dumps({k: v for k, v in e.items() if k not in ("t",)})[:300]
             for e in keep[-n:]]
 
 
 def _top_step(events: list[dict]) -> int:
-    return max((e["step"] for e in events if e.get("event") == "commit"
+    return max((e["step"] for e in events if e.get("event") == Event.COMMIT
                 and isinstance(e.get("step"), int)), default=-1)
 
 

@@ -61,6 +61,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from unbroken.events import Event
 from unbroken.protocol import DEAD_EPOCH, SUPERVISOR_HB, dead_key, hb_key
 from unbroken.core.membership import (
     Observation,
@@ -209,7 +210,7 @@ class FTComm:
             return
         t0 = time.monotonic()
         self._init_pg(0, members)
-        self.journal.append({"event": "init", "gen": 0, "members": list(members),
+        self.journal.append({"event": Event.INIT, "gen": 0, "members": list(members),
                              "pg_init_s": round(time.monotonic() - t0, 4), "t": time.time()})
 
     # ------------------------------------------------------------------ public state
@@ -351,7 +352,7 @@ class FTComm:
         self._enter(gen, new)
         t_pg = time.monotonic()
         ev = {
-            "event": "reform", "gen": gen, "members": new, "leader": leader, "planned": planned,
+            "event": Event.REFORM, "gen": gen, "members": new, "leader": leader, "planned": planned,
             "dropped": [u for u in old_members if u not in new],
             "detected_at": detected_at,
             "rendezvous_s": round(t_rdzv - t_start, 4),
@@ -375,7 +376,7 @@ class FTComm:
         new = self._member_list(gen, timeout)
         t0 = time.monotonic()
         self._enter(gen, new)
-        self.journal.append({"event": "join", "gen": gen, "members": new,
+        self.journal.append({"event": Event.JOIN, "gen": gen, "members": new,
                              "pg_init_s": round(time.monotonic() - t0, 4), "t": time.time()})
         return list(new)
 
@@ -463,7 +464,7 @@ class FTComm:
     def _note_detect(self, reason: str) -> None:
         if self._detected_at is None:
             self._detected_at = time.time()
-            self.journal.append({"event": "abort", "gen": self._gen, "reason": reason,
+            self.journal.append({"event": Event.ABORT, "gen": self._gen, "reason": reason,
                                  "t": self._detected_at})
 
     def _set_abort(self, gen: int, reason: str, store: Any = None) -> None:
@@ -523,7 +524,7 @@ class FTComm:
         silent = now - self._sup_obs["supervisor"][1]
         if silent > self.supervisor_staleness and not self.supervisor_lost:
             self.supervisor_lost = True
-            self.journal.append({"event": "supervisor_silent", "silent_s": round(silent, 3),
+            self.journal.append({"event": Event.SUPERVISOR_SILENT, "silent_s": round(silent, 3),
                                  "t": time.time()})
 
     def _monitor(self) -> None:

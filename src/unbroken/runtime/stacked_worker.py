@@ -39,6 +39,7 @@ import threading
 import time
 from datetime import timedelta
 
+from unbroken.events import Event
 from unbroken.protocol import (ExitCode, assign_key, killed_key, standby_key, stopped_key,
                                wipeout_failed_key)
 from unbroken.runtime.ftcomm_worker import LocalCluster, finish, hard_exit, report_error
@@ -193,12 +194,12 @@ def worker_main(argv: list[str] | None = None) -> None:
                              "journal": comm.journal})
     except GuardStopError as exc:
         code = ExitCode.NO_PROGRESS
-        journal({"event": "guard_stop", "error": str(exc), "t": time.time()})
+        journal({"event": Event.GUARD_STOP, "error": str(exc), "t": time.time()})
     except StopRequested as exc:
         # contract: every member stopped after the same committed step; rank 0 checkpoints it
         code = ExitCode.STOPPED
         path = runner.save_checkpoint_now()
-        journal({"event": "stopped", "step": runner.step, "checkpoint": path,
+        journal({"event": Event.STOPPED, "step": runner.step, "checkpoint": path,
                  "error": str(exc), "t": time.time()})
     except WipeOutError as exc:
         code = ExitCode.WIPEOUT
@@ -209,7 +210,7 @@ def worker_main(argv: list[str] | None = None) -> None:
         # durable checkpoint of it, so ``--resume`` continues exactly once from there
         code = ExitCode.COORDINATOR_LOST
         path = runner.save_checkpoint_now()
-        journal({"event": "coordinator_lost", "step": runner.step, "checkpoint": path,
+        journal({"event": Event.COORDINATOR_LOST, "step": runner.step, "checkpoint": path,
                  "error": str(exc), "t": time.time()})
     except BaseException:
         code = report_error(comm, a.uid)
