@@ -15,8 +15,8 @@ for the others the first ``replan`` / ``wipeout`` whose members no longer hold t
 ``restart`` (the same rule as the ETTR accounting). The ``ladder`` events in that window whose
 ``for`` names the fault's kind (``LADDER_FOR``) give the rungs (``rung_from: "ladder"``). A
 fault the runtime handled without a ladder decision (a kill or hang masked by the re-plan) gets
-its rung from ``how`` (``rung_from: "how"``: "replan ..." -> ``mask``, "restart ..." /
-"wipe-out" -> ``restart``). ``removed_by`` is the launcher's ``detected.how`` for the victim's
+its rung from the per-fault cost's ``rung`` field (``core.ettr.FaultCost.rung``;
+``rung_from: "how"``: a replan -> ``mask``, a wipe-out / restart -> ``restart``). ``removed_by`` is the launcher's ``detected.how`` for the victim's
 uid (exit, heartbeat, xid, replay, fail-slow, ...), None when its process was never removed.
 ``all_handled``: every scheduled fault has a ``fault`` event and a ``how`` other than
 "unresolved".
@@ -85,14 +85,6 @@ def _t(e: dict) -> float | None:
     return float(t) if isinstance(t, (int, float)) else None
 
 
-def _rung_from_how(how: str) -> str | None:
-    if how.startswith("replan"):
-        return "mask"
-    if how.startswith("restart") or how == "wipe-out":
-        return "restart"
-    return None
-
-
 def classify(events: list[dict], costs: list[dict] | None = None) -> list[dict]:
     """Per ``fault`` event of a demo journal (pure): kind, group, uid, step, the window end,
     the ladder decisions in its window that name its kind, the rungs, ``removed_by`` and, when
@@ -127,10 +119,8 @@ def classify(events: list[dict], costs: list[dict] | None = None) -> list[dict]:
         cost = by_key.get((kind, f.get("group"), f.get("step")), {})
         how = cost.get("how")
         rung_from = "ladder"
-        if not rungs and how:
-            guess = _rung_from_how(how)
-            if guess is not None:
-                rungs, rung_from = [guess], "how"
+        if not rungs and cost.get("rung"):  # the runtime's own answer (core.ettr's rung)
+            rungs, rung_from = [cost["rung"]], "how"
         removed = None
         if kind not in ("update", "nan"):  # these leave every process in place
             det = next((e for e in evs if e.get("event") == Event.DETECTED and _t(e) >= tf

@@ -80,6 +80,9 @@ class FaultCost:
     masked: bool
     t_rel: float = 0.0  # injection time since the origin (for markers on a time axis)
     how: str = ""       # how it was resolved, in words ("replan (phase fixed, depth 2)")
+    rung: str | None = None  # the runtime's answer as a ladder rung: "mask" (a replan), "restart"
+    #                          (a wipe-out / restart); None when the guard resolved it (its rung
+    #                          is in the journal's ``ladder`` events)
 
 
 @dataclass(frozen=True)
@@ -265,7 +268,7 @@ def ettr_report(events: list[dict], *, window: int = 20) -> EttrReport:
         detect = decide = recompute = restart_s = None
         end_t: float | None = None
         next_commit = False  # recompute up to the next commit (a replan's patched step)
-        masked, how = False, "unresolved"
+        masked, how, rung = False, "unresolved", None
         if res is not None and res["event"] == Event.RESOLVED:
             seen = _num(res.get("detected_t"))
             end_t = float(res["t"])
@@ -286,6 +289,7 @@ def ettr_report(events: list[dict], *, window: int = 20) -> EttrReport:
             end_t = rt
             masked, next_commit = True, True
             how = f"replan (phase {res.get('phase', '?')}, depth {res.get('depth', '?')})"
+            rung = "mask"
         elif res is not None:
             wipe = res if res["event"] == Event.WIPEOUT else None
             restart = res if res["event"] == Event.RESTART else \
@@ -298,7 +302,7 @@ def ettr_report(events: list[dict], *, window: int = 20) -> EttrReport:
             detect = max(0.0, d_end - tf)
             decide = max(0.0, float(res["t"]) - d_end)
             end_t = float(res["t"])
-            how = "wipe-out"
+            how, rung = "wipe-out", "restart"
             if restart is not None:
                 ready = _num(restart.get("t_ready"))
                 ready = ready if ready is not None else float(restart["t"])
@@ -318,7 +322,7 @@ def ettr_report(events: list[dict], *, window: int = 20) -> EttrReport:
         windows.append((i0, i1, float(res["t"]) if res is not None else None))
         costs.append(FaultCost(f.get("kind", "?"), g if isinstance(g, int) else -1,
                                kf if isinstance(kf, int) else -1, 0.0, detect,
-                               decide, recompute, restart_s, masked, tf - origin, how))
+                               decide, recompute, restart_s, masked, tf - origin, how, rung))
 
     # lost time: each interval to one fault; from a fault's answer to its next new step to that
     # fault (the earliest answered first), then the rest of every window to the earliest fault
