@@ -15,8 +15,8 @@ for the others the first ``replan`` / ``wipeout`` whose members no longer hold t
 ``restart`` (the same rule as the ETTR accounting). The ``ladder`` events in that window whose
 ``for`` names the fault's kind (``LADDER_FOR``) give the rungs (``rung_from: "ladder"``). A
 fault the runtime handled without a ladder decision (a kill or hang masked by the re-plan) gets
-its rung from ``how`` (``rung_from: "how"``: "replan ..." -> ``mask``, "restart ..." /
-"wipe-out" -> ``restart``). ``removed_by`` is the launcher's ``detected.how`` for the victim's
+its rung from the per-fault cost's ``rung`` field (``core.ettr.FaultCost.rung``;
+``rung_from: "how"``: a replan -> ``mask``, a wipe-out / restart -> ``restart``). ``removed_by`` is the launcher's ``detected.how`` for the victim's
 uid (exit, heartbeat, xid, replay, fail-slow, ...), None when its process was never removed.
 ``all_handled``: every scheduled fault has a ``fault`` event and a ``how`` other than
 "unresolved".
@@ -50,6 +50,7 @@ import time
 from pathlib import Path
 
 from unbroken.core.ettr import RESOLVED_BY
+from unbroken.events import Event
 
 #: fault kind -> prefixes of the guard's ``ladder.for`` text that answer that kind
 LADDER_FOR = {
@@ -84,14 +85,6 @@ def _t(e: dict) -> float | None:
     return float(t) if isinstance(t, (int, float)) else None
 
 
-def _rung_from_how(how: str) -> str | None:
-    if how.startswith("replan"):
-        return "mask"
-    if how.startswith("restart") or how == "wipe-out":
-        return "restart"
-    return None
-
-
 def classify(events: list[dict], costs: list[dict] | None = None) -> list[dict]:
     """Per ``fault`` event of a demo journal (pure): kind, group, uid, step, the window end,
     the ladder decisions in its window that name its kind, the rungs, ``removed_by`` and, when
@@ -100,24 +93,24 @@ def classify(events: list[dict], costs: list[dict] | None = None) -> list[dict]:
     last_t = _t(evs[-1]) if evs else 0.0
     by_key = {(c.get("kind"), c.get("group"), c.get("step")): c for c in costs or []}
     out = []
-    for f in (e for e in evs if e.get("event") == "fault"):
+    for f in (e for e in evs if e.get("event") == Event.FAULT):
         kind, tf = f.get("kind"), _t(f)
         uid = f.get("uid", f.get("group"))
         incident = RESOLVED_BY.get(kind)
 
         def ends(e, incident=incident, uid=uid) -> bool:
             if incident is not None:
-                return e.get("event") == "resolved" and e.get("incident") == incident
-            if e.get("event") == "restart":
+                return e.get("event") == Event.RESOLVED and e.get("incident") == incident
+            if e.get("event") == Event.RESTART:
                 return True
             members = e.get("members")
-            return e.get("event") in ("replan", "wipeout") and not (
+            return e.get("event") in (Event.REPLAN, Event.WIPEOUT) and not (
                 isinstance(members, list) and uid in members)
 
         end = next((e for e in evs if _t(e) >= tf and ends(e)), None)
         t_end = _t(end) if end is not None else last_t
         prefixes = LADDER_FOR.get(kind, ())
-        decisions = [e for e in evs if e.get("event") == "ladder" and tf <= _t(e) <= t_end
+        decisions = [e for e in evs if e.get("event") == Event.LADDER and tf <= _t(e) <= t_end
                      and str(e.get("for", "")).startswith(prefixes)]
         rungs: list[str] = []
         for d in decisions:
@@ -126,13 +119,11 @@ def classify(events: list[dict], costs: list[dict] | None = None) -> list[dict]:
         cost = by_key.get((kind, f.get("group"), f.get("step")), {})
         how = cost.get("how")
         rung_from = "ladder"
-        if not rungs and how:
-            guess = _rung_from_how(how)
-            if guess is not None:
-                rungs, rung_from = [guess], "how"
+        if not rungs and cost.get("rung"):  # the runtime's own answer (core.ettr's rung)
+            rungs, rung_from = [cost["rung"]], "how"
         removed = None
         if kind not in ("update", "nan"):  # these leave every process in place
-            det = next((e for e in evs if e.get("event") == "detected" and _t(e) >= tf
+            det = next((e for e in evs if e.get("event") == Event.DETECTED and _t(e) >= tf
                         and e.get("group") == uid), None)
             removed = det.get("how") if det is not None else None
         out.append({
@@ -150,9 +141,9 @@ def classify(events: list[dict], costs: list[dict] | None = None) -> list[dict]:
 def handled(events: list[dict], costs: list[dict]) -> tuple[bool, list[str]]:
     """Every scheduled fault (the ``start`` event's list) has a ``fault`` event and a ``how``
     other than "unresolved"; the problems, one line each."""
-    start = next((e for e in events if e.get("event") == "start"), {})
+    start = next((e for e in events if e.get("event") == Event.START), {})
     fired = {(e.get("kind"), e.get("group"), e.get("step")) for e in events
-             if e.get("event") == "fault"}
+             if e.get("event") == Event.FAULT}
     how = {(c.get("kind"), c.get("group"), c.get("step")): c.get("how") for c in costs}
     problems = []
     for s in start.get("faults", []):
@@ -174,13 +165,13 @@ def _journal(out: Path) -> list[dict]:
 
 def _tail(events: list[dict], n: int = 12) -> list[str]:
     """The last ``n`` non-commit events, compact (for a failed run's report)."""
-    keep = [e for e in events if e.get("event") not in ("commit", "sdc_check")]
+    keep = [e for e in events if e.get("event") not in (Event.COMMIT, Event.SDC_CHECK)]
     return [json.dumps({k: v for k, v in e.items() if k not in ("t",)})[:300]
             for e in keep[-n:]]
 
 
 def _top_step(events: list[dict]) -> int:
-    return max((e["step"] for e in events if e.get("event") == "commit"
+    return max((e["step"] for e in events if e.get("event") == Event.COMMIT
                 and isinstance(e.get("step"), int)), default=-1)
 
 

@@ -18,11 +18,12 @@ from rich.console import Console
 from rich.table import Table
 
 from unbroken.core.ettr import RESOLVED_BY, ettr_report
+from unbroken.events import Event
 
 
 def _config(events: list[dict]) -> dict:
     for e in events:
-        if isinstance(e, dict) and e.get("event") == "start":
+        if isinstance(e, dict) and e.get("event") == Event.START:
             return dict(e.get("config") or {})
     return {}
 
@@ -32,7 +33,7 @@ def build_report(events: list[dict], *, max_abs_param_diff: float | None, exactl
     evs = [e for e in events if isinstance(e, dict)]
     r = ettr_report(evs)
     cfg = _config(evs)
-    ends = [e for e in evs if e.get("event") == "end" and
+    ends = [e for e in evs if e.get("event") == Event.END and
             isinstance(e.get("wall_s"), (int, float))]
     times = [float(e["t"]) for e in evs if isinstance(e.get("t"), (int, float))]
     # the whole demo (start-up included) when the driver said so, else the journal's span
@@ -43,13 +44,13 @@ def build_report(events: list[dict], *, max_abs_param_diff: float | None, exactl
         "redundancy": cfg.get("redundancy"),
         "steps_planned": cfg.get("steps"),
         "steps": r.steps,
-        "faults_injected": sum(1 for e in evs if e.get("event") == "fault"
+        "faults_injected": sum(1 for e in evs if e.get("event") == Event.FAULT
                                and not e.get("external")),
-        "faults_external": sum(1 for e in evs if e.get("event") == "fault"
+        "faults_external": sum(1 for e in evs if e.get("event") == Event.FAULT
                                and e.get("external")),
         "faults_masked": sum(1 for f in r.faults if f.masked),
         "restarts": r.restarts,
-        "joins": sum(1 for e in evs if e.get("event") == "join"),
+        "joins": sum(1 for e in evs if e.get("event") == Event.JOIN),
         "ettr": r.ettr,
         "step_s": r.step_s,
         "train_s": r.wall_s,
@@ -145,7 +146,7 @@ def plot_demo(events: list[dict], path: str | os.PathLike) -> Path:
                       va="top", ha="right", fontsize=8, color=c)
         ax_e.axvline(f.t_rel, color=c, ls=ls, lw=1, alpha=0.8)
     for e in evs:
-        if e.get("event") == "restart" and isinstance(e.get("step"), int):
+        if e.get("event") == Event.RESTART and isinstance(e.get("step"), int):
             ax_l.axvline(e["step"], color="tab:purple", ls=":", lw=1.5)
             ax_l.annotate(f"restart @{e['step']}", xy=(e["step"], 0.02),
                           xycoords=("data", "axes fraction"), rotation=90, va="bottom",

@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from unbroken.core.ettr import RESOLVED_BY, ettr_report
+from unbroken.events import Event
 
 _STYLE = {"live": "bold white on green", "dead": "bold white on red",
           "hung": "bold black on yellow", "joined": "bold white on blue",
@@ -54,13 +55,13 @@ class LiveView:
             return None
         self.events.append(event)
         ev, t = event.get("event"), event.get("t")
-        if ev == "start":
+        if ev == Event.START:
             cfg = event.get("config") or {}
             if cfg and not self.config:  # built before the start line was read
                 self.__init__(cfg, lines=self.lines.maxlen or MAX_LINES)
                 self.events.append(event)
             return None
-        if ev == "commit":
+        if ev == Event.COMMIT:
             k = event.get("step")
             if isinstance(k, int) and (self.step is None or k >= self.step):
                 self.step = k
@@ -78,19 +79,19 @@ class LiveView:
                     if u not in members and s in ("live", "joined"):
                         self.status[u] = "out"  # dropped from the group without a known cause
             return None
-        if ev == "alert":  # the guard's log-only detections: nothing was done about them
+        if ev == Event.ALERT:  # the guard's log-only detections: nothing was done about them
             what = event.get("how", "?")
             g = event.get("group")
             detail = f" group {g}" if g is not None else (
                 f" xid {event['code']} ({event.get('action')})" if "code" in event else
                 f" {event.get('kind', '')} at step {event.get('step')}")
             return self._add(f"{'':9} ALERT {what}{detail}", "yellow")[0]
-        if ev == "ladder":
+        if ev == Event.LADDER:
             how = ("ladder (act):" if event.get("mode") == "act"
                    else "ladder (log-only) would:")
             return self._add(f"{'':9} {how} {event.get('rung')} - "
                              f"{event.get('reason', '')}"[:160], "dim")[0]
-        if ev == "fault":
+        if ev == Event.FAULT:
             g, kind = event.get("group"), event.get("kind", "?")
             if kind == "slow":  # a straggler keeps training (not a death) until masked
                 entry = self._add(f"step {event.get('step', '?'):<4} slow group {g}", "bold")
@@ -107,7 +108,7 @@ class LiveView:
             entry = self._add(f"step {event.get('step', '?'):<4} {kind} group {g}", "bold")
             self._pending[g] = (event, entry)
             return entry[0]
-        if ev == "resolved":
+        if ev == Event.RESOLVED:
             waiting = self._answers.get(event.get("incident"), [])
             if waiting:
                 f, entry = waiting.pop(0)
@@ -117,7 +118,7 @@ class LiveView:
                 entry[1] = "green"
                 return entry[0]
             return None
-        if ev == "detected":
+        if ev == Event.DETECTED:
             g, how = event.get("group"), event.get("how", "?")
             if self.status.get(g) != "dead":
                 self.status[g] = "hung" if how == "heartbeat" else "dead"
@@ -127,7 +128,7 @@ class LiveView:
                 entry[0] += f", detected by {how} after {t - f.get('t', t):.2f} s"
                 return entry[0]
             return self._add(f"{'':9} group {g} detected by {how}", "dim")[0]
-        if ev == "replan":
+        if ev == Event.REPLAN:
             key = ("replan", event.get("step"), event.get("gen"))
             if key in self._seen:
                 return None
@@ -150,7 +151,7 @@ class LiveView:
                 return out
             return self._add(f"step {event.get('step', '?'):<4} {what}: "
                              f"{event.get('reason', '')}", "yellow")[0]
-        if ev == "wipeout":
+        if ev == Event.WIPEOUT:
             key = ("wipeout", event.get("step"))
             if key in self._seen:
                 return None
@@ -162,7 +163,7 @@ class LiveView:
                 del self._pending[g]
             return self._add(f"step {event.get('step', '?'):<4} WIPE-OUT: lost shard types "
                              f"{lost} ({event.get('reason', '')})", "bold red")[0]
-        if ev == "restart":
+        if ev == Event.RESTART:
             self.depth = 1
             if isinstance(event.get("step"), int):  # training resumes at this step
                 self.step = event["step"] - 1 if event["step"] > 0 else None
@@ -171,30 +172,30 @@ class LiveView:
                     isinstance(t, (int, float)) else "")
             return self._add(f"restart at step {event.get('step', '?')} from "
                              f"{event.get('source', 'snapshot')}{took}", "bold magenta")[0]
-        if ev == "join":
+        if ev == Event.JOIN:
             u, s = event.get("uid"), event.get("slot")
             self.status[u] = "joined"
             if isinstance(s, int):
                 self.slot[u] = s
             return self._add(f"step {event.get('step', '?'):<4} spare group {u} joined as "
                              f"slot {s}", "blue")[0]
-        if ev == "roll_forward":
+        if ev == Event.ROLL_FORWARD:
             key = ("roll", event.get("step"))
             if key in self._seen:
                 return None
             self._seen.add(key)
             return self._add(f"step {event.get('step', '?'):<4} roll forward", "dim")[0]
-        if ev == "stop_requested":
+        if ev == Event.STOP_REQUESTED:
             return self._add(f"{'':9} {event.get('signal', 'stop')}: every member stops after "
                              f"the next committed step, with a checkpoint", "bold yellow")[0]
-        if ev == "quarantine":
+        if ev == Event.QUARANTINE:
             return self._add(f"{'':9} group {event.get('group')} quarantined (repeat "
                              f"offender: never restarted in place)", "yellow")[0]
-        if ev == "restart_requested":
+        if ev == Event.RESTART_REQUESTED:
             wait = event.get("backoff_s") or 0
             return self._add(f"{'':9} restart from the checkpoint: {event.get('reason', '')}"
                              + (f" (after {wait:g} s)" if wait else ""), "bold magenta")[0]
-        if ev == "end":
+        if ev == Event.END:
             w = event.get("wall_s")
             return self._add("done" + (f" in {w:.1f} s" if isinstance(w, (int, float))
                                        else ""), "bold")[0]

@@ -80,6 +80,8 @@ from unbroken.core.ladder import (
     update_due,
 )
 from unbroken.core.replay import majority_culprits, restore_target, verified_checkpoint
+from unbroken.events import Event
+from unbroken.protocol import verdict_key
 
 __all__ = ["Guard"]
 
@@ -156,7 +158,7 @@ class Guard:
         d, reason = decide(fault, self.state, self.policy, t, free)
         acting = (self.act or always) and actionable
         mode = "act" if acting or (answered and self.act) else "log-only"
-        self.emit({"event": "ladder", "for": what, "mode": mode,
+        self.emit({"event": Event.LADDER, "for": what, "mode": mode,
                    "rung": d.rung.name.lower() if d.rung is not None else None,
                    "groups": list(d.groups), "exit_code": d.exit_code, "reason": reason, "t": t})
         if acting:
@@ -197,7 +199,7 @@ class Guard:
         decides, forced after ``policy.update_deadline`` (byterobust §7)."""
         self.models[version] = model
         self.state = queue_update(self.state, version, now)
-        self.emit({"event": "ladder", "for": f"update {version}", "mode": "act" if self.act
+        self.emit({"event": Event.LADDER, "for": f"update {version}", "mode": "act" if self.act
                    else "log-only", "rung": None, "groups": [], "exit_code": None,
                    "reason": f"update {version} queued: applied at the next restart, forced "
                              f"after {self.policy.update_deadline:g}s", "t": now})
@@ -206,16 +208,16 @@ class Guard:
         d, reason = update_due(self.state, self.policy, now)
         if d is None or not self.act:
             return
-        self.emit({"event": "ladder", "for": f"update {d.version}", "mode": "act",
+        self.emit({"event": Event.LADDER, "for": f"update {d.version}", "mode": "act",
                    "rung": "retry", "groups": [], "exit_code": None, "reason": reason, "t": now})
         self._tried(d)
 
     def _verdict(self, step: int, n: int, obj: dict) -> None:
-        self.orders.append(PostVerdict(f"verdict/{step}/{n}", obj))
+        self.orders.append(PostVerdict(verdict_key(step, n), obj))
 
     def _resolved(self, incident: str, t: float, detected: float, how: str,
                   **extra) -> None:
-        self.emit({"event": "resolved", "incident": incident, "detected_t": detected,
+        self.emit({"event": Event.RESOLVED, "incident": incident, "detected_t": detected,
                    "how": how, "t": t, **extra})
 
     def on_incident(self, ev: dict, now: float) -> None:
@@ -230,7 +232,7 @@ class Guard:
             if kind is None:
                 raise ValueError(f"unknown incident kind {ev.get('kind')!r}")
             t_seen = float(ev.get("t", now))
-            self.emit({"event": "alert", "how": ev["kind"], "group": None, "step": step,
+            self.emit({"event": Event.ALERT, "how": ev["kind"], "group": None, "step": step,
                        "reason": _incident_reason(ev), "t": t_seen})
             self._answer(Fault(kind), ev, step, n, now, t_seen)
         except Exception as exc:
@@ -281,7 +283,7 @@ class Guard:
         """Verdict: every member restores the roll-back target; journal it as a restart."""
         target = restore_target(self.verified, self.top, self.ckpt_every)
         self._verdict(step, n, {"action": "restore", "step": target})
-        self.emit({"event": "restart", "step": target, "source": "checkpoint",
+        self.emit({"event": Event.RESTART, "step": target, "source": "checkpoint",
                    "incident": incident,  # the fault it answers (core.ettr books it there)
                    "reason": f"{incident}: roll back to step {target}", "t": now,
                    "t_ready": now})
@@ -307,7 +309,7 @@ class Guard:
                    for t, ds in ev.get("digests", {}).items()}
         slots, why = majority_culprits(digests)
         uids = tuple(int(ev["uids"][str(s)]) for s in slots if str(s) in ev.get("uids", {}))
-        self.emit({"event": "alert", "how": "replay", "group": list(uids) or None,
+        self.emit({"event": Event.ALERT, "how": "replay", "group": list(uids) or None,
                    "step": step, "reason": why, "t": now})
         if not uids:  # inconclusive: nothing to evict, the state is suspect: roll back
             d = self._ladder(Fault(FaultKind.IMPLICIT), now, f"replay at step {step}: {why}",
@@ -341,7 +343,7 @@ class Guard:
             flagged, reason = failslow(closed, self.slow_policy)
             for g in sorted(set(flagged) - self.flagged):
                 self.flagged.add(g)
-                self.emit({"event": "alert", "how": "fail-slow", "group": g,
+                self.emit({"event": Event.ALERT, "how": "fail-slow", "group": g,
                            "reason": reason, "t": now})
                 self._ladder(Fault(FaultKind.FAIL_SLOW, groups=(int(g),),
                                    maskable=self.maskable((int(g),))),
@@ -352,7 +354,7 @@ class Guard:
     def on_stall(self, chosen, reason: str) -> None:
         """The stack-dump vote over a stall (``detect.stacks.locate_stall``, run by the
         supervisor off its loop): the odd one's group goes to the ladder."""
-        self.emit({"event": "alert", "how": "stack", "group": list(chosen.ranks)
+        self.emit({"event": Event.ALERT, "how": "stack", "group": list(chosen.ranks)
                    if chosen else None, "reason": reason})
         if chosen is not None:
             stalled = tuple(int(u) for u in chosen.ranks)
@@ -366,7 +368,7 @@ class Guard:
     def _fail(self, name: str, exc: BaseException) -> None:
         if name not in self.broken:
             self.broken.add(name)
-            self.emit({"event": "detector_warning", "detector": name,
+            self.emit({"event": Event.DETECTOR_WARNING, "detector": name,
                        "message": f"{name} detector switched off: {exc!r}"[:300]})
 
     def on_commit(self, ev: dict, uid: int | None = None) -> None:
@@ -399,7 +401,7 @@ class Guard:
                 if found is None:
                     continue
                 t = float(ev["t"])
-                self.emit({"event": "alert", "how": "numeric", "group": None,
+                self.emit({"event": Event.ALERT, "how": "numeric", "group": None,
                            "step": ev["step"], "kind": found.kind, "signal": signal,
                            "value": value, "reason": f"{signal}: {reason}", "t": t})
                 what = f"numeric {found.kind}" + (" of grad norm" if signal != "loss" else "")
@@ -430,7 +432,7 @@ class Guard:
             for u in due:
                 if u not in self.health_told:
                     self.health_told.add(u)
-                    self.emit({"event": "alert", "how": "health", "group": u,
+                    self.emit({"event": Event.ALERT, "how": "health", "group": u,
                                "signals": {k: round(z, 2) for k, z in flags[u].items()},
                                "reason": f"{reason} ({self.HEALTH_ROUNDS} rounds in a row)",
                                "t": now})
@@ -449,13 +451,13 @@ class Guard:
         try:
             read = self.xid.poll()
             for msg in read.problems:
-                self.emit({"event": "detector_warning", "detector": "xid", "message": msg})
+                self.emit({"event": Event.DETECTOR_WARNING, "detector": "xid", "message": msg})
             for bad in read.malformed:
-                self.emit({"event": "detector_warning", "detector": "xid",
+                self.emit({"event": Event.DETECTOR_WARNING, "detector": "xid",
                            "message": f"line {bad.lineno}: {bad.error}"[:300]})
             for hit in read.hits:
                 uid = self.uid_of_pid(hit.event.pid) if hit.event.pid is not None else None
-                self.emit({"event": "alert", "how": "xid", "group": uid,
+                self.emit({"event": Event.ALERT, "how": "xid", "group": uid,
                            "code": hit.event.code, "action": hit.action, "pci": hit.event.pci,
                            "reason": hit.reason, "t": now})
                 action = _XID_ACTION.get(hit.action, hit.action)

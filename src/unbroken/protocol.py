@@ -1,4 +1,4 @@
-"""The contract between the supervisor and its workers: exit codes and the store keys it adds.
+"""The contract between the supervisor and its workers: exit codes and the store keys.
 
 Why one file: an exit code is read by a process that did not write it (the supervisor reads a
 worker's, a shell script or a scheduler reads the supervisor's), and a store key is written in
@@ -28,7 +28,10 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["ExitCode", "SUPERVISOR_HB", "STOP_KEY"]
+__all__ = ["ExitCode", "SUPERVISOR_HB", "STOP_KEY", "JOIN_COUNT", "CODE_COUNT", "DEAD_EPOCH",
+           "hb_key", "dead_key", "done_key", "error_key", "killed_key", "stopped_key",
+           "standby_key", "assign_key", "join_key", "admit_key", "state_key", "wipeout_key",
+           "wipeout_failed_key", "code_key", "incident_key", "verdict_key", "replay_key"]
 
 
 class ExitCode(enum.IntEnum):
@@ -52,3 +55,110 @@ SUPERVISOR_HB = "hb/supervisor"
 #: set by the supervisor on SIGINT/SIGTERM; rank 0 reads it into the step buffer so every member
 #: stops after the same committed step (exit 8)
 STOP_KEY = "ctl/stop"
+
+
+# -- store keys -----------------------------------------------------------------------------
+# One function per key family; the strings are the wire format (byte-identical to what every
+# version of the runtime wrote). ftcomm's own rendezvous keys (``rdzv/``, ``abort/``, ``pg/``)
+# and the probe worker's (``result/``, ``first/``, ``stop``) stay private to their modules:
+# each is written and read in that one file. ``hb/`` and ``dead/`` live here because other
+# modules share them (``hb/supervisor`` is in the same namespace; the supervisor posts ``dead/``
+# through ``ftcomm.declare_dead`` and the runner's admission reads it).
+
+#: counter of join records (``join_key``): a joiner bumps it; rank 0 reads it into the step buffer
+JOIN_COUNT = "join/count"
+
+#: counter of code records (``code_key``): the supervisor bumps it after posting a record; rank 0
+#: reads it into the step buffer so every member hot-swaps at one step boundary
+CODE_COUNT = "code/count"
+
+#: bumped by ``ftcomm.declare_dead`` with each death notice; ftcomm's watcher waits on it
+DEAD_EPOCH = "dead/epoch"
+
+
+def hb_key(uid: int) -> str:
+    """A member's heartbeat counter: ftcomm's heartbeat thread bumps it; peers' watchers read it."""
+    return f"hb/{uid}"
+
+
+def dead_key(uid: int) -> str:
+    """Death notice: the supervisor posts it (``ftcomm.declare_dead``); ftcomm's watcher, the
+    rendezvous and the runner's admission (a dead joiner) read it."""
+    return f"dead/{uid}"
+
+
+def done_key(uid: int) -> str:
+    """A worker's final record (JSON): the worker writes it, the supervisor / cluster reads it."""
+    return f"done/{uid}"
+
+
+def error_key(uid: int) -> str:
+    """A worker's traceback: the worker writes it before exit 3; the supervisor / cluster reads."""
+    return f"error/{uid}"
+
+
+def killed_key(uid: int) -> str:
+    """Wall time just before a self-inflicted SIGKILL (fault injection); tests and bench read it."""
+    return f"killed/{uid}"
+
+
+def stopped_key(uid: int) -> str:
+    """Wall time just before a self-inflicted SIGSTOP (fault injection); tests read it."""
+    return f"stopped/{uid}"
+
+
+def standby_key(uid: int) -> str:
+    """A warm spare's "ready": the spare writes it once its model is built; nobody waits on it."""
+    return f"standby/{uid}"
+
+
+def assign_key(uid: int) -> str:
+    """The layout slot a spare takes over: the supervisor / cluster writes it; the spare waits."""
+    return f"assign/{uid}"
+
+
+def join_key(n: int) -> str:
+    """Join record ``n`` (1-based, ``{"uid", "slot"}``): a joiner writes it; rank 0 reads it."""
+    return f"join/{n}"
+
+
+def admit_key(uid: int) -> str:
+    """Admission of joiner ``uid`` (``{"gen", "joiners"}``): rank 0 writes it, the joiner waits."""
+    return f"admit/{uid}"
+
+
+def state_key(gen: int, src: int) -> str:
+    """State-copy metadata of generation ``gen`` from slot ``src``: donor writes, joiners read."""
+    return f"state/{gen}/{src}"
+
+
+def wipeout_key(uid: int) -> str:
+    """A wipe-out survivor waiting for replacements (``{"step", "dead_slots"}``): the survivor
+    writes it; tests read it (the supervisor learns of it from the journal)."""
+    return f"wipeout/{uid}"
+
+
+def wipeout_failed_key(uid: int) -> str:
+    """Why no replacement came (exit 4): the survivor writes it; tests read it."""
+    return f"wipeout_failed/{uid}"
+
+
+def code_key(n: int) -> str:
+    """Code record ``n``: the supervisor (guard's ``PostCode``) writes it; every member reads it."""
+    return f"code/{n}"
+
+
+def incident_key(step: int, n: int) -> str:
+    """Runtime incident ``n`` at ``step``: rank 0 writes it; tests playing the guard read it."""
+    return f"incident/{step}/{n}"
+
+
+def verdict_key(step: int, n: int) -> str:
+    """The guard's verdict on incident ``n`` at ``step``: the supervisor writes it (guard's
+    ``PostVerdict``); every member waits on it."""
+    return f"verdict/{step}/{n}"
+
+
+def replay_key(step: int, n: int) -> str:
+    """A replay's digests for incident ``n`` at ``step``: rank 0 writes it; tests read it."""
+    return f"replay/{step}/{n}"

@@ -56,10 +56,12 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field, replace
 
+from unbroken.events import Event
+
 # events that mark an interval as not failure-free
-_DISRUPTIVE = frozenset({"fault", "detected", "replan", "wipeout", "restart", "join",
-                         "incident"})
-_FAILURE = frozenset({"fault", "detected", "replan", "wipeout", "restart", "incident"})
+_FAILURE = frozenset({Event.FAULT, Event.DETECTED, Event.REPLAN, Event.WIPEOUT, Event.RESTART,
+                      Event.INCIDENT})
+_DISRUPTIVE = _FAILURE | {Event.JOIN}
 #: injected fault kind -> the incident kind whose ``resolved`` event ends it
 RESOLVED_BY = {"nan": "implicit", "flip": "sdc", "update": "code", "xid": "xid"}
 MIN_BASELINE = 3  # pre-failure clean intervals needed before they alone define step_s
@@ -78,6 +80,9 @@ class FaultCost:
     masked: bool
     t_rel: float = 0.0  # injection time since the origin (for markers on a time axis)
     how: str = ""       # how it was resolved, in words ("replan (phase fixed, depth 2)")
+    rung: str | None = None  # the runtime's answer as a ladder rung: "mask" (a replan), "restart"
+    #                          (a wipe-out / restart); None when the guard resolved it (its rung
+    #                          is in the journal's ``ladder`` events)
 
 
 @dataclass(frozen=True)
@@ -120,11 +125,11 @@ def timeline(events: list[dict]) -> list[tuple[float, int, bool]]:
     marks: list[tuple[float, int, int]] = []
     for e in _timed(events):
         ev = e.get("event")
-        if ev == "restart":
+        if ev == Event.RESTART:
             ready = _num(e.get("t_ready"))
             marks.append((min(float(e["t"]), ready if ready is not None else float(e["t"])),
                           0, -1))
-        elif ev == "commit" and isinstance(e.get("step"), int):
+        elif ev == Event.COMMIT and isinstance(e.get("step"), int):
             marks.append((float(e["t"]), 1, e["step"]))
     marks.sort(key=lambda m: (m[0], m[1]))
     out: list[tuple[float, int, bool]] = []
@@ -177,8 +182,8 @@ def _first(events, pred, after: float):
 
 def _guard_restarts(evs: list[dict]) -> set[int]:
     """``id()`` of the ``restart`` events that answer a guard incident (see the docstring)."""
-    restored = {float(e["t"]) for e in evs if e.get("event") == "resolved" and e.get("restart")}
-    return {id(e) for e in evs if e.get("event") == "restart" and
+    restored = {float(e["t"]) for e in evs if e.get("event") == Event.RESOLVED and e.get("restart")}
+    return {id(e) for e in evs if e.get("event") == Event.RESTART and
             (e.get("incident") is not None or float(e["t"]) in restored)}
 
 
@@ -190,15 +195,15 @@ def ettr_report(events: list[dict], *, window: int = 20) -> EttrReport:
     step_s = _step_time(tl, disruptions)
     losses: dict[int, float] = {}
     for e in evs:
-        if e.get("event") == "commit" and isinstance(e.get("step"), int):
+        if e.get("event") == Event.COMMIT and isinstance(e.get("step"), int):
             loss = _num(e.get("loss"))
             if loss is not None:
                 losses[e["step"]] = loss
-    restarts = sum(1 for e in evs if e.get("event") == "restart")
+    restarts = sum(1 for e in evs if e.get("event") == Event.RESTART)
     if not tl:
         faults = [FaultCost(e.get("kind", "?"), e.get("group", -1), e.get("step", -1), 0.0,
                             None, None, None, None, False)
-                  for e in evs if e.get("event") == "fault"]
+                  for e in evs if e.get("event") == Event.FAULT]
         return EttrReport(1.0 if not faults else 0.0, 0.0, 0.0, step_s, faults, [],
                           restarts=restarts, window=window)
     origin = tl[0][0] - step_s
@@ -240,31 +245,31 @@ def ettr_report(events: list[dict], *, window: int = 20) -> EttrReport:
                 return i
         return None
 
-    for f in (e for e in evs if e.get("event") == "fault"):
+    for f in (e for e in evs if e.get("event") == Event.FAULT):
         tf, g, kf = float(f["t"]), f.get("group"), f.get("step")
         def resolves(e, g=g) -> bool:
             # a replan/wipe-out whose members still include g answered something else (a
             # momentarily starved heartbeat, an earlier fault): skip it; so does a guard's
             # restore (it answers the guard's incident, see RESOLVED_BY)
-            if e.get("event") == "restart":
+            if e.get("event") == Event.RESTART:
                 return id(e) not in guard_restarts
             members = e.get("members")
-            return e.get("event") in ("replan", "wipeout") and not (
+            return e.get("event") in (Event.REPLAN, Event.WIPEOUT) and not (
                 isinstance(members, list) and g in members)
 
         incident = RESOLVED_BY.get(f.get("kind"))
         if incident is not None:
-            res = _first(evs, lambda e, i=incident: e.get("event") == "resolved"
+            res = _first(evs, lambda e, i=incident: e.get("event") == Event.RESOLVED
                          and e.get("incident") == i, tf)
         else:
             res = _first(evs, resolves, tf)
-        detected = _first(evs, lambda e: e.get("event") == "detected" and e.get("group") == g,
+        detected = _first(evs, lambda e: e.get("event") == Event.DETECTED and e.get("group") == g,
                           tf)
         detect = decide = recompute = restart_s = None
         end_t: float | None = None
         next_commit = False  # recompute up to the next commit (a replan's patched step)
-        masked, how = False, "unresolved"
-        if res is not None and res["event"] == "resolved":
+        masked, how, rung = False, "unresolved", None
+        if res is not None and res["event"] == Event.RESOLVED:
             seen = _num(res.get("detected_t"))
             end_t = float(res["t"])
             if seen is not None:
@@ -272,10 +277,10 @@ def ettr_report(events: list[dict], *, window: int = 20) -> EttrReport:
             masked = not res.get("restart", False)
             restart_s = 0.0 if res.get("restart") else None
             how = str(res.get("how", "resolved"))
-        elif res is not None and res["event"] == "replan":
+        elif res is not None and res["event"] == Event.REPLAN:
             rt = float(res["t"])
             # several groups journal the same replan: take the earliest reform start
-            same = [e for e in evs if e.get("event") == "replan" and e.get("step") ==
+            same = [e for e in evs if e.get("event") == Event.REPLAN and e.get("step") ==
                     res.get("step") and e.get("gen") == res.get("gen")]
             reform = min((_num(e.get("reform_at")) for e in same
                           if _num(e.get("reform_at")) is not None), default=None)
@@ -284,10 +289,11 @@ def ettr_report(events: list[dict], *, window: int = 20) -> EttrReport:
             end_t = rt
             masked, next_commit = True, True
             how = f"replan (phase {res.get('phase', '?')}, depth {res.get('depth', '?')})"
+            rung = "mask"
         elif res is not None:
-            wipe = res if res["event"] == "wipeout" else None
-            restart = res if res["event"] == "restart" else \
-                _first(evs, lambda e: e.get("event") == "restart" and
+            wipe = res if res["event"] == Event.WIPEOUT else None
+            restart = res if res["event"] == Event.RESTART else \
+                _first(evs, lambda e: e.get("event") == Event.RESTART and
                        id(e) not in guard_restarts, float(res["t"]))
             marks = [x for x in (_num(wipe.get("reform_at")) if wipe else None,
                                  float(detected["t"]) if detected else None,
@@ -296,7 +302,7 @@ def ettr_report(events: list[dict], *, window: int = 20) -> EttrReport:
             detect = max(0.0, d_end - tf)
             decide = max(0.0, float(res["t"]) - d_end)
             end_t = float(res["t"])
-            how = "wipe-out"
+            how, rung = "wipe-out", "restart"
             if restart is not None:
                 ready = _num(restart.get("t_ready"))
                 ready = ready if ready is not None else float(restart["t"])
@@ -316,7 +322,7 @@ def ettr_report(events: list[dict], *, window: int = 20) -> EttrReport:
         windows.append((i0, i1, float(res["t"]) if res is not None else None))
         costs.append(FaultCost(f.get("kind", "?"), g if isinstance(g, int) else -1,
                                kf if isinstance(kf, int) else -1, 0.0, detect,
-                               decide, recompute, restart_s, masked, tf - origin, how))
+                               decide, recompute, restart_s, masked, tf - origin, how, rung))
 
     # lost time: each interval to one fault; from a fault's answer to its next new step to that
     # fault (the earliest answered first), then the rest of every window to the earliest fault

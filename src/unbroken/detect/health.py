@@ -20,6 +20,8 @@ import threading
 import time
 from typing import Callable
 
+from unbroken.events import Event
+
 __all__ = ["HealthAgent", "sample_process"]
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -38,7 +40,7 @@ def sample_process() -> dict:
 
 
 class HealthAgent:
-    """Samples every ``period`` s and hands ``{"event": "health", ...}`` to ``report``.
+    """Samples every ``period`` s and hands ``{"event": Event.HEALTH, ...}`` to ``report``.
 
     ``progress()`` returns what the runner knows (``step``, last ``compute_s``); the agent adds
     the step rate and the CPU utilisation over the last period (CPU seconds per wall second:
@@ -62,7 +64,7 @@ class HealthAgent:
 
     def sample(self, now: float | None = None) -> dict:
         now = time.time() if now is None else now
-        ev: dict = {"event": "health", "uid": self.uid, "t": now}
+        ev: dict = {"event": Event.HEALTH, "uid": self.uid, "t": now}
         try:
             proc = sample_process()
             prog = self.progress()

@@ -61,7 +61,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from unbroken.protocol import SUPERVISOR_HB
+from unbroken.events import Event
+from unbroken.protocol import DEAD_EPOCH, SUPERVISOR_HB, dead_key, hb_key
 from unbroken.core.membership import (
     Observation,
     live_members,
@@ -88,8 +89,8 @@ def declare_dead(store: dist.Store, uid: int) -> None:
     Survivors drop it at once instead of waiting ``staleness`` seconds for its heartbeat to go
     stale. Safe to call more than once.
     """
-    store.add(f"dead/{uid}", 1)
-    store.add("dead/epoch", 1)
+    store.add(dead_key(uid), 1)
+    store.add(DEAD_EPOCH, 1)
 
 
 def _clone(store: dist.TCPStore) -> dist.TCPStore:
@@ -200,7 +201,7 @@ class FTComm:
         self.watched: dict[str, int] = {}
 
         self._hb_store = _clone(store)
-        self._hb_store.add(f"hb/{self.uid}", 1)  # first beat before anyone can judge us
+        self._hb_store.add(hb_key(self.uid), 1)  # first beat before anyone can judge us
         self._thread = threading.Thread(target=self._monitor, name=f"ftcomm-hb-{uid}", daemon=True)
         self._thread.start()
 
@@ -209,7 +210,7 @@ class FTComm:
             return
         t0 = time.monotonic()
         self._init_pg(0, members)
-        self.journal.append({"event": "init", "gen": 0, "members": list(members),
+        self.journal.append({"event": Event.INIT, "gen": 0, "members": list(members),
                              "pg_init_s": round(time.monotonic() - t0, 4), "t": time.time()})
 
     # ------------------------------------------------------------------ public state
@@ -337,7 +338,7 @@ class FTComm:
                     self._staleness(), self.heartbeat_period, peer_died))
                 came = [u for u in sorted(expected) if st.check([f"rdzv/{gen}/joiner/{u}"])]
                 gone = [u for u in sorted(expected)
-                        if u not in came and st.check([f"dead/{u}"])]
+                        if u not in came and st.check([dead_key(u)])]
                 if (rendezvous_ready(joined, live) and len(came) + len(gone) == len(expected)) \
                         or time.monotonic() > deadline:
                     break
@@ -351,7 +352,7 @@ class FTComm:
         self._enter(gen, new)
         t_pg = time.monotonic()
         ev = {
-            "event": "reform", "gen": gen, "members": new, "leader": leader, "planned": planned,
+            "event": Event.REFORM, "gen": gen, "members": new, "leader": leader, "planned": planned,
             "dropped": [u for u in old_members if u not in new],
             "detected_at": detected_at,
             "rendezvous_s": round(t_rdzv - t_start, 4),
@@ -375,7 +376,7 @@ class FTComm:
         new = self._member_list(gen, timeout)
         t0 = time.monotonic()
         self._enter(gen, new)
-        self.journal.append({"event": "join", "gen": gen, "members": new,
+        self.journal.append({"event": Event.JOIN, "gen": gen, "members": new,
                              "pg_init_s": round(time.monotonic() - t0, 4), "t": time.time()})
         return list(new)
 
@@ -463,7 +464,7 @@ class FTComm:
     def _note_detect(self, reason: str) -> None:
         if self._detected_at is None:
             self._detected_at = time.time()
-            self.journal.append({"event": "abort", "gen": self._gen, "reason": reason,
+            self.journal.append({"event": Event.ABORT, "gen": self._gen, "reason": reason,
                                  "t": self._detected_at})
 
     def _set_abort(self, gen: int, reason: str, store: Any = None) -> None:
@@ -523,7 +524,7 @@ class FTComm:
         silent = now - self._sup_obs["supervisor"][1]
         if silent > self.supervisor_staleness and not self.supervisor_lost:
             self.supervisor_lost = True
-            self.journal.append({"event": "supervisor_silent", "silent_s": round(silent, 3),
+            self.journal.append({"event": Event.SUPERVISOR_SILENT, "silent_s": round(silent, 3),
                                  "t": time.time()})
 
     def _monitor(self) -> None:
@@ -534,12 +535,12 @@ class FTComm:
         errors = 0
         while not self._stop.wait(self.heartbeat_period):
             try:
-                st.add(f"hb/{me}", 1)
+                st.add(hb_key(me), 1)
                 with self._lock:
                     gen, members = self._gen, list(self._members)
                 others = [m for m in members if m != me]
                 watch = list(self.watched)
-                keys = [f"hb/{m}" for m in others] + ["dead/epoch"]
+                keys = [hb_key(m) for m in others] + [DEAD_EPOCH]
                 if self.supervisor_staleness > 0:
                     keys.append(SUPERVISOR_HB)
                 keys += watch
@@ -557,7 +558,7 @@ class FTComm:
                 epoch = vals[-1]
                 dead: set[int] = set()
                 if epoch != self._dead_epoch:
-                    dead = {m for m in members if st.add(f"dead/{m}", 0) > 0}
+                    dead = {m for m in members if st.add(dead_key(m), 0) > 0}
                 now = time.monotonic()
                 # this thread itself was starved: peers' unchanged counters say nothing about
                 # them, so refresh the table without judging anyone this round

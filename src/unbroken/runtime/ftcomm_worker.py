@@ -30,6 +30,8 @@ import traceback
 from datetime import timedelta
 from typing import Any
 
+from unbroken.protocol import done_key, error_key
+
 
 def worker_main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
@@ -92,8 +94,8 @@ def finish(comm, uid: int, payload: dict) -> None:
     all-reduce: a peer that exits early would break a slower peer's final op and cost it a
     needless reform."""
     try:
-        comm.store.set(f"done/{uid}", json.dumps(payload))
-        comm.store.wait([f"done/{m}" for m in comm.members], timedelta(seconds=10))
+        comm.store.set(done_key(uid), json.dumps(payload))
+        comm.store.wait([done_key(m) for m in comm.members], timedelta(seconds=10))
     except Exception:
         pass  # a member died after the last step, or the coordinator is gone: nothing to protect
 
@@ -103,7 +105,7 @@ def report_error(comm, uid: int) -> int:
     traceback.print_exc()
     try:
         if comm is not None:
-            comm.store.set(f"error/{uid}", traceback.format_exc())
+            comm.store.set(error_key(uid), traceback.format_exc())
     except Exception:
         pass  # no coordinator to tell: stderr has it
     return 3
@@ -149,9 +151,9 @@ class LocalCluster:
             if self.store.check([key]):
                 return json.loads(self.store.get(key))
             for u in watch:
-                if self.store.check([f"error/{u}"]):
-                    raise AssertionError(f"worker {u} failed:\n{self.store.get(f'error/{u}').decode()}")
-                if (self.procs[u].poll() is not None and not self.store.check([f"done/{u}"])
+                if self.store.check([error_key(u)]):
+                    raise AssertionError(f"worker {u} failed:\n{self.store.get(error_key(u)).decode()}")
+                if (self.procs[u].poll() is not None and not self.store.check([done_key(u)])
                         and not self.store.check([key])):  # it may have posted, then left
                     raise AssertionError(f"worker {u} exited rc={self.procs[u].returncode}:\n"
                                          f"{self.stderr(u)[-3000:]}")
@@ -190,7 +192,7 @@ class LocalCluster:
     # -- shutdown
     def stop(self, survivors: list[int], timeout: float = 30.0) -> dict[int, dict]:
         self.store.add("stop", 1)
-        out = {u: self.wait_key(f"done/{u}", timeout, alive=survivors) for u in survivors}
+        out = {u: self.wait_key(done_key(u), timeout, alive=survivors) for u in survivors}
         for u in survivors:
             self.procs[u].wait(timeout=timeout)
         return out

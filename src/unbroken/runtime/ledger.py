@@ -9,6 +9,8 @@ disagree on a committed step.
 
 from __future__ import annotations
 
+from unbroken.events import Event
+
 __all__ = ["DivergenceError", "ledger_records"]
 
 
@@ -28,10 +30,10 @@ def ledger_records(journals: dict[int, list[dict]]) -> list[tuple[int, int, int]
     steps >= c made before it.
     """
     events = sorted(((e["t"], g, e) for g, evs in journals.items() for e in evs
-                     if e.get("event") in ("commit", "restore")), key=lambda x: x[0])
+                     if e.get("event") in (Event.COMMIT, Event.RESTORE)), key=lambda x: x[0])
     plans: dict[int, dict] = {}
     for _t, g, e in events:
-        if e["event"] == "restore":
+        if e["event"] == Event.RESTORE:
             plans = {k: p for k, p in plans.items() if k < e["step"]}
             continue
         k, plan = e["step"], e["plan"]

@@ -55,7 +55,10 @@ import torch
 from unbroken.core.placement import make_layout
 from unbroken.core.rectlr import WipeOut, decide, initial_stacks
 from unbroken.core.replay import digest_mismatches, sdc_check_due
-from unbroken.protocol import STOP_KEY
+from unbroken.events import Event
+from unbroken.protocol import (CODE_COUNT, JOIN_COUNT, STOP_KEY, admit_key, code_key, dead_key,
+                               incident_key, join_key, replay_key, state_key, verdict_key,
+                               wipeout_key)
 from unbroken.runtime.config import TrainConfig
 from unbroken.runtime.ledger import DivergenceError
 from unbroken.runtime.trainer import TrainerLike, make_trainer
@@ -98,7 +101,7 @@ _TAIL = 8
 
 
 #: the store counters rank 0 reads into every step's buffer (see ``_control``)
-_CONTROL = ("join/count", "code/count", STOP_KEY)
+_CONTROL = (JOIN_COUNT, CODE_COUNT, STOP_KEY)
 
 
 class CoordinatorLostError(RuntimeError):
@@ -187,7 +190,7 @@ class StackedRunner:
             from unbroken.runtime.checkpoint import CheckpointStore
 
             self.ckpt = CheckpointStore(ckpt_dir, log=lambda msg: self.journal(
-                {"event": "checkpoint_warning", "message": msg, "t": time.time()}))
+                {"event": Event.CHECKPOINT_WARNING, "message": msg, "t": time.time()}))
         self.snap = None
         if cfg.snapshot:
             from unbroken.runtime.snapshot import Snapshot
@@ -245,7 +248,7 @@ class StackedRunner:
         key = (kind, self.step)
         if key not in self._faults_told:
             self._faults_told.add(key)
-            self.journal({"event": "fault", "kind": kind, "group": self.my_slot,
+            self.journal({"event": Event.FAULT, "kind": kind, "group": self.my_slot,
                           "uid": self.uid, "step": self.step, "t": time.time()})
 
     def _fresh_plan(self, live: list[int]):
@@ -255,7 +258,7 @@ class StackedRunner:
                       computed={w: [] for w in live})
 
     def _announce(self, kind: str) -> None:
-        self.journal({"event": "fault", "kind": kind, "group": self.my_slot, "uid": self.uid,
+        self.journal({"event": Event.FAULT, "kind": kind, "group": self.my_slot, "uid": self.uid,
                       "step": self.step, "t": time.time()})
         self.on_fault(kind)
 
@@ -288,7 +291,7 @@ class StackedRunner:
                 if inj.slow_from is not None and self.step >= inj.slow_from:
                     if self.step == inj.slow_from and not self._slow_told:
                         self._slow_told = True
-                        self.journal({"event": "fault", "kind": "slow", "group": self.my_slot,
+                        self.journal({"event": Event.FAULT, "kind": "slow", "group": self.my_slot,
                                       "uid": self.uid, "step": self.step, "t": time.time()})
                     time.sleep(inj.slow_s)  # the injected fault: a straggler's slower compute
         # the group's own compute per shard: what fail-slow detection compares across peers
@@ -300,7 +303,7 @@ class StackedRunner:
         import traceback
 
         self.step_error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        self.journal({"event": "step_error", "step": self.step, "version": self.version,
+        self.journal({"event": Event.STEP_ERROR, "step": self.step, "version": self.version,
                       "error": self.step_error[-500:],
                       "where": traceback.format_exc(limit=-3)[-1500:], "t": time.time()})
 
@@ -368,7 +371,7 @@ class StackedRunner:
         if inj.stop_at == self.step:
             self._fault("hang")
         if inj.stall_at == self.step:
-            self.journal({"event": "fault", "kind": "stall", "group": self.my_slot,
+            self.journal({"event": Event.FAULT, "kind": "stall", "group": self.my_slot,
                           "uid": self.uid, "step": self.step, "t": time.time()})
             _stuck_in_user_code()
         while True:
@@ -409,7 +412,7 @@ class StackedRunner:
         self.step += 1
         if self.snap is not None:
             self.snap.capture(tr.state_tensors(), self._meta())
-        self.journal({"event": "commit", "step": k, "gen": self.comm.generation,
+        self.journal({"event": Event.COMMIT, "step": k, "gen": self.comm.generation,
                       "members": self.comm.members,
                       "mine": list(self.contrib.get(self.my_slot, ())),
                       # who contributed: the holders in the generation the step's op ran
@@ -460,7 +463,7 @@ class StackedRunner:
             if bad:
                 return "sdc", {"mismatch": {str(t): {str(w): d for w, d in ds.items()}
                                             for t, ds in bad.items()}}
-            self.journal({"event": "sdc_check", "step": self.step, "ok": True,
+            self.journal({"event": Event.SDC_CHECK, "step": self.step, "ok": True,
                           "types": sum(1 for ds in digests.values() if len(ds) > 1),
                           "t": time.time()})
         return None
@@ -470,11 +473,11 @@ class StackedRunner:
         the step go on. True: commit this buffer (log-only); False: recompute the step."""
         n = self.incidents
         self.incidents += 1
-        self.journal({"event": "incident", "kind": kind, "step": self.step, "n": n,
+        self.journal({"event": Event.INCIDENT, "kind": kind, "step": self.step, "n": n,
                       "gen": self.comm.generation, "members": self.comm.members,
                       "slot": self.my_slot, **detail, "t": time.time()})
         if self.verdicts and self.comm.rank == 0:  # one key to wait on (the journal says more)
-            self.comm.store.set(f"incident/{self.step}/{n}", json.dumps({"kind": kind, **detail}))
+            self.comm.store.set(incident_key(self.step, n), json.dumps({"kind": kind, **detail}))
         if not self.verdicts:
             if kind == "code":
                 raise RuntimeError(f"step {self.step}: the training code failed on a member "
@@ -485,7 +488,7 @@ class StackedRunner:
             if int(v.get("code", 0)) > self.code_applied:
                 self._apply_code(int(v["code"]))
             action = v.get("action")
-            self.journal({"event": "verdict", "step": self.step, "n": n, **v,
+            self.journal({"event": Event.VERDICT, "step": self.step, "n": n, **v,
                           "t": time.time()})
             if action == "retry":
                 self.grads_step = -1
@@ -505,7 +508,7 @@ class StackedRunner:
                                  f"{v.get('reason', action)}")
 
     def _await_verdict(self, n: int) -> dict:
-        key = f"verdict/{self.step}/{n}"
+        key = verdict_key(self.step, n)
         try:
             self.comm.store.wait([key], timedelta(seconds=self.verdict_wait))
         except Exception as exc:
@@ -527,8 +530,8 @@ class StackedRunner:
         rec = {"ok": bool(ok), "digests": found,
                "uids": {str(self.slot_of[u]): u for u in self.comm.members}}
         if self.comm.rank == 0:
-            self.comm.store.set(f"replay/{self.step}/{n}", json.dumps(rec))
-        self.journal({"event": "replay", "step": self.step, "n": n,
+            self.comm.store.set(replay_key(self.step, n), json.dumps(rec))
+        self.journal({"event": Event.REPLAY, "step": self.step, "n": n,
                       "members": self.comm.members, **rec, "t": time.time()})
 
     def _restore_to(self, step: int) -> None:
@@ -554,7 +557,7 @@ class StackedRunner:
     def _apply_code(self, upto: int) -> None:
         """Hot update (or rollback) to the newest code record ``code/<upto>``: build the
         trainer of that version and carry the training state over; no process restarts."""
-        rec = json.loads(self.comm.store.get(f"code/{upto}"))
+        rec = json.loads(self.comm.store.get(code_key(upto)))
         self.code_applied = upto
         if rec["version"] == self.version:
             return
@@ -564,7 +567,7 @@ class StackedRunner:
         _copy_state(new.state_tensors(), self.trainer.state_tensors())
         old, self.trainer, self.version = self.version, new, rec["version"]
         self.grads_step = -1
-        self.journal({"event": "code", "step": self.step, "from": old, "to": self.version,
+        self.journal({"event": Event.CODE, "step": self.step, "from": old, "to": self.version,
                       "model": rec["model"], "n": upto, "t": time.time()})
 
     def save_checkpoint_now(self) -> str | None:
@@ -583,7 +586,7 @@ class StackedRunner:
             return None
         found = self.ckpt.latest()
         if found is None:  # nothing durable yet: start over, and say so (the ledger rolls back)
-            self.journal({"event": "restore", "step": 0, "source": "none", "t": time.time()})
+            self.journal({"event": Event.RESTORE, "step": 0, "source": "none", "t": time.time()})
             return None
         self._install(*self.ckpt.load(self.trainer.state_tensors(), found[1]), path=found[1])
         return self.step
@@ -599,7 +602,7 @@ class StackedRunner:
             self._apply_code(int(meta["code"]))
         if self.snap is not None:
             self.snap.capture(self.trainer.state_tensors(), self._meta())
-        self.journal({"event": "restore", "step": self.step, "source": "checkpoint",
+        self.journal({"event": Event.RESTORE, "step": self.step, "source": "checkpoint",
                       "path": str(path), **({"reason": reason} if reason else {}),
                       "t": time.time()})
 
@@ -665,7 +668,7 @@ class StackedRunner:
             if not self.comm.allreduce(b):
                 return False
             if old and self.step == lo:
-                self.journal({"event": "roll_forward", "step": lo, "from": members[src],
+                self.journal({"event": Event.ROLL_FORWARD, "step": lo, "from": members[src],
                               "t": time.time()})
                 self._commit(b, rolled=True)
         joiners = {members[i]: int(v[3, i]) - 1 for i in range(m) if i not in olds}
@@ -692,7 +695,7 @@ class StackedRunner:
         if fresh:  # a step boundary for the plan: every group computes what it contributes
             self.computed = {w: set(ts) for w, ts in self.contrib.items()}
             if joiners:
-                self.journal({"event": "restart" if restart else "admit", "step": self.step,
+                self.journal({"event": Event.RESTART if restart else Event.ADMIT, "step": self.step,
                               "gen": self.comm.generation, "members": members,
                               "joined": {str(u): s for u, s in joiners.items()},
                               "source": "snapshot", "reform_at": t0, "t": time.time()})
@@ -707,7 +710,7 @@ class StackedRunner:
         if not fresh:
             missing = set(self.contrib.get(self.my_slot, ())) - set(self.grads)
             assert not missing, f"plan assigns types {missing} that were never computed"
-        self.journal({"event": "replan", "step": self.step, "gen": self.comm.generation,
+        self.journal({"event": Event.REPLAN, "step": self.step, "gen": self.comm.generation,
                       "members": members, "phase": d.phase, "depth": d.depth,
                       "patch": {str(self._uid_of(w)): list(ts) for w, ts in d.patch.items()},
                       "reason": d.reason, "fresh": fresh, "reform_at": t0, "t": time.time()})
@@ -728,10 +731,10 @@ class StackedRunner:
         k, st = self.step, self.comm.store
         live = set(self.live_slots(members))
         dead = set(range(self.cfg.groups)) - live
-        self.journal({"event": "wipeout", "step": k, "members": members,
+        self.journal({"event": Event.WIPEOUT, "step": k, "members": members,
                       "lost_types": list(d.lost_types), "dead_slots": sorted(dead),
                       "reason": d.reason, "t": time.time()})
-        st.set(f"wipeout/{self.uid}", json.dumps({"step": k, "dead_slots": sorted(dead)}))
+        st.set(wipeout_key(self.uid), json.dumps({"step": k, "dead_slots": sorted(dead)}))
         if self.snap is None:
             raise WipeOutError(f"step {k}: {d.reason}; no in-memory snapshot to restart from")
         # the first join records (in order) that cover every dead slot: the same for everyone
@@ -741,16 +744,16 @@ class StackedRunner:
         records: list[tuple[int, bool]] = []
         while (took := wipeout_cover(records, dead)) is None:
             j = self.admitted + len(records)
-            if st.add("join/count", 0) > j:
-                rec = json.loads(st.get(f"join/{j + 1}"))
-                records.append((int(rec["slot"]), st.check([f"dead/{rec['uid']}"])))
+            if st.add(JOIN_COUNT, 0) > j:
+                rec = json.loads(st.get(join_key(j + 1)))
+                records.append((int(rec["slot"]), st.check([dead_key(rec["uid"])])))
                 continue
             if time.monotonic() > deadline:
                 covered = {slot for slot, gone in records if not gone}
                 raise WipeOutError(f"step {k}: {d.reason}; no replacement for slots "
                                    f"{sorted(dead - covered)} within {self.wipeout_wait:.0f}s")
             try:
-                st.wait([f"join/{j + 1}"], timedelta(seconds=0.5))
+                st.wait([join_key(j + 1)], timedelta(seconds=0.5))
             except Exception:
                 pass
         j = self.admitted + took
@@ -769,8 +772,8 @@ class StackedRunner:
         live = set(self.live_slots())
         new: list[dict] = []
         for i in range(self.admitted + 1, upto + 1):
-            rec = json.loads(st.get(f"join/{i}"))
-            if st.check([f"dead/{rec['uid']}"]):
+            rec = json.loads(st.get(join_key(i)))
+            if st.check([dead_key(rec["uid"])]):
                 continue  # a spare that died before it was admitted
             if rec["slot"] not in live and rec["slot"] not in {r["slot"] for r in new}:
                 new.append(rec)
@@ -780,7 +783,7 @@ class StackedRunner:
         gen = self.comm.generation + 1
         joiners = [r["uid"] for r in new]
         for r in new:
-            st.set(f"admit/{r['uid']}", json.dumps({"gen": gen, "joiners": joiners}))
+            st.set(admit_key(r["uid"]), json.dumps({"gen": gen, "joiners": joiners}))
         members = self.comm.reform(expect=joiners, planned=True)
         self._recover(members, planned=True, restart=restart)
 
@@ -795,7 +798,7 @@ class StackedRunner:
             if self.uid == src:
                 self.snap.capture(self.trainer.state_tensors(), self._meta())
                 info = {"meta": self.snap.meta, "digest": self.snap.digest()}
-                self.comm.store.set(f"state/{gen}/{src}", json.dumps(info))
+                self.comm.store.set(state_key(gen, src), json.dumps(info))
                 payload = self.snap.payload().to(self.dev, copy=True)
                 if self.inject.corrupt_snapshot:
                     self.inject.corrupt_snapshot = False
@@ -806,12 +809,12 @@ class StackedRunner:
                 return False
             good = 1.0
             if self.uid in joiners:
-                info = json.loads(self.comm.store.get(f"state/{gen}/{src}"))
+                info = json.loads(self.comm.store.get(state_key(gen, src)))
                 try:
                     self.snap.receive(payload.cpu(), info["meta"], info["digest"])
                 except SnapshotError as exc:
                     good = 0.0
-                    self.journal({"event": "bad_snapshot", "from": src, "error": str(exc),
+                    self.journal({"event": Event.BAD_SNAPSHOT, "from": src, "error": str(exc),
                                   "t": time.time()})
             ack = torch.zeros(len(members), dtype=torch.float64, device=self.dev)
             ack[self.comm.rank] = good
@@ -832,15 +835,15 @@ class StackedRunner:
     def join_and_run(self, slot: int, timeout: float = 120.0) -> torch.Tensor:
         """Spare: ask to take over ``slot``, wait to be admitted, receive the state, train."""
         st = self.comm.store
-        n = st.add("join/count", 1)
-        st.set(f"join/{n}", json.dumps({"uid": self.uid, "slot": slot}))
-        st.wait([f"admit/{self.uid}"], timedelta(seconds=timeout))
-        admit = json.loads(st.get(f"admit/{self.uid}"))
+        n = st.add(JOIN_COUNT, 1)
+        st.set(join_key(n), json.dumps({"uid": self.uid, "slot": slot}))
+        st.wait([admit_key(self.uid)], timedelta(seconds=timeout))
+        admit = json.loads(st.get(admit_key(self.uid)))
         members = self.comm.join(int(admit["gen"]))
         self.slot_of[self.uid] = slot
         self.needs_state = True
         self._recover(members)  # the settle names this joiner and copies the state to it
-        self.journal({"event": "joined", "step": self.step, "gen": self.comm.generation,
+        self.journal({"event": Event.JOINED, "step": self.step, "gen": self.comm.generation,
                       "slot": slot, "t": time.time()})
         return self.run()
 

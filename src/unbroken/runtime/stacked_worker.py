@@ -39,7 +39,9 @@ import threading
 import time
 from datetime import timedelta
 
-from unbroken.protocol import ExitCode
+from unbroken.events import Event
+from unbroken.protocol import (ExitCode, assign_key, killed_key, standby_key, stopped_key,
+                               wipeout_failed_key)
 from unbroken.runtime.ftcomm_worker import LocalCluster, finish, hard_exit, report_error
 
 
@@ -150,7 +152,7 @@ def worker_main(argv: list[str] | None = None) -> None:
             jf.write(json.dumps(ev) + "\n")  # line-buffered: in the kernel before the next step
 
     def on_fault(kind: str) -> None:
-        comm.store.set(f"{'stopped' if kind == 'hang' else 'killed'}/{a.uid}", repr(time.time()))
+        comm.store.set((stopped_key if kind == "hang" else killed_key)(a.uid), repr(time.time()))
 
     inject = Inject(die_at=a.die_at, stop_at=a.stop_at, die_in_patch=a.die_in_patch,
                     die_after_replan=a.die_after_replan, die_in_retry=a.die_in_retry,
@@ -181,10 +183,10 @@ def worker_main(argv: list[str] | None = None) -> None:
                     "compute_s": round(runner.compute_s / max(1, runner.compute_n), 6)},
                     period=a.health_every).start()
         if a.standby:
-            comm.store.set(f"standby/{a.uid}", "ready")  # warm: imports done, model built
-            comm.store.wait([f"assign/{a.uid}"], timedelta(hours=24))
+            comm.store.set(standby_key(a.uid), "ready")  # warm: imports done, model built
+            comm.store.wait([assign_key(a.uid)], timedelta(hours=24))
             start_health()
-            params = runner.join_and_run(int(comm.store.get(f"assign/{a.uid}")))
+            params = runner.join_and_run(int(comm.store.get(assign_key(a.uid))))
         else:
             start_health()
             params = runner.run()
@@ -192,23 +194,23 @@ def worker_main(argv: list[str] | None = None) -> None:
                              "journal": comm.journal})
     except GuardStopError as exc:
         code = ExitCode.NO_PROGRESS
-        journal({"event": "guard_stop", "error": str(exc), "t": time.time()})
+        journal({"event": Event.GUARD_STOP, "error": str(exc), "t": time.time()})
     except StopRequested as exc:
         # contract: every member stopped after the same committed step; rank 0 checkpoints it
         code = ExitCode.STOPPED
         path = runner.save_checkpoint_now()
-        journal({"event": "stopped", "step": runner.step, "checkpoint": path,
+        journal({"event": Event.STOPPED, "step": runner.step, "checkpoint": path,
                  "error": str(exc), "t": time.time()})
     except WipeOutError as exc:
         code = ExitCode.WIPEOUT
         if comm is not None:
-            comm.store.set(f"wipeout_failed/{a.uid}", json.dumps(str(exc)))
+            comm.store.set(wipeout_failed_key(a.uid), json.dumps(str(exc)))
     except (CoordinatorLostError, StoreLostError) as exc:
         # contract: every member stopped after the same committed step; rank 0 leaves a
         # durable checkpoint of it, so ``--resume`` continues exactly once from there
         code = ExitCode.COORDINATOR_LOST
         path = runner.save_checkpoint_now()
-        journal({"event": "coordinator_lost", "step": runner.step, "checkpoint": path,
+        journal({"event": Event.COORDINATOR_LOST, "step": runner.step, "checkpoint": path,
                  "error": str(exc), "t": time.time()})
     except BaseException:
         code = report_error(comm, a.uid)
@@ -308,7 +310,7 @@ class StackedCluster(LocalCluster):
     def assign(self, spare: int, slot: int) -> None:
         """Send a warm spare to take over layout ``slot`` (it joins at the next step boundary,
         or at once when the survivors are waiting for it after a wipe-out)."""
-        self.store.set(f"assign/{spare}", str(slot))
+        self.store.set(assign_key(spare), str(slot))
 
     def close(self) -> None:
         super().close()

@@ -13,6 +13,7 @@ import time
 from typing import Callable
 
 from unbroken.core.faults import Fault
+from unbroken.events import Event
 
 __all__ = ["LauncherDrill", "BAD_UPDATE"]
 
@@ -41,21 +42,21 @@ class LauncherDrill:
             now = time.time()
             if f.kind == "update":
                 model = BAD_UPDATE.get(self.model, BAD_UPDATE["mlp"])
-                self.emit({"event": "fault", "kind": "update", "group": -1, "step": f.step,
+                self.emit({"event": Event.FAULT, "kind": "update", "group": -1, "step": f.step,
                            "version": "v1", "model": model, "t": now})
                 self.fired.add(("update", -1))
                 self.guard.queue_update("v1", model, now)
                 continue
             held = holder(f.group)
             if held is None or self.xid_log is None:
-                self.emit({"event": "fault_skipped", "kind": f.kind, "group": f.group,
+                self.emit({"event": Event.FAULT_SKIPPED, "kind": f.kind, "group": f.group,
                            "step": f.step, "reason": "no live holder of the slot"})
                 continue
             uid, pid = held
             bus = f"0000:{f.group + 1:02x}:00"  # local topology: slot s sits on bus s+1
             line = (f"[{time.monotonic():12.6f}] NVRM: Xid (PCI:{bus}): {f.code}, pid={pid}, "
                     f"name=python, {_XID_TEXT.get(f.code, 'injected')}\n")
-            self.emit({"event": "fault", "kind": "xid", "group": f.group, "uid": uid,
+            self.emit({"event": Event.FAULT, "kind": "xid", "group": f.group, "uid": uid,
                        "step": f.step, "code": f.code, "t": now})
             self.fired.add(("xid", f.group))
             with open(self.xid_log, "a") as log:

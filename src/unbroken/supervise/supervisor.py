@@ -55,7 +55,9 @@ from unbroken.core.faults import Fault, format_faults
 from unbroken.core.membership import left_behind
 from unbroken.core.placement import make_layout, uncovered, wiped_out
 from unbroken.core.standby import refill
-from unbroken.protocol import STOP_KEY, SUPERVISOR_HB, ExitCode
+from unbroken.events import Event
+from unbroken.protocol import (CODE_COUNT, STOP_KEY, SUPERVISOR_HB, ExitCode, code_key, done_key,
+                               error_key)
 from unbroken.supervise.drill import LauncherDrill
 from unbroken.supervise.outdir import prepare, read_journal, repair_journals
 from unbroken.supervise.spec import JobSpec, check, load_trainer, spares_for, train_config
@@ -123,7 +125,7 @@ class _Tail:
                 try:
                     out.append(json.loads(x))
                 except ValueError:  # a line a killed writer left half-written
-                    out.append({"event": "journal_damaged", "file": str(self.path)})
+                    out.append({"event": Event.JOURNAL_DAMAGED, "file": str(self.path)})
         return out
 
 
@@ -239,7 +241,7 @@ class Supervisor:
         spec = self.spec
         t_start = time.time()
         spares = spares_for(spec, faults)
-        self.emit({"event": "start", "config": {
+        self.emit({"event": Event.START, "config": {
             "groups": spec.groups, "redundancy": spec.redundancy, "steps": spec.steps,
             "seed": spec.seed, "spares": spares, "standby_p": spec.standby_p,
             "model": cfg.model, "trainer_args": spec.trainer_args,
@@ -250,7 +252,7 @@ class Supervisor:
                         **({"code": f.code} if f.code is not None else {})} for f in faults],
             "fault_spec": format_faults(faults)})
         for path in repaired:
-            self.emit({"event": "journal_repaired", "file": path,
+            self.emit({"event": Event.JOURNAL_REPAIRED, "file": path,
                        "reason": "a last line cut off mid-write was removed"})
         holders: dict[int, int] = {}  # pid -> uid, for XID lines
         guard = Guard(self.emit, xid_log=xid_log, act=spec.guard == "act",
@@ -269,7 +271,7 @@ class Supervisor:
                                 ).run()
             except _Restart as r:  # the ladder's budget bounds these (core.ladder)
                 attempt, backoff = attempt + 1, r.backoff
-                self.emit({"event": "restart_requested", "reason": str(r), "attempt": attempt,
+                self.emit({"event": Event.RESTART_REQUESTED, "reason": str(r), "attempt": attempt,
                            "backoff_s": r.backoff})
             except _Ended as e:
                 ended = e
@@ -281,7 +283,7 @@ class Supervisor:
         journals = {int(f.stem.split("-")[1]): read_journal(f)
                     for f in sorted(jdir.glob("group-*.jsonl"))}
         wall = time.time() - t_start
-        self.emit({"event": "end", "wall_s": wall,
+        self.emit({"event": Event.END, "wall_s": wall,
                    **({"code": int(ended.code), "reason": str(ended)} if ended else {})})
         steps = spec.steps if ended is None else None
         rep = exactly_once(ledger_records(journals), steps or _committed(journals),
@@ -312,9 +314,9 @@ def _committed(journals: dict[int, list[dict]]) -> int:
     top = -1
     for evs in journals.values():
         for e in evs:
-            if e.get("event") == "commit":
+            if e.get("event") == Event.COMMIT:
                 top = max(top, int(e["step"]))
-            elif e.get("event") == "restore":
+            elif e.get("event") == Event.RESTORE:
                 top = max(-1, min(top, int(e["step"]) - 1))
     return top + 1
 
@@ -460,7 +462,7 @@ class _Attempt:
     def _post_stop(self, why: str | None = None) -> None:
         """Ask every member to stop after the next committed step (rank 0 reads the key)."""
         self.stop_posted = time.time()
-        self.emit({"event": "stop_requested",
+        self.emit({"event": Event.STOP_REQUESTED,
                    "signal": why or signal.Signals(self.sup._signal).name})
         self.c.store.add(STOP_KEY, 1)
         for u in list(self.pool):  # a waiting spare holds nothing: it just goes
@@ -484,45 +486,45 @@ class _Attempt:
     # ------------------------------------------------------------------ journal events
     def _on_event(self, u: int, ev: dict) -> None:
         name, emit = ev.get("event"), self.emit
-        if name == "fault":
+        if name == Event.FAULT:
             self.fired.add((ev["kind"], ev.get("uid", ev["group"])))
-        if name in ("stopped", "coordinator_lost") and ev.get("checkpoint"):
+        if name in (Event.STOPPED, Event.COORDINATOR_LOST) and ev.get("checkpoint"):
             self.checkpoint = ev["checkpoint"]
-        if name == "restore" and self.restarting and not self.restored \
+        if name == Event.RESTORE and self.restarting and not self.restored \
                 and ev.get("reason") != "verdict":
             self.restored = True
-            emit({"event": "restart", "step": ev["step"], "source": ev["source"],
+            emit({"event": Event.RESTART, "step": ev["step"], "source": ev["source"],
                   "reason": "wipe-out without replacements", "t": self.t_decided,
                   "t_ready": ev["t"]})
-        if name == "restart":  # one per survivor; the driver's line counts it once
+        if name == Event.RESTART:  # one per survivor; the driver's line counts it once
             if ev["gen"] not in self.restarts:
                 self.restarts.add(ev["gen"])
-                emit({"event": "restart", "step": ev["step"], "source": ev["source"],
+                emit({"event": Event.RESTART, "step": ev["step"], "source": ev["source"],
                       "reason": "wipe-out", "t_ready": ev["t"],
                       "t": self.wiped.get(ev["step"], ev["reform_at"])})
-            ev = {**ev, "event": "restarted"}
+            ev = {**ev, "event": Event.RESTARTED}
         emit(ev, src=f"group-{u}")
         now = time.time()
-        if name == "commit":
+        if name == Event.COMMIT:
             self.guard.on_commit(ev, uid=u)
             if ev["step"] > self.top:
                 self.top, self.last_step_t = ev["step"], now
-        elif name == "incident":
+        elif name == Event.INCIDENT:
             self.guard.on_incident(ev, now)
-        elif name == "replay":
+        elif name == Event.REPLAY:
             self.guard.on_replay(ev, now)
-        elif name == "sdc_check":
+        elif name == Event.SDC_CHECK:
             self.guard.on_check(ev)
-        elif name == "health":
+        elif name == Event.HEALTH:
             self.guard.on_health(ev, u)
-        elif name == "joined":
+        elif name == Event.JOINED:
             self.joined.add(u)
-            emit({"event": "join", "uid": u, "slot": ev["slot"], "step": ev["step"]})
-        elif name == "wipeout":
+            emit({"event": Event.JOIN, "uid": u, "slot": ev["slot"], "step": ev["step"]})
+        elif name == Event.WIPEOUT:
             self.wiped.setdefault(ev["step"], ev["t"])
         if "members" in ev and "gen" in ev:
             self.seen.update(ev["members"])
-        if name in ("replan", "wipeout") and "members" in ev:
+        if name in (Event.REPLAN, Event.WIPEOUT) and "members" in ev:
             # a holder the survivors re-formed without while its process lives: a hang
             for gone in left_behind((self.members & self.seen) - self.handled, ev["members"]):
                 if gone not in self.finished and self.c.procs[gone].poll() is None:
@@ -543,7 +545,7 @@ class _Attempt:
             self._on_event(uid, ev)
         now = time.time()
         if not any(u == uid for _kind, u in self.fired):  # a real failure, not a fire drill:
-            self.emit({"event": "fault", "kind": "death" if how == "exit" else "hang",
+            self.emit({"event": Event.FAULT, "kind": "death" if how == "exit" else "hang",
                        "group": self.slot_of[uid], "uid": uid, "step": self.top + 1,
                        "external": True, "t": now})  # accounted like an injected one
         if self._maskable((uid,)) or self.stop_posted is not None:
@@ -561,12 +563,12 @@ class _Attempt:
         while self.guard.orders:
             a = self.guard.orders.pop(0)
             if isinstance(a, PostCode):
-                st.set(f"code/{a.n}", json.dumps(a.record))
-                st.add("code/count", 1)  # rank 0 reads it: every member swaps at one boundary
-                self.emit({"event": "code_posted", "n": a.n, **a.record})
+                st.set(code_key(a.n), json.dumps(a.record))
+                st.add(CODE_COUNT, 1)  # rank 0 reads it: every member swaps at one boundary
+                self.emit({"event": Event.CODE_POSTED, "n": a.n, **a.record})
             elif isinstance(a, PostVerdict):
                 st.set(a.key, json.dumps(a.verdict))
-                self.emit({"event": "verdict_posted", "key": a.key, **a.verdict})
+                self.emit({"event": Event.VERDICT_POSTED, "key": a.key, **a.verdict})
             elif isinstance(a, Evict):
                 self._evict(a.uid, a.how)
             elif isinstance(a, Replace):
@@ -574,7 +576,7 @@ class _Attempt:
             elif isinstance(a, Respawn):
                 self._replace(a.uid, fresh=True)
             elif isinstance(a, Quarantine):
-                self.emit({"event": "quarantine", "group": a.uid,
+                self.emit({"event": Event.QUARANTINE, "group": a.uid,
                            "slot": self.slot_of.get(a.uid)})
             elif isinstance(a, RestartJob):
                 raise _Restart(a.reason, a.backoff)
@@ -595,7 +597,7 @@ class _Attempt:
         self.declare_dead(self.c.store, uid)  # survivors drop it at once, no heartbeat wait
         self.handled.add(uid)
         self.members.discard(uid)
-        self.emit({"event": "detected", "group": uid, "slot": self.slot_of[uid], "how": how})
+        self.emit({"event": Event.DETECTED, "group": uid, "slot": self.slot_of[uid], "how": how})
 
     def _replace(self, uid: int, fresh: bool = False) -> None:
         """The slot of a dead ``uid`` goes to a warm spare, or (``fresh``: retry in place) to a
@@ -609,13 +611,13 @@ class _Attempt:
         elif self.pool:
             spare = self.pool.pop(0)
         else:
-            self.emit({"event": "no_spare", "slot": slot})
+            self.emit({"event": Event.NO_SPARE, "slot": slot})
             return
         self.slot_of[spare] = slot
         self.holder[slot] = spare
         self.members.add(spare)
         self.c.assign(spare, slot)
-        self.emit({"event": "assign", "uid": spare, "slot": slot,
+        self.emit({"event": Event.ASSIGN, "uid": spare, "slot": slot,
                    **({"fresh": True} if fresh else {})})
         for _ in range(refill(len(self.pool))):  # keep one warm for the next fault (its
             self._spawn()                        # start-up takes CPU from training here)
@@ -632,11 +634,11 @@ class _Attempt:
         for u in sorted(self.members):
             if u in self.finished or u in self.stopped:
                 continue
-            if c.store.check([f"done/{u}"]):
-                self.finished[u] = json.loads(c.store.get(f"done/{u}"))
+            if c.store.check([done_key(u)]):
+                self.finished[u] = json.loads(c.store.get(done_key(u)))
                 continue
-            if c.store.check([f"error/{u}"]):
-                raise RunError(f"group {u} failed:\n{c.store.get(f'error/{u}').decode()}")
+            if c.store.check([error_key(u)]):
+                raise RunError(f"group {u} failed:\n{c.store.get(error_key(u)).decode()}")
             rc = c.procs[u].poll()
             if rc is None or u in self.handled:
                 continue

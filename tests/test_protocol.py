@@ -1,0 +1,56 @@
+"""The store keys of ``unbroken.protocol`` are the wire format: each function must give exactly
+the string every earlier version of the runtime formatted inline (a journal, a test or a running
+job of the previous version reads them)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from unbroken import protocol as p
+
+SRC = Path(__file__).resolve().parent.parent / "src" / "unbroken"
+
+
+def test_key_functions_give_the_old_strings():
+    assert p.SUPERVISOR_HB == "hb/supervisor"
+    assert p.STOP_KEY == "ctl/stop"
+    assert p.JOIN_COUNT == "join/count"
+    assert p.CODE_COUNT == "code/count"
+    assert p.DEAD_EPOCH == "dead/epoch"
+    one = {p.hb_key: "hb/7", p.dead_key: "dead/7", p.done_key: "done/7", p.error_key: "error/7",
+           p.killed_key: "killed/7", p.stopped_key: "stopped/7", p.standby_key: "standby/7",
+           p.assign_key: "assign/7", p.join_key: "join/7", p.admit_key: "admit/7",
+           p.wipeout_key: "wipeout/7", p.wipeout_failed_key: "wipeout_failed/7",
+           p.code_key: "code/7"}
+    for f, want in one.items():
+        assert f(7) == want, f.__name__
+    two = {p.state_key: "state/3/12", p.incident_key: "incident/3/12",
+           p.verdict_key: "verdict/3/12", p.replay_key: "replay/3/12"}
+    for f, want in two.items():
+        assert f(3, 12) == want, f.__name__
+
+
+def test_every_key_function_is_exported_and_covered():
+    names = {n for n in p.__all__ if n.endswith("_key")}
+    assert names == {n for n in dir(p) if n.endswith("_key") and callable(getattr(p, n))}
+    assert len(names) == 17
+
+
+# the building blocks' private keys: ftcomm's rendezvous and the probe worker's results
+_PRIVATE = {"runtime/ftcomm.py": ("rdzv/", "abort/", "pg/"),
+            "runtime/ftcomm_worker.py": ("result/", "first/")}
+
+
+def test_no_store_key_is_formatted_outside_protocol():
+    bad = []
+    for f in SRC.rglob("*.py"):
+        rel = f.relative_to(SRC).as_posix()
+        if rel == "protocol.py":
+            continue
+        for i, line in enumerate(f.read_text().splitlines(), 1):
+            code = line.split("#", 1)[0]
+            for m in re.finditer(r"""f["']([a-z_]+/)""", code):
+                if m.group(1) not in _PRIVATE.get(rel, ()) and "``" not in line:
+                    bad.append(f"{rel}:{i}: {line.strip()}")
+    assert not bad, "\n".join(bad)
