@@ -30,7 +30,7 @@ import torch
 from unbroken.runtime.stacked import StepHooks, joins_reported
 from unbroken.runtime.trainer import TrainerLike
 
-__all__ = ["GradFaults", "FaultyTrainer", "DropCommit", "SelfFaults", "Faults", "from_flags",
+__all__ = ["TrainerProxy", "GradFaults", "FaultyTrainer", "DropCommit", "SelfFaults", "Faults", "from_flags",
            "fault_event"]
 
 
@@ -56,13 +56,11 @@ class GradFaults:
         return not (self.nan_at is None and self.flip_from is None and self.slow_from is None)
 
 
-class FaultyTrainer:
-    """A ``TrainerLike`` that delegates to ``inner`` and corrupts or slows ``grad(step, t)``;
-    ``tell(kind, step)`` journals the fault (the caller knows the group's slot and uid)."""
+class TrainerProxy:
+    """A ``TrainerLike`` that delegates everything to ``inner`` (subclasses change ``grad``)."""
 
-    def __init__(self, inner: TrainerLike, faults: GradFaults,
-                 tell: Callable[[str, int], None]) -> None:
-        self.inner, self.faults, self.tell = inner, faults, tell
+    def __init__(self, inner: TrainerLike) -> None:
+        self.inner = inner
 
     @property
     def numel(self) -> int:
@@ -74,6 +72,28 @@ class FaultyTrainer:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+    def grad(self, step: int, shard_type: int) -> torch.Tensor:
+        return self.inner.grad(step, shard_type)
+
+    def apply(self, total: torch.Tensor) -> None:
+        self.inner.apply(total)
+
+    def flat_params(self) -> torch.Tensor:
+        return self.inner.flat_params()
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        return self.inner.state_tensors()
+
+
+class FaultyTrainer(TrainerProxy):
+    """A ``TrainerLike`` that delegates to ``inner`` and corrupts or slows ``grad(step, t)``;
+    ``tell(kind, step)`` journals the fault (the caller knows the group's slot and uid)."""
+
+    def __init__(self, inner: TrainerLike, faults: GradFaults,
+                 tell: Callable[[str, int], None]) -> None:
+        super().__init__(inner)
+        self.faults, self.tell = faults, tell
 
     def _told(self, kind: str, step: int) -> None:
         if (kind, step) not in self.faults.told:
@@ -103,15 +123,6 @@ class FaultyTrainer:
                 self.tell("slow", step)
             time.sleep(f.slow_s)  # a straggler's slower compute
         return g
-
-    def apply(self, total: torch.Tensor) -> None:
-        self.inner.apply(total)
-
-    def flat_params(self) -> torch.Tensor:
-        return self.inner.flat_params()
-
-    def state_tensors(self) -> list[torch.Tensor]:
-        return self.inner.state_tensors()
 
 
 class DropCommit:
