@@ -83,7 +83,7 @@ def test_bit_flip_found_by_the_check_named_by_replay_evicted_and_rolled_back(ref
 @pytest.mark.timeout(120)
 def test_bad_hot_update_raises_everywhere_and_a_rollback_recovers(ref, tmp_path):
     with StackedCluster(CFG, str(tmp_path), verdicts=True) as c:
-        post(c, "code/1", {"version": "v1", "model": "unbroken.runtime.updates:bad_mlp"})
+        post(c, "code/1", {"version": "v1", "model": "unbroken.testing.updates:bad_mlp"})
         c.store.add("code/count", 1)  # applied at the next step boundary by every member
         inc = c.wait_key("incident/1/0", 60, alive=ALL)
         assert inc["kind"] == "code" and inc["errors"] == 4 and inc["version"] == "v1"

@@ -10,6 +10,7 @@ fake at a given all-reduce, never a signal, and nothing waits on a clock. Not ``
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import pytest
@@ -24,6 +25,8 @@ from unbroken.runtime.config import TrainConfig  # noqa: E402
 from unbroken.runtime.ledger import DivergenceError, ledger_records  # noqa: E402
 from unbroken.runtime.stacked import StackedRunner, StopRequested  # noqa: E402
 from unbroken.runtime.trainer import reference_run  # noqa: E402
+from unbroken.runtime.stacked import StepHooks  # noqa: E402
+from unbroken.testing.faults import Faults, FaultyTrainer, GradFaults, from_flags  # noqa: E402
 
 CFG = TrainConfig(groups=4, redundancy=2, steps=10, seed=3)
 UIDS = list(range(CFG.groups))
@@ -46,7 +49,8 @@ class Job:
     def __init__(self, cfg: TrainConfig, stores: StorePool,
                  hooks: dict[int, dict] | None = None,
                  on_event: Callable[[int, dict, Any], None] | None = None,
-                 prepare: Callable[[int, StackedRunner], None] | None = None) -> None:
+                 prepare: Callable[[int, StackedRunner], None] | None = None,
+                 faults: dict[int, Faults] | None = None) -> None:
         self.cfg = cfg
         self.uids = list(range(cfg.groups))
         self.group = FakeGroup(self.uids, stores=stores)
@@ -60,7 +64,9 @@ class Job:
                 self.journals[u].append(ev)
                 if on_event is not None:
                     on_event(u, ev, self.comms[u])
-            self.runners[u] = StackedRunner(cfg, u, self.comms[u], journal)
+            f = (faults or {}).get(u)  # a member's injected faults wrap its comm and trainer
+            self.runners[u] = StackedRunner(cfg, u, f.comm(self.comms[u]) if f else self.comms[u],
+                                            journal, hooks=f.hooks if f else None)
             if prepare is not None:
                 prepare(u, self.runners[u])
 
@@ -272,3 +278,119 @@ def test_a_settle_that_broke_half_way_ends_in_one_fresh_plan(reference, stores):
     assert [e["fresh"] for e in job.events(0, "replan")] == [False, True]
     assert [e["fresh"] for e in job.events(3, "replan")] == [True]
     job.ledger_ok()
+
+
+# ---------------------------------------------------------------- injected faults (testing/)
+def _no_store(kind: str) -> None:
+    raise AssertionError(f"a process fault ({kind}) in an in-process test")
+
+
+def _flags(**kw) -> SimpleNamespace:
+    """The worker CLI's fault flags, all off unless given."""
+    base = dict(die_at=None, stop_at=None, stall_at=None, die_in_patch=False,
+                die_after_replan=False, die_in_retry=False, corrupt_snapshot=False,
+                drop_commit_at=None, drop_commit_on_join=False, slow_from=None, slow_s=0.0,
+                nan_at=None, flip_from=None)
+    return SimpleNamespace(**{**base, **kw})
+
+
+class _Fixed:
+    """A TrainerLike whose gradient is the same small vector at every step."""
+
+    numel = 3
+    last_loss: dict[int, float] = {}
+
+    def grad(self, step: int, shard_type: int) -> torch.Tensor:
+        return torch.tensor([1.0, -5.0, 2.0], dtype=torch.float64)
+
+
+def test_faulty_trainer_nan_lands_on_the_largest_element_at_its_step_only():
+    told: list[tuple[str, int]] = []
+    tr = FaultyTrainer(_Fixed(), GradFaults(nan_at=2), lambda kind, step: told.append((kind, step)))
+    assert tr.numel == 3
+    assert torch.equal(tr.grad(1, 0), _Fixed().grad(1, 0))
+    g = tr.grad(2, 0)
+    assert g[1].isnan() and torch.equal(g[[0, 2]], torch.tensor([1.0, 2.0], dtype=torch.float64))
+    assert not tr.grad(2, 1).isnan().any()  # once: the first gradient of the step
+    assert not tr.grad(3, 0).isnan().any()
+    assert told == [("nan", 2)]
+
+
+def test_faulty_trainer_flips_one_bit_from_its_step_on_and_tells_once():
+    told: list[tuple[str, int]] = []
+    tr = FaultyTrainer(_Fixed(), GradFaults(flip_from=2, slow_from=3, slow_s=0.0),
+                       lambda kind, step: told.append((kind, step)))
+    assert torch.equal(tr.grad(1, 0), _Fixed().grad(1, 0))
+    for step in (2, 2, 3, 7):
+        g = tr.grad(step, 0)
+        assert g[1] != -5.0 and abs(g[1].item() + 5.0) < 0.05  # finite, moved a little
+        assert (g[[0, 2]] == torch.tensor([1.0, 2.0], dtype=torch.float64)).all()
+    assert told == [("flip", 2), ("slow", 3)]
+
+
+def test_no_fault_flags_leave_the_real_components_unwrapped():
+    f = from_flags(_flags(), on_fault=lambda kind: None)
+    comm, tr = object(), _Fixed()
+    assert f.comm(comm) is comm and f.hooks.wrap_trainer(None, tr) is tr
+
+
+@pytest.mark.timeout(60)
+def test_dropped_commit_is_rolled_forward(reference, stores):
+    # the comm wrapper treats group 2's completed step-4 all-reduce as failed, once: its peers
+    # committed step 4, the re-form's settle rolls it forward
+    lag, at = 2, 4
+    job = Job(CFG, stores, faults={lag: from_flags(_flags(drop_commit_at=at), _no_store)}).run()
+    assert job.error == {}
+    for u in UIDS:
+        assert max_diff(job.result[u], reference) < 1e-12, u
+        assert job.commits(u)[at]["rolled"] is (u == lag)
+        assert sorted(job.commits(u)) == list(range(CFG.steps))
+    (rf,) = job.events(lag, "roll_forward")
+    assert rf["step"] == at
+    assert [e["reason"] for e in job.comms[lag].journal if "reason" in e] == [
+        "injected: completed all-reduce treated as failed"]
+    job.ledger_ok()
+
+
+@pytest.mark.timeout(60)
+def test_injected_nan_is_journaled_with_the_group_and_becomes_an_incident(stores):
+    job = Job(CFG, stores, faults={2: from_flags(_flags(nan_at=3), _no_store)}).run()
+    assert job.error == {}
+    (ev,) = job.events(2, "fault")
+    assert (ev["kind"], ev["group"], ev["uid"], ev["step"]) == ("nan", 2, 2, 3)
+    assert list(ev) == ["event", "kind", "group", "uid", "step", "t"]
+    assert [e["step"] for e in job.events(0, "incident") if e["kind"] == "implicit"][:1] == [3]
+
+
+class _Recorder(StepHooks):
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def step_ready(self, runner) -> None:
+        self.calls.append(("ready", runner.step))
+
+    def before_allreduce(self, runner) -> None:
+        self.calls.append(("op", runner.step))
+
+    def before_patch(self, runner) -> None:
+        self.calls.append(("patch", runner.step))
+
+    def after_replan(self, runner, plan) -> None:
+        self.calls.append(("replan", runner.step, dict(plan.patch)))
+
+
+@pytest.mark.timeout(60)
+def test_step_hooks_fire_at_their_points(reference, stores):
+    # group 1 dies before sending step 4: each survivor's hooks see every step ready once, the
+    # step op issued twice at step 4 (the failed one, the retry), and one failure re-plan in
+    # which group 0 (type 1's other host) patch-computes type 1
+    rec = {u: _Recorder() for u in (0, 2)}
+    job = Job(CFG, stores, hooks={1: {"die_at_call": 4}},
+              faults={u: Faults(lambda c: c, r) for u, r in rec.items()}).run()
+    assert set(job.error) == {1}
+    for u, r in rec.items():
+        assert [c for c in r.calls if c[0] == "ready"] == [("ready", k) for k in range(CFG.steps)]
+        assert [c[1] for c in r.calls if c[0] == "op"].count(4) == 2
+        assert [c for c in r.calls if c[0] == "replan"] == [("replan", 4, {0: (1,)})]
+        assert [c for c in r.calls if c[0] == "patch"] == ([("patch", 4)] if u == 0 else [])
+        assert max_diff(job.result[u], reference) < 1e-9

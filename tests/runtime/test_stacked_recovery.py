@@ -2,7 +2,7 @@
 member that missed a commit its peers made, wipe-outs, and spares joining.
 
 Real processes, real SIGKILL; faults injected by the victim itself at a deterministic point
-(``stacked.Inject``). The test process hosts the store (the coordinator) and plays the launcher:
+(``unbroken.testing.faults``). The test process hosts the store (the coordinator) and plays the launcher:
 it posts death notices and assigns warm spares. Synchronisation by store keys and process exits
 only; every test has a hard timeout.
 """

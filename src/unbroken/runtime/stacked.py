@@ -42,10 +42,7 @@ Known limits
 from __future__ import annotations
 
 import json
-import os
-import signal
 import time
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -63,41 +60,48 @@ from unbroken.runtime.config import TrainConfig
 from unbroken.runtime.ledger import DivergenceError
 from unbroken.runtime.trainer import TrainerLike, make_trainer
 
-__all__ = ["WipeOutError", "DivergenceError", "CoordinatorLostError", "StopRequested", "Inject",
-           "StackedRunner"]
+__all__ = ["WipeOutError", "DivergenceError", "CoordinatorLostError", "StopRequested", "StepHooks",
+           "StackedRunner", "joins_reported"]
 
 
 class WipeOutError(RuntimeError):
     """A shard type lost all of its hosts: the step cannot be masked (restart from snapshot)."""
 
 
-@dataclass
-class Inject:
-    """Test-only fault injection at deterministic points of a group's own step (the process
-    kills or stops *itself*, so the step is exact). ``on_fault(kind)`` runs just before."""
+class StepHooks:
+    """Points of a group's step where a test acts (fault injection, see
+    :mod:`unbroken.testing.faults`); here every one is a no-op."""
 
-    die_at: int | None = None          # SIGKILL after the step's gradients, before its all-reduce
-    stop_at: int | None = None         # SIGSTOP at the same point (a hang)
-    die_in_patch: bool = False         # SIGKILL after the first replan, before the patch compute
-    die_after_replan: bool = False     # SIGKILL after the first replan's patch compute
-    die_in_retry: bool = False         # SIGKILL inside the first retried all-reduce
-    drop_commit_at: int | None = None  # treat step K's completed all-reduce as failed, once
-    drop_commit_on_join: bool = False  # the same at the commit that makes the peers admit a
-    #                                    spare (they re-form for it while this one recovers)
-    corrupt_snapshot: bool = False     # serve a snapshot with one flipped element (once)
-    slow_from: int | None = None       # from step K on, every gradient takes slow_s longer
-    slow_s: float = 0.06
-    stall_at: int | None = None        # the main thread blocks for good at step K while the
-    #                                    heartbeat thread beats on (a user-code deadlock)
-    nan_at: int | None = None          # one NaN in the first gradient of step K, once
-    flip_from: int | None = None       # from step K on, one flipped mantissa bit in every
-    #                                    gradient this group computes (silent data corruption)
+    def wrap_trainer(self, runner: StackedRunner, trainer: TrainerLike) -> TrainerLike:
+        """Every trainer the runner steps with (the start, each hot update)."""
+        return trainer
+
+    def step_ready(self, runner: StackedRunner) -> None:
+        """Once a step: its gradients are computed, its all-reduce not issued yet."""
+
+    def before_allreduce(self, runner: StackedRunner) -> None:
+        """Just before each issue of the step's all-reduce (the first and every retry)."""
+
+    def before_patch(self, runner: StackedRunner) -> None:
+        """A failure re-plan gave this group patch types; before computing them."""
+
+    def after_replan(self, runner: StackedRunner, plan: Any) -> None:
+        """After a failure re-plan is journaled, before the retried op."""
+
+    def state_payload(self, runner: StackedRunner, payload: torch.Tensor) -> torch.Tensor:
+        """The snapshot this member serves a joiner (what goes into the state copy)."""
+        return payload
 
 
 # layout of the all-reduce buffer after the gradient: N coverage slots, N*N digest slots
 # (type t, slot w) when sdc_every > 0, then these
 _STOP, _ERR, _CODE, _LOSS, _JOIN, _LOST, _COUNT, _STEP = range(-8, 0)
 _TAIL = 8
+
+
+def joins_reported(buf: torch.Tensor) -> int:
+    """The join count rank 0 reported in a reduced step buffer."""
+    return int(buf[_JOIN])
 
 
 #: the store counters rank 0 reads into every step's buffer (see ``_control``)
@@ -138,7 +142,7 @@ class StackedRunner:
 
     def __init__(self, cfg: TrainConfig, uid: int, comm: Any,
                  journal: Callable[[dict], None] = lambda e: None,
-                 inject: Inject | None = None, on_fault: Callable[[str], None] | None = None,
+                 hooks: StepHooks | None = None,
                  slot: int | None = None, wipeout_wait: float = 60.0,
                  ckpt_dir: str | None = None, ckpt_every: int = 50,
                  trainer: TrainerLike | None = None, verdicts: bool = False,
@@ -155,12 +159,12 @@ class StackedRunner:
         self.uid = uid
         self.comm = comm
         self.journal = journal
-        self.inject = inject or Inject()
-        self.on_fault = on_fault or (lambda kind: None)
+        self.hooks = hooks or StepHooks()
         self.wipeout_wait = wipeout_wait
         self.layout = make_layout(cfg.groups, cfg.redundancy)
         self.dev = torch.device(cfg.device)
-        self.trainer = trainer if trainer is not None else make_trainer(cfg)
+        self.trainer = self.hooks.wrap_trainer(
+            self, trainer if trainer is not None else make_trainer(cfg))
         self.slot_of: dict[int, int] = {w: w for w in range(cfg.groups)}
         if slot is not None:
             self.slot_of[uid] = slot
@@ -179,8 +183,6 @@ class StackedRunner:
         self.grads: dict[int, torch.Tensor] = {}
         self.grads_step = -1
         self.compute_s, self.compute_n = 0.0, 0
-        self._slow_told = False
-        self._faults_told: set[tuple[str, int]] = set()
         self.computed: dict[int, set[int]] = {}
         self.last_buf: torch.Tensor | None = None
         self.op_members: list[int] = list(comm.members)  # the generation of the last step op
@@ -223,49 +225,11 @@ class StackedRunner:
         """The shard types this group's slot hosts (its full stack in the layout)."""
         return list(self.layout.stack(self.my_slot))
 
-    def _grad(self, t: int) -> torch.Tensor:
-        """The trainer's gradient, with the injected numeric faults."""
-        g = self.trainer.grad(self.step, t)
-        inj = self.inject
-        if inj.nan_at is None and inj.flip_from is None:
-            return g
-        i = int(g.abs().argmax())  # the largest element: a parameter the data really uses
-        if inj.nan_at == self.step:
-            inj.nan_at = None
-            self._told("nan")
-            g = g.clone()
-            g[i] = float("nan")
-        if inj.flip_from is not None and self.step >= inj.flip_from:
-            if self.step == inj.flip_from:
-                self._told("flip")
-            g = g.clone()
-            bits = g[i:i + 1].view(torch.int64)
-            bits ^= 1 << 44  # a mantissa bit: the value moves by ~0.4 %, finite, and the loss
-            #                  does not show it
-        return g
-
-    def _told(self, kind: str) -> None:
-        key = (kind, self.step)
-        if key not in self._faults_told:
-            self._faults_told.add(key)
-            self.journal({"event": Event.FAULT, "kind": kind, "group": self.my_slot,
-                          "uid": self.uid, "step": self.step, "t": time.time()})
-
     def _fresh_plan(self, live: list[int]):
         """The plan for ``live`` slots from the original stacks, as at a step boundary (the
         start, an admission): plain data parallelism when every slot is live."""
         return decide(self.layout, live, initial_stacks(self.layout), 1,
                       computed={w: [] for w in live})
-
-    def _announce(self, kind: str) -> None:
-        self.journal({"event": Event.FAULT, "kind": kind, "group": self.my_slot, "uid": self.uid,
-                      "step": self.step, "t": time.time()})
-        self.on_fault(kind)
-
-    def _fault(self, kind: str) -> None:
-        self._announce(kind)
-        os.kill(os.getpid(), signal.SIGSTOP if kind == "hang" else signal.SIGKILL)
-        os.kill(os.getpid(), signal.SIGKILL)  # continued after a hang: leave, we were evicted
 
     def _ensure_grads(self) -> None:
         """Gradients of this group's assigned types for the current step (kept per type, so a
@@ -282,18 +246,11 @@ class StackedRunner:
         for t in mine:
             if t not in self.grads and self.step_error is None:
                 try:
-                    self.grads[t] = self._grad(t)
+                    self.grads[t] = self.trainer.grad(self.step, t)
                 except Exception as exc:  # the training code failed: every member must hear
                     self._step_failed(exc)  # of it in-band, or the others wait in the collective
                     break
                 self.compute_n += 1
-                inj = self.inject
-                if inj.slow_from is not None and self.step >= inj.slow_from:
-                    if self.step == inj.slow_from and not self._slow_told:
-                        self._slow_told = True
-                        self.journal({"event": Event.FAULT, "kind": "slow", "group": self.my_slot,
-                                      "uid": self.uid, "step": self.step, "t": time.time()})
-                    time.sleep(inj.slow_s)  # the injected fault: a straggler's slower compute
         # the group's own compute per shard: what fail-slow detection compares across peers
         # (commit times cannot show it: a synchronous step waits for the slowest group; per
         # shard, so a survivor computing a stack of two after a masked failure is not "slow")
@@ -365,24 +322,11 @@ class StackedRunner:
         if self.join_seen > self.admitted:
             self._admit(self.join_seen)
         self._ensure_grads()
-        inj = self.inject
-        if inj.die_at == self.step:
-            self._fault("kill")
-        if inj.stop_at == self.step:
-            self._fault("hang")
-        if inj.stall_at == self.step:
-            self.journal({"event": Event.FAULT, "kind": "stall", "group": self.my_slot,
-                          "uid": self.uid, "step": self.step, "t": time.time()})
-            _stuck_in_user_code()
+        self.hooks.step_ready(self)
         while True:
             buf = self._pack()
+            self.hooks.before_allreduce(self)
             ok = self.comm.allreduce(buf)
-            if ok and (inj.drop_commit_at == self.step or (
-                    inj.drop_commit_on_join and int(buf[_JOIN]) > self.admitted)):
-                inj.drop_commit_at, inj.drop_commit_on_join = None, False  # this rank saw the
-                #                                         op fail; its peers committed
-                self.comm.fail("injected: completed all-reduce treated as failed")
-                ok = False
             if ok:
                 found = self._step_check(buf)
                 if found is None or self._incident(*found):
@@ -523,7 +467,7 @@ class StackedRunner:
         g = self.cfg.groups
         buf = torch.zeros(len(types) * g, dtype=torch.float64, device=self.dev)
         for i, t in enumerate(types):
-            buf[i * g + self.my_slot] = float(digest52(self._grad(t)))
+            buf[i * g + self.my_slot] = float(digest52(self.trainer.grad(self.step, t)))
         ok = self.comm.allreduce(buf)
         found = {str(t): {str(w): d for w, d in ds.items()}
                  for t, ds in _digests(buf.view(len(types), g), types).items()}
@@ -565,7 +509,8 @@ class StackedRunner:
 
         new = make_trainer(_replace(self.cfg, model=rec["model"]))
         _copy_state(new.state_tensors(), self.trainer.state_tensors())
-        old, self.trainer, self.version = self.version, new, rec["version"]
+        old, self.trainer, self.version = (self.version, self.hooks.wrap_trainer(self, new),
+                                           rec["version"])
         self.grads_step = -1
         self.journal({"event": Event.CODE, "step": self.step, "from": old, "to": self.version,
                       "model": rec["model"], "n": upto, "t": time.time()})
@@ -703,10 +648,10 @@ class StackedRunner:
         for w, ts in d.patch.items():
             self.computed.setdefault(w, set()).update(ts)
         mine = [] if fresh else d.patch.get(self.my_slot, ())
-        if mine and self.inject.die_in_patch:
-            self._fault("kill")
+        if mine:
+            self.hooks.before_patch(self)
         for t in mine:
-            self.grads[t] = self._grad(t)
+            self.grads[t] = self.trainer.grad(self.step, t)
         if not fresh:
             missing = set(self.contrib.get(self.my_slot, ())) - set(self.grads)
             assert not missing, f"plan assigns types {missing} that were never computed"
@@ -714,14 +659,8 @@ class StackedRunner:
                       "members": members, "phase": d.phase, "depth": d.depth,
                       "patch": {str(self._uid_of(w)): list(ts) for w, ts in d.patch.items()},
                       "reason": d.reason, "fresh": fresh, "reform_at": t0, "t": time.time()})
-        # injected faults fire on a replan that moved work (not on a spurious re-form)
-        if self.inject.die_after_replan and d.patch and not fresh:
-            self._fault("kill")
-        if self.inject.die_in_retry and d.patch and not fresh:
-            self.inject.die_in_retry = False
-            self._announce("kill")  # before the op: between its issue and the kill there is
-            #                         no time for the op to complete on the peers
-            self.comm.on_issue = lambda: os.kill(os.getpid(), signal.SIGKILL)
+        if not fresh:
+            self.hooks.after_replan(self, d)
         return True
 
     # ------------------------------------------------------------------ wipe-out restart
@@ -799,10 +738,8 @@ class StackedRunner:
                 self.snap.capture(self.trainer.state_tensors(), self._meta())
                 info = {"meta": self.snap.meta, "digest": self.snap.digest()}
                 self.comm.store.set(state_key(gen, src), json.dumps(info))
-                payload = self.snap.payload().to(self.dev, copy=True)
-                if self.inject.corrupt_snapshot:
-                    self.inject.corrupt_snapshot = False
-                    payload[0] = (int(payload[0]) + 1) % 256  # one flipped byte
+                payload = self.hooks.state_payload(
+                    self, self.snap.payload().to(self.dev, copy=True))
             else:
                 payload = torch.zeros_like(self.snap.payload(), device=self.dev)
             if not self.comm.allreduce(payload):
@@ -862,10 +799,3 @@ def _digests(cells: torch.Tensor, types) -> dict[int, dict[int, int]]:
                      if float(cells[i, w]) > 0}
             for i, t in enumerate(types)}
 
-
-def _stuck_in_user_code() -> None:
-    """The injected stall: blocks forever without holding the GIL, so the heartbeat thread
-    keeps the group looking alive; only its stack shows where it is."""
-    import threading
-
-    threading.Event().wait()

@@ -15,7 +15,7 @@ committed steps survive it) and reports through the store:
   ``wipeout_failed/<uid>`` and exit code 4 if none came (restart from a durable checkpoint);
 * ``error/<uid>``: a traceback, exit code 3;
 * ``killed/<uid>`` / ``stopped/<uid>``: wall time just before a self-inflicted SIGKILL /
-  SIGSTOP (test fault injection at deterministic points, see ``stacked.Inject``).
+  SIGSTOP (test fault injection at deterministic points, see ``unbroken.testing.faults``).
 
 Exit codes: 0 done, 3 error, 4 unmaskable wipe-out without replacements, 5 the coordinator
 (the store host) is gone: every member stopped after the same committed step and rank 0 wrote a
@@ -120,7 +120,6 @@ def worker_main(argv: list[str] | None = None) -> None:
     from unbroken.runtime.stacked import (
         CoordinatorLostError,
         GuardStopError,
-        Inject,
         StackedRunner,
         StopRequested,
         WipeOutError,
@@ -154,18 +153,15 @@ def worker_main(argv: list[str] | None = None) -> None:
     def on_fault(kind: str) -> None:
         comm.store.set((stopped_key if kind == "hang" else killed_key)(a.uid), repr(time.time()))
 
-    inject = Inject(die_at=a.die_at, stop_at=a.stop_at, die_in_patch=a.die_in_patch,
-                    die_after_replan=a.die_after_replan, die_in_retry=a.die_in_retry,
-                    drop_commit_at=a.drop_commit_at, corrupt_snapshot=a.corrupt_snapshot,
-                    drop_commit_on_join=a.drop_commit_on_join,
-                    slow_from=a.slow_from, slow_s=a.slow_s, stall_at=a.stall_at,
-                    nan_at=a.nan_at, flip_from=a.flip_from)
+    from unbroken.testing.faults import from_flags
+
+    faults = from_flags(a, on_fault)
     try:
         comm = FTComm(a.uid, list(range(cfg.groups)), host=a.host, port=a.port,
                       heartbeat_period=a.heartbeat, staleness=a.staleness,
                       pg_timeout=a.pg_timeout, joining=a.standby, backend=cfg.backend,
                       supervisor_staleness=a.supervisor_staleness)
-        runner = StackedRunner(cfg, a.uid, comm, journal, inject=inject, on_fault=on_fault,
+        runner = StackedRunner(cfg, a.uid, faults.comm(comm), journal, hooks=faults.hooks,
                                wipeout_wait=a.wipeout_wait, ckpt_dir=a.ckpt_dir,
                                ckpt_every=a.ckpt_every, verdicts=a.verdicts)
         if a.resume:
@@ -224,7 +220,7 @@ class StackedCluster(LocalCluster):
 
     ``die_at`` / ``stop_at`` / ``drop_commit_at``: uid -> step; ``die_after_replan``,
     ``die_in_patch``, ``die_in_retry``, ``corrupt_snapshot``, ``drop_commit_on_join``: uids
-    (see ``stacked.Inject``).
+    (see ``unbroken.testing.faults``).
     """
 
     def __init__(self, cfg, journal_dir: str, *, die_at: dict[int, int] | None = None,

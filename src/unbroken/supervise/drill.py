@@ -3,7 +3,7 @@
 The workers inject their own faults at exact steps (kill, hang, slow, stall, nan, flip); two
 kinds come from outside a worker in real life and are written here once training reaches
 their step: a kernel-log XID line naming the pid that holds a slot (what ``dmesg`` would
-show), and a queued code update that breaks the model (``runtime.updates``: a real shape bug).
+show), and a queued code update that breaks the model (``testing.updates``: a real shape bug).
 Nothing here runs unless a fault schedule asks for it.
 """
 
@@ -17,8 +17,8 @@ from unbroken.events import Event
 
 __all__ = ["LauncherDrill", "BAD_UPDATE"]
 
-#: the code update the ``update`` fault queues: a real shape bug (runtime.updates)
-BAD_UPDATE = {"gpt": "unbroken.runtime.updates:bad_gpt", "mlp": "unbroken.runtime.updates:bad_mlp"}
+#: the code update the ``update`` fault queues: a real shape bug (testing.updates)
+BAD_UPDATE = {"gpt": "unbroken.testing.updates:bad_gpt", "mlp": "unbroken.testing.updates:bad_mlp"}
 
 _XID_TEXT = {79: "GPU has fallen off the bus.", 119: "Timeout after 6s of waiting for RPC "
              "response from GPU0 GSP!", 43: "Ch 00000010", 31: "Ch 00000008, intr 10000000. "

@@ -16,30 +16,18 @@ from dataclasses import replace
 
 import torch
 
+from unbroken.testing.faults import TrainerProxy
+
 __all__ = ["bad_gpt", "bad_mlp"]
 
 
-class _ShapeBug:
+class _ShapeBug(TrainerProxy):
     """Wraps a trainer; ``grad`` reshapes the batch to a width one too large first."""
-
-    def __init__(self, inner) -> None:
-        self.inner = inner
-        self.numel = inner.numel
-        self.last_loss = inner.last_loss
 
     def grad(self, step: int, shard_type: int) -> torch.Tensor:
         p = self.inner.flat_params()
         p.view(-1, p.numel() + 1)  # the bug: raises "shape '[-1, n+1]' is invalid ..."
         return self.inner.grad(step, shard_type)
-
-    def apply(self, total: torch.Tensor) -> None:
-        self.inner.apply(total)
-
-    def flat_params(self) -> torch.Tensor:
-        return self.inner.flat_params()
-
-    def state_tensors(self) -> list[torch.Tensor]:
-        return self.inner.state_tensors()
 
 
 def bad_gpt(cfg, **trainer_args):

@@ -1,0 +1,265 @@
+"""Fault injection at deterministic points of a group's own step, as wrappers around the real
+components (the runner holds no fault code):
+
+* :class:`FaultyTrainer` - a ``TrainerLike`` around the real trainer: one NaN at a step, a
+  flipped mantissa bit from a step on (silent data corruption), a slower gradient from a step on
+  (a straggler);
+* :class:`DropCommit` - a communicator around ``FTComm``: the step's completed all-reduce is
+  treated as failed once on this rank (its peers commit), at a step or at the commit that makes
+  the peers admit a spare;
+* :class:`SelfFaults` - the runner's :class:`~unbroken.runtime.stacked.StepHooks`: the process
+  SIGKILLs / SIGSTOPs itself at an exact point (so the step is exact), blocks for good in "user
+  code", serves a corrupt snapshot; it wraps every trainer the runner builds (a hot update too);
+* :func:`from_flags` - the worker CLI's fault flags -> (comm wrapper, hooks).
+
+Every fault journals a ``fault`` event (kind, group, uid, step); a process fault first calls
+``on_fault(kind)`` (the worker posts ``killed/<uid>`` / ``stopped/<uid>``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, NamedTuple
+
+import torch
+
+from unbroken.events import Event
+from unbroken.runtime.stacked import StepHooks, joins_reported
+from unbroken.runtime.trainer import TrainerLike
+
+__all__ = ["TrainerProxy", "GradFaults", "FaultyTrainer", "DropCommit", "SelfFaults", "Faults", "from_flags",
+           "fault_event"]
+
+
+def fault_event(runner: Any, kind: str, step: int | None = None) -> dict:
+    """The journal's ``fault`` event for this group (at the runner's step unless given)."""
+    return {"event": Event.FAULT, "kind": kind, "group": runner.my_slot, "uid": runner.uid,
+            "step": runner.step if step is None else step, "t": time.time()}
+
+
+@dataclass
+class GradFaults:
+    """Numeric and straggler faults of a group's gradients, with what has fired (shared by the
+    wrappers of successive trainers: a hot update does not reset them)."""
+
+    nan_at: int | None = None     # one NaN in the first gradient of step K, once
+    flip_from: int | None = None  # from step K on, one flipped mantissa bit in every gradient
+    slow_from: int | None = None  # from step K on, every gradient takes slow_s longer
+    slow_s: float = 0.06
+    told: set[tuple[str, int]] = field(default_factory=set)
+    slow_told: bool = False
+
+    def any(self) -> bool:
+        return not (self.nan_at is None and self.flip_from is None and self.slow_from is None)
+
+
+class TrainerProxy:
+    """A ``TrainerLike`` that delegates everything to ``inner`` (subclasses change ``grad``)."""
+
+    def __init__(self, inner: TrainerLike) -> None:
+        self.inner = inner
+
+    @property
+    def numel(self) -> int:
+        return self.inner.numel
+
+    @property
+    def last_loss(self) -> dict[int, float]:
+        return self.inner.last_loss
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def grad(self, step: int, shard_type: int) -> torch.Tensor:
+        return self.inner.grad(step, shard_type)
+
+    def apply(self, total: torch.Tensor) -> None:
+        self.inner.apply(total)
+
+    def flat_params(self) -> torch.Tensor:
+        return self.inner.flat_params()
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        return self.inner.state_tensors()
+
+
+class FaultyTrainer(TrainerProxy):
+    """A ``TrainerLike`` that delegates to ``inner`` and corrupts or slows ``grad(step, t)``;
+    ``tell(kind, step)`` journals the fault (the caller knows the group's slot and uid)."""
+
+    def __init__(self, inner: TrainerLike, faults: GradFaults,
+                 tell: Callable[[str, int], None]) -> None:
+        super().__init__(inner)
+        self.faults, self.tell = faults, tell
+
+    def _told(self, kind: str, step: int) -> None:
+        if (kind, step) not in self.faults.told:
+            self.faults.told.add((kind, step))
+            self.tell(kind, step)
+
+    def grad(self, step: int, shard_type: int) -> torch.Tensor:
+        g = self.inner.grad(step, shard_type)
+        f = self.faults
+        if f.nan_at is not None or f.flip_from is not None:
+            i = int(g.abs().argmax())  # the largest element: a parameter the data really uses
+            if f.nan_at == step:
+                f.nan_at = None
+                self._told("nan", step)
+                g = g.clone()
+                g[i] = float("nan")
+            if f.flip_from is not None and step >= f.flip_from:
+                if step == f.flip_from:
+                    self._told("flip", step)
+                g = g.clone()
+                bits = g[i:i + 1].view(torch.int64)
+                bits ^= 1 << 44  # a mantissa bit: the value moves by ~0.4 %, finite, and the
+                #                  loss does not show it
+        if f.slow_from is not None and step >= f.slow_from:
+            if step == f.slow_from and not f.slow_told:
+                f.slow_told = True
+                self.tell("slow", step)
+            time.sleep(f.slow_s)  # a straggler's slower compute
+        return g
+
+
+class DropCommit:
+    """A communicator around ``inner`` (an ``FTComm``): the step's all-reduce, once it completed,
+    is reported as failed once (``inner.fail``, so the generation re-forms while the peers have
+    committed): at step ``at``, or (``on_join``) at the commit whose reduced buffer reports more
+    joins than the runner admitted. The runner's ``before_allreduce`` hook ``arm``s it with the
+    step and the admitted count, so only the step's op is ever dropped."""
+
+    _OWN = frozenset({"inner", "at", "on_join", "_armed"})
+
+    def __init__(self, inner: Any, at: int | None = None, on_join: bool = False) -> None:
+        object.__setattr__(self, "inner", inner)
+        object.__setattr__(self, "at", at)
+        object.__setattr__(self, "on_join", on_join)
+        object.__setattr__(self, "_armed", None)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:  # store_lost, on_issue: the real one
+        if name in self._OWN:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.inner, name, value)
+
+    def arm(self, step: int, admitted: int) -> None:
+        self._armed = (step, admitted)
+
+    def allreduce(self, tensor: torch.Tensor) -> bool:
+        armed, self._armed = self._armed, None
+        ok = self.inner.allreduce(tensor)
+        if ok and armed is not None and (armed[0] == self.at or (
+                self.on_join and joins_reported(tensor) > armed[1])):
+            self.at, self.on_join = None, False  # this rank saw the op fail; its peers committed
+            self.inner.fail("injected: completed all-reduce treated as failed")
+            return False
+        return ok
+
+
+@dataclass
+class SelfFaults(StepHooks):
+    """The runner's hooks that make the process fault itself at exact points."""
+
+    die_at: int | None = None       # SIGKILL after the step's gradients, before its all-reduce
+    stop_at: int | None = None      # SIGSTOP at the same point (a hang)
+    stall_at: int | None = None     # the main thread blocks for good at step K while the
+    #                                 heartbeat thread beats on (a user-code deadlock)
+    die_in_patch: bool = False      # SIGKILL after the first replan, before the patch compute
+    die_after_replan: bool = False  # SIGKILL after the first replan's patch compute
+    die_in_retry: bool = False      # SIGKILL inside the first retried all-reduce
+    corrupt_snapshot: bool = False  # serve a snapshot with one flipped element (once)
+    grads: GradFaults | None = None
+    comm: DropCommit | None = None
+    on_fault: Callable[[str], None] = lambda kind: None
+
+    # ------------------------------------------------------------------ the hooks
+    def wrap_trainer(self, runner: Any, trainer: TrainerLike) -> TrainerLike:
+        if self.grads is None or not self.grads.any():
+            return trainer
+        return FaultyTrainer(trainer, self.grads,
+                             lambda kind, step: runner.journal(fault_event(runner, kind, step)))
+
+    def step_ready(self, runner: Any) -> None:
+        if self.die_at == runner.step:
+            self.fault(runner, "kill")
+        if self.stop_at == runner.step:
+            self.fault(runner, "hang")
+        if self.stall_at == runner.step:
+            runner.journal(fault_event(runner, "stall"))
+            stuck_in_user_code()
+
+    def before_allreduce(self, runner: Any) -> None:
+        if self.comm is not None:
+            self.comm.arm(runner.step, runner.admitted)
+
+    def before_patch(self, runner: Any) -> None:
+        if self.die_in_patch:
+            self.fault(runner, "kill")
+
+    def after_replan(self, runner: Any, plan: Any) -> None:
+        if not plan.patch:  # a replan that moved work (not a spurious re-form)
+            return
+        if self.die_after_replan:
+            self.fault(runner, "kill")
+        if self.die_in_retry:
+            self.die_in_retry = False
+            self.announce(runner, "kill")  # before the op: between its issue and the kill there
+            #                                is no time for the op to complete on the peers
+            runner.comm.on_issue = lambda: os.kill(os.getpid(), signal.SIGKILL)
+
+    def state_payload(self, runner: Any, payload: torch.Tensor) -> torch.Tensor:
+        if self.corrupt_snapshot:
+            self.corrupt_snapshot = False
+            payload[0] = (int(payload[0]) + 1) % 256  # one flipped byte
+        return payload
+
+    # ------------------------------------------------------------------ process faults
+    def announce(self, runner: Any, kind: str) -> None:
+        runner.journal(fault_event(runner, kind))
+        self.on_fault(kind)
+
+    def fault(self, runner: Any, kind: str) -> None:
+        self.announce(runner, kind)
+        os.kill(os.getpid(), signal.SIGSTOP if kind == "hang" else signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)  # continued after a hang: leave, we were evicted
+
+
+def stuck_in_user_code() -> None:
+    """The injected stall: blocks forever without holding the GIL, so the heartbeat thread
+    keeps the group looking alive; only its stack shows where it is."""
+    threading.Event().wait()
+
+
+class Faults(NamedTuple):
+    """What a worker runs with: ``comm(real)`` -> the communicator to give the runner, and the
+    runner's ``hooks`` (which also wrap its trainers)."""
+
+    comm: Callable[[Any], Any]
+    hooks: StepHooks
+
+
+def from_flags(a: Any, on_fault: Callable[[str], None]) -> Faults:
+    """The worker CLI's parsed fault flags (``--die-at`` ... ``--flip-from``) -> the wrappers."""
+    grads = GradFaults(nan_at=a.nan_at, flip_from=a.flip_from, slow_from=a.slow_from,
+                       slow_s=a.slow_s)
+    drops = a.drop_commit_at is not None or a.drop_commit_on_join
+    hooks = SelfFaults(die_at=a.die_at, stop_at=a.stop_at, stall_at=a.stall_at,
+                       die_in_patch=a.die_in_patch, die_after_replan=a.die_after_replan,
+                       die_in_retry=a.die_in_retry, corrupt_snapshot=a.corrupt_snapshot,
+                       grads=grads if grads.any() else None, on_fault=on_fault)
+
+    def comm(real: Any) -> Any:
+        if not drops:
+            return real
+        hooks.comm = DropCommit(real, at=a.drop_commit_at, on_join=a.drop_commit_on_join)
+        return hooks.comm
+
+    return Faults(comm, hooks)
