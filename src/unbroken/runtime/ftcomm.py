@@ -237,8 +237,9 @@ class FTComm:
 
         Returns True when the op completed on this rank (the tensor then holds the sum).
         Returns False when the generation broke (gloo error, abort flag, stale or dead member):
-        the op is abandoned to the graveyard, ``tensor`` keeps its input values, and the caller
-        should ``reform()`` and retry.
+        the op is abandoned to the graveyard *with* ``tensor`` (a gloo thread may still write
+        into it, so the caller must not reuse it), and the caller should ``reform()`` and retry
+        with a fresh buffer. Reducing in place saves two copies of the buffer a step.
         """
         gen = self._gen
         # the local flag only: a peer's abort reaches us through the heartbeat thread or the
@@ -246,7 +247,10 @@ class FTComm:
         if self._check_abort(gen, poll_store=False):
             self._note_detect(self._abort_reason or "abort flag")
             return False
-        buf = tensor.detach().clone()
+        buf = tensor.detach()
+        inplace = buf.is_contiguous()
+        if not inplace:
+            buf = buf.contiguous()
         if not self.aborted:  # _wake is set by an abort (checked below) or by this op's end
             self._wake.clear()
         try:
@@ -254,9 +258,11 @@ class FTComm:
         except RuntimeError as exc:  # broken PG: fails at once
             self._abandon(gen, None, buf, f"gloo error at issue: {_short(exc)}")
             return False
+        fut = None
         try:  # wake the moment the op completes, instead of polling it every millisecond:
             #   four workers on two cores spent measurable CPU in 1 kHz wake-ups
-            work.get_future().add_done_callback(lambda _f: self._wake.set())
+            fut = work.get_future()
+            fut.add_done_callback(lambda _f: self._wake.set())
             wait_s = self.store_poll_interval
         except (RuntimeError, AttributeError):  # a backend without futures: poll
             wait_s = self.poll_interval
@@ -265,13 +271,17 @@ class FTComm:
             hook()
         next_store_poll = time.monotonic() + self.store_poll_interval
         while True:
-            if work.is_completed():
+            # the future completes a moment before the work is marked finished: between the
+            # two, testing is_completed() alone spun (160 wake-ups a step on a busy box);
+            # a done future means wait() returns at once, in C++, without the GIL
+            if (fut is not None and fut.done()) or work.is_completed():
                 try:
                     work.wait()
                 except RuntimeError as exc:
                     self._abandon(gen, work, buf, f"gloo error: {_short(exc)}")
                     return False
-                tensor.copy_(buf)
+                if not inplace:
+                    tensor.copy_(buf)
                 self._warm = True
                 if not self.aborted:
                     self._wake.clear()  # this op's completion, not an abort
@@ -283,6 +293,8 @@ class FTComm:
                 self._abandon(gen, work, buf, None)
                 return False
             self._wake.wait(wait_s)
+            if not self.aborted:  # woken by this op's future (tested above) or the timeout
+                self._wake.clear()
 
     # ------------------------------------------------------------------ re-form
     def reform(self, expect: list[int] | tuple[int, ...] = (), *,

@@ -118,9 +118,8 @@ class Snapshot:
         meta_json = _canonical(meta)
         # Invalidate first: a copy that fails half way must not keep the old digest/meta.
         self._meta_json = self._step = self._digest = None
-        with torch.no_grad():
-            for v, t in zip(self._views, tensors):
-                v.copy_(t)
+        with torch.no_grad():  # one call for every tensor: ~120 copy_ calls cost 1 ms a step
+            torch._foreach_copy_(self._views, list(tensors))
         self._meta_json, self._step = meta_json, step
 
     def _check(self, tensors: Sequence[torch.Tensor]) -> None:
