@@ -175,6 +175,7 @@ class StackedRunner:
             comm.watch(_CONTROL)
             self._control_ready = True
         self._norm: tuple[torch.Tensor, float] | None = None  # (buffer, its gradient norm)
+        self._region: tuple[torch.Tensor, list[float]] | None = None  # (buffer, _check_region)
         d = self._fresh_plan(list(range(cfg.groups)))
         self.stacks, self.depth, self.contrib = d.stacks, d.depth, d.contributions()
         self.plan_gen = 0       # the generation whose settle decided the plan (0: the start)
@@ -265,32 +266,49 @@ class StackedRunner:
                       "where": traceback.format_exc(limit=-3)[-1500:], "t": time.time()})
 
     def _pack(self) -> torch.Tensor:
+        """The step's all-reduce buffer: the summed gradient of this group's types, then the
+        in-band check (coverage, digests, the tail), written in one assignment: element-wise
+        writes into a tensor cost microseconds each, on every step."""
         tr, n = self.trainer, self.cfg.groups
-        buf = torch.zeros(self._buflen(), dtype=torch.float64, device=self.dev)
+        buf = torch.empty(self._buflen(), dtype=torch.float64, device=self.dev)
+        g = buf[:tr.numel]
+        rest = [0.0] * (buf.numel() - tr.numel)  # coverage, digests, tail (negative indices)
+        mine = () if self.step_error is not None else self.contrib.get(self.my_slot, ())
         if self.step_error is not None:
-            buf[_ERR] = 1.0  # contributes nothing; every member sees the error at the commit
-        else:
-            for t in self.contrib.get(self.my_slot, ()):
-                buf[:tr.numel] += self.grads[t]
-                buf[tr.numel + t] += 1.0
-                buf[_LOSS] += tr.last_loss.get(t, float("nan"))
-            if self._check_step():
-                d0 = tr.numel + n
-                for t in self._hosted():
-                    if t in self.grads:
-                        buf[d0 + t * n + self.my_slot] = float(digest52(self.grads[t]))
+            rest[_ERR] = 1.0  # contributes nothing; every member sees the error at the commit
+        for i, t in enumerate(mine):
+            if i == 0:
+                g.copy_(self.grads[t])
+            else:
+                g.add_(self.grads[t])
+            rest[t] += 1.0
+            rest[_LOSS] += tr.last_loss.get(t, float("nan"))
+        if not mine:
+            g.zero_()
+        if self._check_step() and self.step_error is None:
+            for t in self._hosted():
+                if t in self.grads:
+                    rest[n + t * n + self.my_slot] = float(digest52(self.grads[t]))
         if self.comm.rank == 0 and not self.comm.store_lost:
             try:  # one observer, so every member sees the same counts
-                buf[_JOIN], buf[_CODE], buf[_STOP] = self._control()
+                rest[_JOIN], rest[_CODE], rest[_STOP] = self._control()
             except Exception:
                 self.comm.store_lost = True
         # any member that lost the coordinator makes every member stop after this commit
         lost = self.comm.store_lost or getattr(self.comm, "supervisor_lost", False)
-        buf[_LOST] = 1.0 if lost else 0.0
-        buf[_COUNT] = 1.0
-        buf[_STEP] = float(self.step)
+        rest[_LOST] = 1.0 if lost else 0.0
+        rest[_COUNT] = 1.0
+        rest[_STEP] = float(self.step)
+        buf[tr.numel:] = torch.tensor(rest, dtype=torch.float64)
         self.op_members = self.comm.members
         return buf
+
+    def _check_region(self, buf: torch.Tensor) -> list[float]:
+        """The reduced buffer past the gradient (coverage, digests, tail) as Python floats,
+        read once per reduced buffer: the step check and the commit both need it."""
+        if self._region is None or self._region[0] is not buf:
+            self._region = (buf, buf[self.trainer.numel:].tolist())
+        return self._region[1]
 
     def _control(self) -> tuple[float, float, float]:
         """Rank 0's view of the join count, the code-record count and the supervisor's stop
@@ -339,19 +357,20 @@ class StackedRunner:
 
     def _commit(self, buf: torch.Tensor, rolled: bool = False) -> None:
         tr, n, k = self.trainer, self.cfg.groups, self.step
-        count = float(buf[_COUNT])
-        if float(buf[_STEP]) != k * count:
+        rest = self._check_region(buf)
+        count = rest[_COUNT]
+        if rest[_STEP] != k * count:
             raise DivergenceError(
-                f"step {k}: members are at different steps (step sum {float(buf[_STEP])}, "
+                f"step {k}: members are at different steps (step sum {rest[_STEP]}, "
                 f"expected {k} x {count:g}): a step was committed by only some members")
-        cover = buf[tr.numel:tr.numel + n]
-        if not bool((cover == 1.0).all()):
+        cover = rest[:n]
+        if any(c != 1.0 for c in cover):
             raise DivergenceError(
-                f"step {k}: shard-type coverage {cover.tolist()} is not all ones: a type is "
+                f"step {k}: shard-type coverage {cover} is not all ones: a type is "
                 f"missing from or counted twice in the sum")
         tr.apply(buf[:tr.numel])
         self.last_buf = buf
-        self.join_seen = max(self.join_seen, int(buf[_JOIN]))
+        self.join_seen = max(self.join_seen, int(rest[_JOIN]))
         self.incidents = 0
         self.step += 1
         if self.snap is not None:
@@ -364,20 +383,20 @@ class StackedRunner:
                       "plan": {str(t): self._uid_of(w, self.op_members)
                                for w, ts in self.contrib.items()
                                for t in ts},
-                      "loss": float(buf[_LOSS]) / n, "rolled": rolled,
+                      "loss": rest[_LOSS] / n, "rolled": rolled,
                       "grad_norm": round(self._grad_norm(buf) / n, 9),
                       "compute_s": round(self.compute_s / max(1, self.compute_n), 6),
                       "t": time.time()})
         if self.ckpt is not None and self.step % self.ckpt_every == 0 \
                 and self.comm.rank == 0 and self.step < self.cfg.steps:
             self.ckpt.save_async(self.step, tr.state_tensors(), self._meta())
-        if int(buf[_CODE]) > self.code_applied:  # a hot update, at the same boundary for all
-            self._apply_code(int(buf[_CODE]))
-        if float(buf[_LOST]) > 0:
+        if int(rest[_CODE]) > self.code_applied:  # a hot update, at the same boundary for all
+            self._apply_code(int(rest[_CODE]))
+        if rest[_LOST] > 0:
             raise CoordinatorLostError(
                 f"the coordinator's store or the supervisor is gone; stopped after step {k} "
                 f"on every member")
-        if float(buf[_STOP]) > 0:
+        if rest[_STOP] > 0:
             raise StopRequested(f"stop requested; stopped after step {k} on every member")
 
     def _grad_norm(self, buf: torch.Tensor) -> float:
@@ -391,14 +410,15 @@ class StackedRunner:
         non-finite sum (NaN at the step it appears), or hosts of a type whose gradients differ
         bit for bit. None: commit."""
         tr, n = self.trainer, self.cfg.groups
-        if float(buf[_ERR]) > 0:
-            return "code", {"errors": int(buf[_ERR]), "version": self.version}
+        rest = self._check_region(buf)
+        if rest[_ERR] > 0:
+            return "code", {"errors": int(rest[_ERR]), "version": self.version}
         # the norm is NaN/inf iff an element is (or the squares overflow: then count exactly);
         # one reduction instead of an isfinite pass, and _commit journals the same norm
         norm = float(buf[:tr.numel].norm())
         self._norm = (buf, norm)
         bad = 0 if np.isfinite(norm) else int((~torch.isfinite(buf[:tr.numel])).sum())
-        if bad or not np.isfinite(float(buf[_LOSS])):
+        if bad or not np.isfinite(rest[_LOSS]):
             return "implicit", {"nonfinite": bad}
         if self._check_step():
             d0 = tr.numel + n

@@ -185,7 +185,7 @@ def worker_main(argv: list[str] | None = None) -> None:
             params = runner.join_and_run(int(comm.store.get(assign_key(a.uid))))
         else:
             start_health()
-            params = runner.run()
+            params = _profiled(runner.run, a.uid)
         finish(comm, a.uid, {"params": params.tolist(), "steps": runner.step,
                              "journal": comm.journal})
     except GuardStopError as exc:
@@ -212,6 +212,21 @@ def worker_main(argv: list[str] | None = None) -> None:
         code = report_error(comm, a.uid)
     jf.close()
     hard_exit(code)
+
+
+def _profiled(run, uid: int):
+    """``run()``, under cProfile timed by this thread's CPU clock when ``UNBROKEN_PROFILE``
+    names a directory (``bench/step_breakdown.py``: what each part of the step costs)."""
+    out = os.environ.get("UNBROKEN_PROFILE")
+    if not out:
+        return run()
+    import cProfile
+
+    prof = cProfile.Profile(time.thread_time)
+    try:
+        return prof.runcall(run)
+    finally:
+        prof.dump_stats(os.path.join(out, f"group-{uid}.prof"))
 
 
 class StackedCluster(LocalCluster):
