@@ -32,6 +32,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/sim_vs_simpy.py
 	$(VENV)/bin/python bench/ftcomm_recovery.py
 	$(VENV)/bin/python bench/train_bars.py
+	$(VENV)/bin/python bench/step_breakdown.py
 	$(VENV)/bin/python bench/detect_latency.py
 	$(VENV)/bin/python bench/chaos.py
 	$(VENV)/bin/pip install -q -c requirements.lock -e '.[baselines]'
