@@ -29,7 +29,6 @@ import os
 import platform
 import pstats
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,7 +37,7 @@ from datetime import timedelta
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_bars import N, STEP_STALENESS, HEARTBEAT, gpt_config, log  # noqa: E402
+from train_bars import HEARTBEAT, N, STEP_STALENESS, gpt_config, log, plain_ranks  # noqa: E402
 
 from unbroken.runtime.config import TrainConfig  # noqa: E402
 from unbroken.runtime.stacked_worker import StackedCluster  # noqa: E402
@@ -116,23 +115,8 @@ def run_stacked(cfg: TrainConfig) -> list[dict]:
 
 
 def run_plain(cfg: TrainConfig) -> list[dict]:
-    import torch.distributed as dist
-
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=60))
-    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
     with tempfile.TemporaryDirectory() as d:
-        procs = [subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--plain-worker", "--rank", str(r),
-             "--port", str(store.port), "--config", cfg.to_json(), "--out", d],
-            env=env, stdout=subprocess.DEVNULL) for r in range(N)]
-        try:
-            for p in procs:
-                assert p.wait(timeout=180) == 0
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
+        plain_ranks(cfg, __file__, d, timeout=180)
         return [breakdown(os.path.join(d, f"group-{r}.prof"), cfg.steps) for r in range(N)]
 
 

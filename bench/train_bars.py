@@ -233,24 +233,31 @@ def run_guarded(cfg: TrainConfig, warmup: int) -> tuple[list[float], list[float]
         return per_group, allx, res.params[0]
 
 
-def run_plain(cfg: TrainConfig, warmup: int) -> tuple[list[float], list[float], list[float]]:
+def plain_ranks(cfg: TrainConfig, script: str, out: str, timeout: float = 120) -> None:
+    """Run ``script --plain-worker`` as N ranks of plain DP (a store hosted here) to the end;
+    each writes its results under ``out``."""
     import torch.distributed as dist
 
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=60))
     env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    procs = [subprocess.Popen(
+        [sys.executable, os.path.abspath(script), "--plain-worker", "--rank", str(r),
+         "--port", str(store.port), "--config", cfg.to_json(), "--out", out],
+        env=env, stdout=subprocess.DEVNULL) for r in range(N)]
+    try:
+        for p in procs:
+            assert p.wait(timeout=timeout) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    del store
+
+
+def run_plain(cfg: TrainConfig, warmup: int) -> tuple[list[float], list[float], list[float]]:
     with tempfile.TemporaryDirectory() as d:
-        procs = [subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--plain-worker", "--rank", str(r),
-             "--port", str(store.port), "--config", cfg.to_json(), "--out", d],
-            env=env, stdout=subprocess.DEVNULL) for r in range(N)]
-        try:
-            for p in procs:
-                assert p.wait(timeout=120) == 0
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
+        plain_ranks(cfg, __file__, d)
         per_group, allx = [], []
         for r in range(N):
             with open(os.path.join(d, f"plain-{r}.json")) as f:
@@ -260,7 +267,6 @@ def run_plain(cfg: TrainConfig, warmup: int) -> tuple[list[float], list[float], 
             allx += x
             if r == 0:
                 params = res["params"]
-    del store
     return per_group, allx, params
 
 
