@@ -1,12 +1,12 @@
 """The chaos demo over several seeds: every fault kind, the rung that answered it, its cost.
 
-Each seed ``s`` in ``0..--seeds-1`` runs ``unbroken.demo.run_demo`` with ``demo_spec(chaos=s,
-guard="act", steps=--steps)``: 4 data-parallel worker processes (r = 2, the GPT) through the
-seeded mix of ``unbroken.core.faults.chaos_faults`` (kill, hang, slow, nan, flip, xid, update),
-each run in its own out dir under a temp dir (``--workdir`` keeps them). Per run: the fault spec,
-ETTR, exactly-once, the max |param - failure-free reference|, wall time, and per fault its kind,
-step, the ladder rung(s) that answered it, what removed its process, detect_s, lost_s and the
-journal's ``how``.
+Each seed ``s`` in ``0..--seeds-1`` runs ``unbroken.demo.run_demo`` with
+``demo_spec(chaos=s, ft=FTConfig(guard="act"), steps=--steps)``: 4 data-parallel worker
+processes (r = 2, the GPT) through the seeded mix of ``unbroken.core.faults.chaos_faults``
+(kill, hang, slow, nan, flip, xid, update), each run in its own out dir under a temp dir
+(``--workdir`` keeps them). Per run: the fault spec, ETTR, exactly-once, the max |param -
+failure-free reference|, wall time, and per fault its kind, step, the ladder rung(s) that
+answered it, what removed its process, detect_s, lost_s and the journal's ``how``.
 
 Rungs per fault (``classify``): the window of a fault runs from its ``fault`` event to its
 resolution -- for the kinds the guard answers (nan, flip, update, xid:
@@ -22,13 +22,13 @@ uid (exit, heartbeat, xid, replay, fail-slow, ...), None when its process was ne
 "unresolved".
 
 Baseline (what a user without an acting guard gets): the same seeds with the guard log-only
-(``demo_spec(guard="log", unguarded=True)``: the demo otherwise refuses nan/flip/update
-without ``--guard act``). Kills and hangs are still masked by the runtime; the NaN is committed,
-the bit flip is committed silently and the update is never applied. Per run: finished, ETTR,
-exactly-once, max param diff and final loss (non-finite numbers as the strings "nan"/"inf"), or
-``failed: <reason>`` for a ``DemoError``. The failure-free reference of a seed is computed once
-(the guarded run's cached ``reference-*.pt`` is copied into the baseline's out dir: same config,
-same key).
+(``demo_spec(ft=FTConfig(guard="log"), unguarded=True)``: the demo otherwise refuses
+nan/flip/update without ``--guard act``). Kills and hangs are still masked by the runtime; the
+NaN is committed, the bit flip is committed silently and the update is never applied. Per run:
+finished, ETTR, exactly-once, max param diff and final loss (non-finite numbers as the strings
+"nan"/"inf"), or ``failed: <reason>`` for a ``DemoError``. The failure-free reference of a
+seed is computed once (the guarded run's cached ``reference-*.pt`` is copied into the baseline's
+out dir: same config, same key).
 
 Prints ONE JSON object on stdout (progress on stderr); ``--out PATH`` writes a copy.
 
@@ -193,8 +193,9 @@ def _run(req, seed: int, out: Path) -> tuple[dict | None, dict]:
 def guarded(seed: int, steps: int, out: Path) -> dict:
     from unbroken.core.faults import format_faults
     from unbroken.demo import demo_spec
+    from unbroken.supervise.spec import FTConfig
 
-    req = demo_spec(chaos=seed, steps=steps, guard="act", out=str(out))
+    req = demo_spec(chaos=seed, steps=steps, ft=FTConfig(guard="act"), out=str(out))
     spec = format_faults(req.fault_list())
     rep, failed = _run(req, seed, out)
     if rep is None:
@@ -214,8 +215,10 @@ def guarded(seed: int, steps: int, out: Path) -> dict:
 
 def baseline(seed: int, steps: int, out: Path, ref_from: Path | None) -> dict:
     from unbroken.demo import demo_spec
+    from unbroken.supervise.spec import FTConfig
 
-    req = demo_spec(chaos=seed, steps=steps, guard="log", unguarded=True, out=str(out))
+    req = demo_spec(chaos=seed, steps=steps, ft=FTConfig(guard="log"), unguarded=True,
+                    out=str(out))
     out.mkdir(parents=True, exist_ok=True)
     if ref_from is not None:  # same seed and config: the same cached failure-free reference
         for ref in ref_from.glob("reference-*.pt"):

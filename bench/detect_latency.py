@@ -54,12 +54,13 @@ def xid_writer(journal: Path, kern: Path, at_step: int, out: dict, stop: threadi
 
 def one(rep: int) -> dict:
     from unbroken.demo import demo_spec, run_demo
+    from unbroken.supervise.spec import FTConfig
 
     with tempfile.TemporaryDirectory() as d:
         kern = Path(d) / "kern.log"
         kern.write_text("")
         req = demo_spec(steps=160, seed=rep, faults="kill:1@20,hang:3@50,slow:2@80",
-                        out=str(Path(d) / "demo"), xid_log=str(kern))
+                        out=str(Path(d) / "demo"), ft=FTConfig(xid_log=str(kern)))
         wrote: dict = {}
         stop = threading.Event()
         th = threading.Thread(target=xid_writer, daemon=True,

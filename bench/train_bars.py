@@ -215,12 +215,13 @@ def run_guarded(cfg: TrainConfig, warmup: int) -> tuple[list[float], list[float]
     """The product as a user runs it: ``unbroken run --trainer gpt --guard act --faults none``
     (the Supervisor: store in its own process, its heartbeat watched by every member, the
     guard tailing every journal, health agents, verdicts on), no spare."""
-    from unbroken.supervise import JobSpec, Supervisor
+    from unbroken.supervise import FTConfig, JobSpec, Supervisor
 
     with tempfile.TemporaryDirectory() as d:
-        spec = JobSpec(trainer="gpt", groups=cfg.groups, redundancy=cfg.redundancy,
-                       steps=cfg.steps, seed=cfg.seed, spares=0, guard="act", faults="none",
-                       out=os.path.join(d, "run"), staleness=STEP_STALENESS)
+        ft = FTConfig(redundancy=cfg.redundancy, spares=0, guard="act",
+                      staleness=STEP_STALENESS)
+        spec = JobSpec(trainer="gpt", groups=cfg.groups, steps=cfg.steps, seed=cfg.seed,
+                       faults="none", out=os.path.join(d, "run"), ft=ft)
         res = Supervisor(spec).run()
         assert res.ok, res.message
         per_group, allx = [], []

@@ -4,16 +4,19 @@ The names a user needs, and nothing else (every other module is internal and may
 
     import unbroken
 
+    ft = unbroken.FTConfig(redundancy=2, guard="act", staleness=1.0, ckpt_every=50)
     spec = unbroken.JobSpec(trainer="mypkg.train:make", trainer_args={"d_model": 64},
-                            groups=4, redundancy=2, steps=500, guard="act", out="out/run")
+                            groups=4, steps=500, out="out/run", ft=ft)
     result = unbroken.Supervisor(spec).run()      # -> unbroken.RunResult
     assert result.code == unbroken.ExitCode.OK
 
-``JobSpec``      what to train (an importable trainer factory and its arguments) and how to keep
-                 it running (groups, redundancy, spares, guard, ladder, checkpoints)
+``JobSpec``      what to train and where (an importable trainer factory and its arguments, the
+                 groups, steps, seed, out dir, a fault drill); ``ft`` says how it is kept running
+``FTConfig``     the fault-tolerance config: redundancy, spares, staleness and heartbeat (how
+                 long a silent member is tolerated), guard, ladder, checkpoint and SDC periods
 ``TrainerLike``  the protocol a trainer implements; ``ModuleTrainer`` builds one from a model,
                  an optimizer, a dataset and a loss
-``LadderPolicy`` the recovery ladder's attempts and budgets (``JobSpec.ladder`` overrides them)
+``LadderPolicy`` the recovery ladder's attempts and budgets (``FTConfig.ladder`` overrides them)
 ``Supervisor``   launches, watches and repairs the job; ``run()`` returns a ``RunResult``
 ``ExitCode``     every exit code the workers and the command use
 
@@ -24,11 +27,12 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["JobSpec", "TrainerLike", "ModuleTrainer", "LadderPolicy", "Supervisor",
+__all__ = ["JobSpec", "FTConfig", "TrainerLike", "ModuleTrainer", "LadderPolicy", "Supervisor",
            "RunResult", "ExitCode", "__version__"]
 
 _WHERE = {
     "JobSpec": "unbroken.supervise.spec",
+    "FTConfig": "unbroken.supervise.spec",
     "Supervisor": "unbroken.supervise.supervisor",
     "RunResult": "unbroken.supervise.supervisor",
     "TrainerLike": "unbroken.runtime.trainer",

@@ -155,12 +155,16 @@ def _job_args(p: argparse.ArgumentParser, *, steps: int, out: str) -> None:
 
 
 def _job_kwargs(a: argparse.Namespace) -> dict:
-    return dict(groups=a.groups, redundancy=a.redundancy, steps=a.steps, seed=a.seed,
-                faults=a.faults, chaos=a.chaos, spares=a.spares, standby_p=a.standby_p,
-                staleness=a.staleness, supervisor_staleness=a.supervisor_staleness, out=a.out, ckpt_every=a.ckpt_every,
-                metrics_port=a.metrics_port, xid_log=a.xid_log, sdc_every=a.sdc_every,
-                ladder=a.ladder, resume=a.resume,
-                guard=a.guard or ("act" if a.chaos is not None else "log"))
+    """The JobSpec's fields from the flags; ``ft``: the FTConfig from the flags."""
+    from unbroken.supervise.spec import FTConfig
+
+    ft = FTConfig(redundancy=a.redundancy, spares=a.spares, standby_p=a.standby_p,
+                  staleness=a.staleness, supervisor_staleness=a.supervisor_staleness,
+                  ckpt_every=a.ckpt_every, metrics_port=a.metrics_port, xid_log=a.xid_log,
+                  sdc_every=a.sdc_every, ladder=a.ladder,
+                  guard=a.guard or ("act" if a.chaos is not None else "log"))
+    return dict(groups=a.groups, steps=a.steps, seed=a.seed, faults=a.faults, chaos=a.chaos,
+                out=a.out, resume=a.resume, ft=ft)
 
 
 def build_parser() -> argparse.ArgumentParser:

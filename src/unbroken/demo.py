@@ -40,7 +40,8 @@ class DemoExit(RuntimeError):
 def demo_spec(*, faults: str | None = None, chaos: int | None = None, out: str = "out/demo",
               **kw: Any) -> JobSpec:
     """The demo's job: the built-in GPT, the default fault schedule when none is given (a
-    chaos seed draws its own), a fresh start unless resuming."""
+    chaos seed draws its own), a fresh start unless resuming. ``kw``: the other
+    :class:`JobSpec` fields (``ft``: its :class:`~unbroken.supervise.spec.FTConfig`)."""
     spec = JobSpec(trainer="gpt", chaos=chaos, out=out, **kw)
     if faults is None and chaos is None:
         faults = format_faults(default_faults(spec.groups, spec.steps)) or "none"

@@ -2,7 +2,7 @@
 supervisor that launches, watches and repairs it (``supervisor``), and the fire-drill faults it
 writes itself (``drill``)."""
 
-from unbroken.supervise.spec import JobSpec, TrainerError
+from unbroken.supervise.spec import FTConfig, JobSpec, TrainerError
 from unbroken.supervise.supervisor import RunError, RunResult, Supervisor
 
-__all__ = ["JobSpec", "TrainerError", "Supervisor", "RunResult", "RunError"]
+__all__ = ["JobSpec", "FTConfig", "TrainerError", "Supervisor", "RunResult", "RunError"]

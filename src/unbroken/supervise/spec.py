@@ -1,10 +1,11 @@
-"""What a user asks the supervisor to run: a :class:`JobSpec`, validated before anything starts.
+"""What a user asks the supervisor to run: a :class:`JobSpec` (what to train and where) with its
+:class:`FTConfig` (how it is kept running), validated before anything starts.
 
 Why the trainer is a name and not an object: every worker and every warm spare is its own OS
 process and must build the *same* trainer, so the spec carries an importable factory
 (``"package.module:make"``) and its keyword arguments as JSON (``trainer_args``: the model's
-hyperparameters). The fault-tolerance settings (groups, redundancy, spares, guard, ladder,
-checkpoints) stay here and nowhere in the model's code.
+hyperparameters). The fault-tolerance settings (redundancy, spares, staleness, guard, ladder,
+checkpoints) are one :class:`FTConfig` (``JobSpec.ft``) and nowhere in the model's code.
 
 ``check`` is the one validation pass: every bad value gives one line naming it (a
 ``ValueError``), before a process or a file exists. It also imports and builds the trainer
@@ -21,7 +22,8 @@ from dataclasses import dataclass, field
 from unbroken.core.faults import NEED_ACT, REMOVING, Fault, chaos_faults, parse_faults
 from unbroken.core.placement import check as check_placement
 
-__all__ = ["JobSpec", "TrainerError", "check", "spares_for", "train_config", "load_trainer"]
+__all__ = ["JobSpec", "FTConfig", "TrainerError", "check", "spares_for", "train_config",
+           "load_trainer"]
 
 #: what a trainer must offer (``runtime.trainer.TrainerLike``)
 _TRAINER_API = ("grad", "apply", "flat_params", "state_tensors", "numel")
@@ -32,35 +34,42 @@ class TrainerError(ValueError):
 
 
 @dataclass(frozen=True)
-class JobSpec:
-    """A training job under the supervisor. ``trainer``: "package.module:factory" (called as
-    ``factory(cfg, **trainer_args)`` in every worker) or a built-in ("gpt", "mlp")."""
+class FTConfig:
+    """How the job is kept running: the fault-tolerance settings and the failure semantics and
+    latency budgets they set. A worker failure never restarts the job: the shard types it held
+    are still computed by its ``redundancy - 1`` peers, a warm spare takes its place, the guard
+    answers what the runtime cannot mask, and the job rolls back to a checkpoint only as a last
+    resort. ``check`` validates every field (one line naming the bad value, a ``ValueError``)."""
 
-    trainer: str
-    trainer_args: dict = field(default_factory=dict)
-    groups: int = 4
+    #: groups computing each shard type: a step survives r - 1 lost groups of one shard type
     redundancy: int = 2
-    steps: int = 200
-    seed: int = 0
-    shard_size: int = 8           # samples per shard type per step (each group's micro-batch)
-    faults: str | None = None     # a fire drill: "kind:group@step,..." or "none"
-    chaos: int | None = None      # a seeded mix of every fault kind (needs guard "act")
-    spares: int | None = None     # None: one warm spare per scheduled fault (at least one)
-    standby_p: float | None = None  # size the warm pool as the P99 of Binomial(groups, p)
-    out: str = "out/run"
-    resume: bool = False          # continue from the newest valid checkpoint in out/ckpt
-    fresh: bool = False           # start over in an out dir that holds a run (it is kept aside)
+    #: warm spares started with the job (None: one per scheduled fault that takes a process)
+    spares: int | None = None
+    #: size the warm pool as the P99 of Binomial(groups, p) instead (excludes ``spares``)
+    standby_p: float | None = None
+    #: seconds a silent member (no heartbeat) is tolerated before it is removed: the detection
+    #: budget for a killed or hung process
     staleness: float = 1.0
+    #: seconds between a member's heartbeats (must be below ``staleness``)
     heartbeat: float = 0.1
-    supervisor_staleness: float = 5.0  # members stop (exit 5) when the supervisor is this silent
-    timeout: float = 600.0
-    ckpt_every: int | None = None  # None: 50, or 10 for a chaos run (see ckpt_interval)
-    metrics_port: int | None = None
-    xid_log: str | None = None
+    #: members stop with a checkpoint (exit 5) when the supervisor is this many seconds silent
+    supervisor_staleness: float = 5.0
+    #: checkpoint every K steps (None: 50, or 10 for a chaos run): the most steps a roll-back
+    #: redoes
+    ckpt_every: int | None = None
+    #: "log": the guard reports what it sees; "act": it acts (ends a stall, undoes a NaN or a
+    #: corruption, rolls back an update) through the recovery ladder
     guard: str = "log"
-    sdc_every: int | None = None
-    unguarded: bool = False       # bench only: faults that need an acting guard, log-only
+    #: the ladder's overrides ("key=value,..." over the one-machine defaults, see ``policy``)
     ladder: str | None = None
+    #: the redundant SDC check's period in steps (None: the checkpoint period when a bit flip
+    #: is scheduled, else off; 0: off)
+    sdc_every: int | None = None
+    #: serve Prometheus metrics on this port (None: no exporter)
+    metrics_port: int | None = None
+    #: a kernel log to tail for GPU XID errors (None: none, or the run's own ``kernel.log``
+    #: when an xid fault is scheduled)
+    xid_log: str | None = None
 
     def policy(self):
         """The guard's ladder policy: the defaults at the scale of one machine (a queued update
@@ -71,6 +80,54 @@ class JobSpec:
         base = LadderPolicy(update_deadline=5.0, backoff_base=2.0, backoff_cap=60.0)
         return parse_policy(self.ladder, base) if self.ladder else base
 
+    def check(self) -> None:
+        """Validate every field; raises ValueError (one line naming the value)."""
+        if self.redundancy < 1:
+            raise ValueError(f"--redundancy {self.redundancy}: must be at least 1")
+        if self.guard not in ("log", "act"):
+            raise ValueError(f"--guard {self.guard!r}: expected 'log' or 'act'")
+        self.policy()  # an impossible ladder budget is bad input, before anything starts
+        if self.sdc_every is not None and self.sdc_every < 0:
+            raise ValueError(f"--sdc-every {self.sdc_every}: must be >= 0 (0: off)")
+        if self.ckpt_every is not None and self.ckpt_every < 1:
+            raise ValueError(f"--ckpt-every {self.ckpt_every}: must be at least 1")
+        if self.spares is not None and self.spares < 0:
+            raise ValueError(f"--spares {self.spares}: must be >= 0")
+        if self.standby_p is not None:
+            if self.spares is not None:
+                raise ValueError("--spares and --standby-p exclude each other")
+            from unbroken.core.standby import standby_size
+
+            standby_size(1, self.standby_p)  # StandbyError (a ValueError) names p
+        if not 0 < self.heartbeat < self.staleness:
+            raise ValueError(f"--staleness {self.staleness}: must exceed the heartbeat period "
+                             f"{self.heartbeat}")
+        if not self.supervisor_staleness > self.heartbeat:
+            raise ValueError(f"supervisor staleness {self.supervisor_staleness}: must exceed "
+                             f"the heartbeat period {self.heartbeat}")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A training job under the supervisor: what to train and where; ``ft`` says how it is
+    kept running. ``trainer``: "package.module:factory" (called as ``factory(cfg,
+    **trainer_args)`` in every worker) or a built-in ("gpt", "mlp")."""
+
+    trainer: str
+    trainer_args: dict = field(default_factory=dict)
+    groups: int = 4               # data-parallel groups, one worker process each
+    steps: int = 200
+    seed: int = 0
+    shard_size: int = 8           # samples per shard type per step (each group's micro-batch)
+    out: str = "out/run"
+    resume: bool = False          # continue from the newest valid checkpoint in out/ckpt
+    fresh: bool = False           # start over in an out dir that holds a run (it is kept aside)
+    faults: str | None = None     # a fire drill: "kind:group@step,..." or "none"
+    chaos: int | None = None      # a seeded mix of every fault kind (needs guard "act")
+    timeout: float = 600.0
+    unguarded: bool = False       # bench only: faults that need an acting guard, log-only
+    ft: FTConfig = field(default_factory=FTConfig)
+
     def fault_list(self) -> list[Fault]:
         if self.chaos is not None:
             return chaos_faults(self.chaos, self.groups, self.steps)
@@ -79,61 +136,44 @@ class JobSpec:
         return parse_faults(self.faults, self.groups, self.steps)
 
     def ckpt_interval(self) -> int:
-        """Checkpoint period: ``ckpt_every``, or 10 for a chaos run (its SDC roll-back target,
-        so a bit flip costs at most 10 redone steps)."""
-        return self.ckpt_every if self.ckpt_every is not None else (
+        """Checkpoint period: ``ft.ckpt_every``, or 10 for a chaos run (its SDC roll-back
+        target, so a bit flip costs at most 10 redone steps)."""
+        return self.ft.ckpt_every if self.ft.ckpt_every is not None else (
             10 if self.chaos is not None else 50)
 
     def sdc_interval(self, faults: list[Fault]) -> int:
         """The redundant check's period: the checkpoint interval, so the checkpoint written
         after a passing check is the verified roll-back target."""
-        if self.sdc_every is not None:
-            return self.sdc_every
+        if self.ft.sdc_every is not None:
+            return self.ft.sdc_every
         return self.ckpt_interval() if any(f.kind == "flip" for f in faults) else 0
 
 
 def check(spec: JobSpec) -> list[Fault]:
     """Validate before anything starts; raises ValueError (one line naming the value)."""
+    ft = spec.ft
     if spec.groups < 2:
         raise ValueError(f"--groups {spec.groups}: stacked data parallelism needs at least 2 "
                          f"groups")
-    if spec.redundancy < 1:
-        raise ValueError(f"--redundancy {spec.redundancy}: must be at least 1")
-    check_placement(spec.groups, spec.redundancy)
+    ft.check()
+    check_placement(spec.groups, ft.redundancy)
     if spec.steps < 2:
         raise ValueError(f"--steps {spec.steps}: need at least 2 steps")
     if spec.shard_size < 1:
         raise ValueError(f"--shard-size {spec.shard_size}: must be at least 1")
-    if spec.guard not in ("log", "act"):
-        raise ValueError(f"--guard {spec.guard!r}: expected 'log' or 'act'")
     if spec.chaos is not None and (spec.chaos < 0 or spec.faults is not None):
         raise ValueError(f"--chaos {spec.chaos}: needs a seed >= 0 and no --faults"
                          if spec.chaos < 0 else "--chaos and --faults exclude each other")
     if spec.resume and spec.fresh:
         raise ValueError("--resume and --fresh exclude each other")
     needy = [f for f in spec.fault_list() if f.kind in NEED_ACT]
-    if needy and spec.guard != "act" and not spec.unguarded:
+    if needy and ft.guard != "act" and not spec.unguarded:
         raise ValueError(f"fault {needy[0].spec!r} needs --guard act (a log-only guard cannot "
                          f"end a stall, undo a NaN or corruption, or roll back code)")
-    spec.policy()  # an impossible ladder budget is bad input, before anything starts
-    if spec.sdc_every is not None and spec.sdc_every < 0:
-        raise ValueError(f"--sdc-every {spec.sdc_every}: must be >= 0 (0: off)")
-    if spec.ckpt_interval() < 1:
-        raise ValueError(f"--ckpt-every {spec.ckpt_every}: must be at least 1")
-    if spec.spares is not None and spec.spares < 0:
-        raise ValueError(f"--spares {spec.spares}: must be >= 0")
-    if spec.standby_p is not None:
-        if spec.spares is not None:
-            raise ValueError("--spares and --standby-p exclude each other")
+    if ft.standby_p is not None:
         from unbroken.core.standby import standby_size
 
-        standby_size(spec.groups, spec.standby_p)  # StandbyError (a ValueError) names p
-    if not 0 < spec.heartbeat < spec.staleness:
-        raise ValueError(f"--staleness {spec.staleness}: must exceed the heartbeat period "
-                         f"{spec.heartbeat}")
-    if not spec.supervisor_staleness > spec.heartbeat:
-        raise ValueError(f"supervisor staleness {spec.supervisor_staleness}: must exceed the "
-                         f"heartbeat period {spec.heartbeat}")
+        standby_size(spec.groups, ft.standby_p)  # StandbyError (a ValueError) names p
     try:
         json.dumps(spec.trainer_args)
     except (TypeError, ValueError):
@@ -148,12 +188,12 @@ def spares_for(spec: JobSpec, faults: list[Fault]) -> int:
     """Warm spares started with the job, one per fault that takes a process away: they import
     and build the model *before* step 0, so on a small machine their start-up does not slow
     training the way a late one does."""
-    if spec.spares is not None:
-        return spec.spares
-    if spec.standby_p is not None:  # byterobust §8: the P99 of Binomial(groups, p)
+    if spec.ft.spares is not None:
+        return spec.ft.spares
+    if spec.ft.standby_p is not None:  # byterobust §8: the P99 of Binomial(groups, p)
         from unbroken.core.standby import standby_size
 
-        return standby_size(spec.groups, spec.standby_p)
+        return standby_size(spec.groups, spec.ft.standby_p)
     return max(1, sum(1 for f in faults if f.kind in REMOVING or f.kind == "xid"))
 
 
@@ -168,7 +208,7 @@ def train_config(spec: JobSpec, sdc_every: int = 0):
         from unbroken.runtime.gpt import RECOMMENDED_LR
 
         args = {"lr": RECOMMENDED_LR, "dataset_size": 8192, **args}
-    return TrainConfig(groups=spec.groups, redundancy=spec.redundancy, steps=spec.steps,
+    return TrainConfig(groups=spec.groups, redundancy=spec.ft.redundancy, steps=spec.steps,
                        seed=spec.seed, model=spec.trainer, trainer_args=args,
                        shard_size=spec.shard_size, snapshot=True, sdc_every=sdc_every)
 

@@ -152,10 +152,10 @@ class Supervisor:
         faults, cfg = self.check()
         out = Path(spec.out)
         exporter = None
-        if spec.metrics_port is not None:  # bind first: a bad port fails before anything runs
+        if spec.ft.metrics_port is not None:  # bind first: a bad port fails before anything runs
             from unbroken.metrics import MetricsExporter
 
-            exporter = MetricsExporter(spec.metrics_port)
+            exporter = MetricsExporter(spec.ft.metrics_port)
         try:
             found = prepare(out, resume=spec.resume, fresh=spec.fresh)
         except BaseException:
@@ -169,7 +169,7 @@ class Supervisor:
         repaired = repair_journals(out) if spec.resume else []
         jdir = out / "groups"
         jdir.mkdir(exist_ok=True)
-        xid_log = spec.xid_log
+        xid_log = spec.ft.xid_log
         if xid_log is None and any(f.kind == "xid" for f in faults):
             xid_log = str(out / "kernel.log")  # the drill's XID lines go here (dmesg stand-in)
             Path(xid_log).touch()
@@ -242,10 +242,10 @@ class Supervisor:
         t_start = time.time()
         spares = spares_for(spec, faults)
         self.emit({"event": Event.START, "config": {
-            "groups": spec.groups, "redundancy": spec.redundancy, "steps": spec.steps,
-            "seed": spec.seed, "spares": spares, "standby_p": spec.standby_p,
+            "groups": spec.groups, "redundancy": spec.ft.redundancy, "steps": spec.steps,
+            "seed": spec.seed, "spares": spares, "standby_p": spec.ft.standby_p,
             "model": cfg.model, "trainer_args": spec.trainer_args,
-            "staleness": spec.staleness, "guard": spec.guard, "chaos": spec.chaos,
+            "staleness": spec.ft.staleness, "guard": spec.ft.guard, "chaos": spec.chaos,
             "sdc_every": cfg.sdc_every, "resume": spec.resume,
             "resume_step": found["resume_step"]},
             "faults": [{"kind": f.kind, "group": f.group, "step": f.step,
@@ -255,16 +255,16 @@ class Supervisor:
             self.emit({"event": Event.JOURNAL_REPAIRED, "file": path,
                        "reason": "a last line cut off mid-write was removed"})
         holders: dict[int, int] = {}  # pid -> uid, for XID lines
-        guard = Guard(self.emit, xid_log=xid_log, act=spec.guard == "act",
+        guard = Guard(self.emit, xid_log=xid_log, act=spec.ft.guard == "act",
                       base_model=cfg.model, uid_of_pid=holders.get,
-                      ckpt_every=spec.ckpt_interval(), policy=spec.policy())
+                      ckpt_every=spec.ckpt_interval(), policy=spec.ft.policy())
         fired: set[tuple[str, int]] = set()
         attempt, done, ended, backoff = 0, None, None, 0.0
         while done is None and ended is None:
             pending = [f for f in faults if (f.kind, f.group) not in fired]
             c = _cluster(cfg, jdir, spares, spec, out / "ckpt",
                          resume=attempt > 0 or spec.resume, pending=pending)
-            beat = _Heartbeat(c.store, spec.heartbeat)
+            beat = _Heartbeat(c.store, spec.ft.heartbeat)
             try:
                 done = _Attempt(self, c, fired, guard, pending, xid_log, holders,
                                 restarting=attempt > 0, skip_old=attempt > 0 or spec.resume
@@ -353,13 +353,13 @@ def _cluster(cfg, jdir: Path, spares: int, spec: JobSpec, ckdir: Path, *, resume
     def by(kind: str) -> dict[int, int]:
         return {f.group: f.step for f in pending if f.kind == kind}
 
-    return StackedCluster(cfg, str(jdir), spares=spares, heartbeat=spec.heartbeat,
-                          staleness=spec.staleness, ckpt_dir=str(ckdir),
+    return StackedCluster(cfg, str(jdir), spares=spares, heartbeat=spec.ft.heartbeat,
+                          staleness=spec.ft.staleness, ckpt_dir=str(ckdir),
                           ckpt_every=spec.ckpt_interval(), resume=resume,
                           die_at=by("kill"), stop_at=by("hang"), slow_from=by("slow"),
                           stall_at=by("stall"), nan_at=by("nan"), flip_from=by("flip"),
-                          verdicts=spec.guard == "act", store_process=True,
-                          supervisor_staleness=spec.supervisor_staleness)
+                          verdicts=spec.ft.guard == "act", store_process=True,
+                          supervisor_staleness=spec.ft.supervisor_staleness)
 
 
 class _Attempt:
@@ -394,7 +394,7 @@ class _Attempt:
         self.drill = LauncherDrill(pending, c.cfg.model, xid_log, self.emit, fired, guard)
         for u in self.members | set(self.pool):  # XID lines name the pid of any holder
             holders[c.procs[u].pid] = u
-        self.layout = make_layout(self.spec.groups, self.spec.redundancy)
+        self.layout = make_layout(self.spec.groups, self.spec.ft.redundancy)
         self.holder = {s: s for s in range(self.spec.groups)}  # slot -> its newest holder
         self.stop_code: tuple[int, str] | None = None  # a StopJob carried out
         guard.maskable = self._maskable
@@ -445,7 +445,7 @@ class _Attempt:
                 self.guard.on_stall(*job.result())
             except Exception as exc:
                 self.guard.stall_failed(exc)
-        elif job is None and self.spec.guard == "act" and stall_suspected(
+        elif job is None and self.spec.ft.guard == "act" and stall_suspected(
                 time.time(), self.last_step_t, self.top >= 0):
             from concurrent.futures import ThreadPoolExecutor
 
