@@ -15,7 +15,7 @@ Exit codes (a worker's and the ``unbroken`` command's; the command adds 1, 2 and
 5     COORDINATOR_LOST    the store or the supervisor went silent: every member stopped after
                           the same committed step and a checkpoint of it was written;
                           ``--resume`` continues
-6     NO_PROGRESS         the guard's ladder gave up (``core.ladder.EXIT_NO_PROGRESS``)
+6     NO_PROGRESS         the guard's ladder gave up (``core.ladder`` decides it)
 7     NO_RESUME_POINT     ``--resume`` found no valid checkpoint (or no previous run at all)
 8     STOPPED             stopped on request (SIGINT/SIGTERM to the supervisor): every member
                           stopped after the same committed step, a checkpoint was written

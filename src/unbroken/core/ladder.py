@@ -96,6 +96,7 @@ from unbroken.core.exclusion import (
 )
 from unbroken.core.exclusion import quarantined as _quarantined_at
 from unbroken.core.retry import RetryPolicy, backoff_delay
+from unbroken.protocol import ExitCode
 
 __all__ = [
     "EXIT_NO_PROGRESS",
@@ -116,10 +117,8 @@ __all__ = [
     "parse_policy",
 ]
 
-#: Exit code of a job whose ladder gave up (``protocol.ExitCode.NO_PROGRESS``).
-#: 0 success, 1 demo failed, 2 bad input, 3 error, 4 wipe-out without replacements,
-#: 5 coordinator lost are taken.
-EXIT_NO_PROGRESS = 6
+#: Exit code of a job whose ladder gave up: the one defined in ``protocol`` (a pure table)
+EXIT_NO_PROGRESS = int(ExitCode.NO_PROGRESS)
 
 
 class LadderError(ValueError):
