@@ -394,3 +394,16 @@ def test_step_hooks_fire_at_their_points(reference, stores):
         assert [c for c in r.calls if c[0] == "replan"] == [("replan", 4, {0: (1,)})]
         assert [c for c in r.calls if c[0] == "patch"] == ([("patch", 4)] if u == 0 else [])
         assert max_diff(job.result[u], reference) < 1e-9
+
+
+def test_the_communicators_keep_the_runners_contract(stores):
+    # the fake, a fault wrapper around it and the real class all offer what the runner uses
+    from unbroken.runtime.comm import CommLike
+    from unbroken.runtime.ftcomm import FTComm
+    from unbroken.testing.faults import DropCommit
+
+    fake = FakeGroup([0, 1], stores=stores).comm(0)
+    assert isinstance(fake, CommLike) and isinstance(DropCommit(fake, at=3), CommLike)
+    assert not isinstance(object(), CommLike)
+    for name in ("allreduce", "reform", "join", "fail", "generation", "members", "rank"):
+        assert hasattr(FTComm, name), name

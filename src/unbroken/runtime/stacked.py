@@ -56,6 +56,7 @@ from unbroken.events import Event
 from unbroken.protocol import (CODE_COUNT, JOIN_COUNT, STOP_KEY, admit_key, code_key, dead_key,
                                incident_key, join_key, replay_key, state_key, verdict_key,
                                wipeout_key)
+from unbroken.runtime.comm import CommLike
 from unbroken.runtime.config import TrainConfig
 from unbroken.runtime.ledger import DivergenceError
 from unbroken.runtime.trainer import TrainerLike, make_trainer
@@ -140,7 +141,7 @@ class StackedRunner:
     ``replan``, ``roll_forward``, ``wipeout``, ``admit``, ``restart``, ``fault``.
     """
 
-    def __init__(self, cfg: TrainConfig, uid: int, comm: Any,
+    def __init__(self, cfg: TrainConfig, uid: int, comm: CommLike,
                  journal: Callable[[dict], None] = lambda e: None,
                  hooks: StepHooks | None = None,
                  slot: int | None = None, wipeout_wait: float = 60.0,
