@@ -32,12 +32,11 @@ import statistics
 import sys
 import tempfile
 import time
-from datetime import timedelta
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_bars import HEARTBEAT, N, STEP_STALENESS, gpt_config, log, plain_ranks  # noqa: E402
+from train_bars import HEARTBEAT, N, STEP_STALENESS, gpt_config, log, plain_rank_setup, plain_ranks  # noqa: E402
 
 from unbroken.runtime.config import TrainConfig  # noqa: E402
 from unbroken.runtime.stacked_worker import StackedCluster  # noqa: E402
@@ -60,15 +59,7 @@ def plain_worker(a: argparse.Namespace) -> None:
 
     import torch.distributed as dist
 
-    from unbroken.runtime.trainer import make_trainer
-
-    torch.set_num_threads(1)
-    cfg = TrainConfig.from_json(a.config)
-    st = dist.TCPStore("127.0.0.1", a.port, is_master=False, wait_for_workers=False,
-                       timeout=timedelta(seconds=60))
-    dist.init_process_group("gloo", store=dist.PrefixStore("plain", st), rank=a.rank,
-                            world_size=cfg.groups, timeout=timedelta(seconds=60))
-    tr = make_trainer(cfg)
+    cfg, tr = plain_rank_setup(a)
 
     def loop() -> None:
         for k in range(cfg.steps):

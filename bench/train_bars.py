@@ -165,8 +165,8 @@ def gpt_config(steps: int, snapshot: bool = True) -> TrainConfig:
                                      "dataset_size": GPT_DATASET, "lr": GPT_LR})
 
 
-def plain_worker(a: argparse.Namespace) -> None:
-    """One rank of plain data parallelism: own shard's gradient, ONE flat all_reduce, apply."""
+def plain_rank_setup(a: argparse.Namespace):
+    """(config, trainer) of one plain-DP rank, its gloo process group initialised."""
     import torch.distributed as dist
 
     from unbroken.runtime.trainer import make_trainer
@@ -177,7 +177,14 @@ def plain_worker(a: argparse.Namespace) -> None:
                        timeout=timedelta(seconds=60))
     dist.init_process_group("gloo", store=dist.PrefixStore("plain", st), rank=a.rank,
                             world_size=cfg.groups, timeout=timedelta(seconds=60))
-    tr = make_trainer(cfg)
+    return cfg, make_trainer(cfg)
+
+
+def plain_worker(a: argparse.Namespace) -> None:
+    """One rank of plain data parallelism: own shard's gradient, ONE flat all_reduce, apply."""
+    import torch.distributed as dist
+
+    cfg, tr = plain_rank_setup(a)
     ts = []
     for k in range(cfg.steps):
         g = tr.grad(k, a.rank)

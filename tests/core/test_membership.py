@@ -80,3 +80,30 @@ def test_wipeout_cover_takes_the_shortest_prefix_with_live_joiners_for_every_dea
     assert wipeout_cover(recs, [1, 2]) == 4  # a dead joiner covers nothing
     assert wipeout_cover(recs, [3]) == 5
     assert wipeout_cover(recs[:3], [1, 2]) is None
+
+
+# ------------------------------------------------------------------ the settle
+from unbroken.core.membership import Report, settle  # noqa: E402
+
+
+def test_settle_after_a_plain_failure_replans_without_a_roll_forward():
+    s = settle([Report(step=7, plan_gen=2), Report(step=7, plan_gen=2)])
+    assert (s.lo, s.hi, s.source, s.joiners, s.fresh, s.problem) == (7, 7, None, {}, False, None)
+    assert "failure re-plan" in s.reason
+
+
+def test_settle_rolls_forward_from_the_first_member_ahead_and_admits_named_joiners():
+    s = settle([Report(step=4, admitted=0), Report(step=5, admitted=1, planned=True),
+                Report(step=5, admitted=1), Report(old=False, joiner_slot=0)])
+    assert (s.lo, s.hi, s.source) == (4, 5, 1)
+    assert s.joiners == {3: 0} and s.admitted == 1 and s.fresh
+
+
+def test_settle_takes_a_fresh_plan_when_plans_come_from_different_generations():
+    s = settle([Report(step=4, plan_gen=1), Report(step=4, plan_gen=0)])
+    assert s.fresh and "different generations" in s.reason
+
+
+def test_settle_names_the_problems():
+    assert settle([Report(step=3), Report(step=5)]).problem == "diverged"
+    assert settle([Report(old=False, joiner_slot=1)]).problem == "no state"

@@ -20,11 +20,14 @@ Rules
   ``i`` of the new process group is ``members[i]`` on every survivor.
 * After a gloo connection error (a peer process is gone), the rendezvous waits for a silent
   member only a few heartbeat periods, not the full staleness (``rendezvous_staleness``).
+* The first collective of a generation carries every member's ``Report``; ``settle`` turns
+  them into the one path all take (roll forward, state copy to joiners, which plan).
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass
 
 __all__ = [
     "Observation",
@@ -34,6 +37,9 @@ __all__ = [
     "rendezvous_ready",
     "rendezvous_staleness",
     "next_members",
+    "Report",
+    "Settle",
+    "settle",
 ]
 
 #: (last counter value seen, observer's clock when that value was first seen)
@@ -147,3 +153,60 @@ def wipeout_cover(records: Iterable[tuple[int, bool]], dead_slots: Iterable[int]
         if need <= covered:
             return i
     return None
+
+
+@dataclass(frozen=True)
+class Report:
+    """What one member brings into a new generation's settle (see ``settle``)."""
+
+    step: int = -1          # its committed-step counter (-1: a joiner, it has no state yet)
+    old: bool = True        # it holds the state (False: a joiner)
+    admitted: int = 0       # join records it has dealt with
+    joiner_slot: int = -1   # the layout slot a joiner takes over
+    planned: bool = False   # it came here for an admission at a step boundary
+    plan_gen: int = -1      # the generation whose settle decided its current plan
+
+
+@dataclass(frozen=True)
+class Settle:
+    """The one path every member takes after a settle (indices are ranks in the generation).
+
+    ``problem``: None, "no state" (every member is a joiner) or "diverged" (members more
+    than one commit apart); ``source``: the rank whose last reduced buffer rolls the members
+    at ``lo`` forward (None: all at one step); ``fresh``: take a fresh plan for the live
+    slots (an admission, or plans from different generations after a settle that broke half
+    way) rather than the failure re-plan."""
+
+    lo: int
+    hi: int
+    source: int | None
+    joiners: dict[int, int]
+    admitted: int
+    fresh: bool
+    problem: str | None
+    reason: str
+
+
+def settle(reports: list[Report]) -> Settle:
+    """Everyone's reports in rank order -> the same decision on every member."""
+    olds = [i for i, r in enumerate(reports) if r.old]
+    joiners = {i: r.joiner_slot for i, r in enumerate(reports) if not r.old}
+    if not olds:
+        return Settle(-1, -1, None, joiners, 0, True, "no state",
+                      f"no member holds the state ({len(reports)} joiners)")
+    steps = [reports[i].step for i in olds]
+    lo, hi = min(steps), max(steps)
+    if hi - lo > 1:
+        return Settle(lo, hi, None, joiners, 0, False, "diverged",
+                      f"members at steps {steps} after a re-form")
+    source = olds[steps.index(hi)] if hi != lo else None
+    admitted = max(reports[i].admitted for i in olds)
+    gens = {reports[i].plan_gen for i in olds}
+    planned = any(r.planned for r in reports)
+    fresh = bool(joiners) or planned or len(gens) > 1
+    why = ("joiners" if joiners else "an admission" if planned
+           else "plans from different generations" if len(gens) > 1 else "a failure")
+    reason = (f"settle after {why}: steps {lo}..{hi}"
+              + (f", rank {source} rolls the others forward" if source is not None else "")
+              + (", fresh plan" if fresh else ", failure re-plan"))
+    return Settle(lo, hi, source, joiners, admitted, fresh, None, reason)

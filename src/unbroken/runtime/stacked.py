@@ -49,6 +49,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from unbroken.core.membership import Report, settle
 from unbroken.core.placement import make_layout
 from unbroken.core.rectlr import WipeOut, decide, initial_stacks
 from unbroken.core.replay import digest_mismatches, sdc_check_due
@@ -610,40 +611,36 @@ class StackedRunner:
         m, r = len(members), self.comm.rank
         old = not self.needs_state
         v = torch.zeros(6 * m, dtype=torch.float64, device=self.dev)
-        v[r] = float(self.step) if old else -1.0
-        v[m + r] = 1.0 if old else 0.0
-        v[2 * m + r] = float(self.admitted)
-        v[3 * m + r] = 0.0 if old else float(self.my_slot + 1)
-        v[4 * m + r] = 1.0 if planned else 0.0
-        v[5 * m + r] = float(self.plan_gen) if old else -1.0
+        v[r::m] = torch.tensor([
+            float(self.step) if old else -1.0, 1.0 if old else 0.0, float(self.admitted),
+            -1.0 if old else float(self.my_slot), 1.0 if planned else 0.0,
+            float(self.plan_gen) if old else -1.0], dtype=torch.float64)
         if not self.comm.allreduce(v):
             return False
-        v = v.view(6, m)
-        olds = [i for i in range(m) if v[1, i] == 1.0]
-        if not olds:
-            raise WipeOutError(f"gen {self.comm.generation}: no member holds the state "
-                               f"(members {members} are all joiners)")
-        steps = [int(v[0, i]) for i in olds]
-        lo, hi = min(steps), max(steps)
-        if hi - lo > 1:
-            raise DivergenceError(f"members at steps {steps} after a re-form")
-        if hi != lo:
-            src = olds[steps.index(hi)]
-            b = (self.last_buf.clone() if r == src
+        cols = v.view(6, m).tolist()
+        s = settle([Report(step=int(cols[0][i]), old=cols[1][i] == 1.0,
+                           admitted=int(cols[2][i]), joiner_slot=int(cols[3][i]),
+                           planned=cols[4][i] > 0, plan_gen=int(cols[5][i]))
+                    for i in range(m)])
+        if s.problem == "no state":
+            raise WipeOutError(f"gen {self.comm.generation}: {s.reason} (members {members})")
+        if s.problem is not None:
+            raise DivergenceError(s.reason)
+        if s.source is not None:
+            b = (self.last_buf.clone() if r == s.source
                  else torch.zeros(self._buflen(), dtype=torch.float64, device=self.dev))
             if not self.comm.allreduce(b):
                 return False
-            if old and self.step == lo:
-                self.journal({"event": Event.ROLL_FORWARD, "step": lo, "from": members[src],
-                              "t": time.time()})
+            if old and self.step == s.lo:
+                self.journal({"event": Event.ROLL_FORWARD, "step": s.lo,
+                              "from": members[s.source], "t": time.time()})
                 self._commit(b, rolled=True)
-        joiners = {members[i]: int(v[3, i]) - 1 for i in range(m) if i not in olds}
+        joiners = {members[i]: slot for i, slot in s.joiners.items()}
         for u, slot in joiners.items():
             self.slot_of[u] = slot
         if old:
-            self.admitted = max(int(v[2, i]) for i in olds)
-        fresh = bool(joiners) or bool((v[4] > 0).any()) or len(
-            {int(v[5, i]) for i in olds}) > 1
+            self.admitted = s.admitted
+        fresh = s.fresh
         if joiners and not self._send_state(members, list(joiners)):
             return False
         live = self.live_slots(members)  # a joiner knows the old members' slots from here
