@@ -139,6 +139,7 @@ class Guard:
         self.slow_policy = FailSlowPolicy.demo()
         self.samples: list[tuple[float, int, float]] = []  # (t, group uid, compute_s)
         self.slow_start: float | None = None
+        self.slow_closed = 0  # closed fail-slow rounds already judged
         self.flagged: set[int] = set()
         self.xid = None
         self.broken: set[str] = set()
@@ -336,10 +337,15 @@ class Guard:
             return
         if now - self.slow_start < self.slow_policy.round_s * self.slow_policy.rounds:
             return
+        n_closed = int((now - self.slow_start) // self.slow_policy.round_s)
+        if n_closed <= self.slow_closed:
+            return  # the verdict changes only when a round closes (the supervisor's loop
+            #         ticks 20 times a second: re-bucketing every sample each tick was its CPU)
+        self.slow_closed = n_closed
         try:
             rounds = bucket_rounds(self.samples, self.slow_start, self.slow_policy)
             # only closed rounds: the current one is still filling
-            closed = rounds[:int((now - self.slow_start) // self.slow_policy.round_s)]
+            closed = rounds[:n_closed]
             flagged, reason = failslow(closed, self.slow_policy)
             for g in sorted(set(flagged) - self.flagged):
                 self.flagged.add(g)

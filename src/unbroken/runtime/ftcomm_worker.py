@@ -30,6 +30,7 @@ import traceback
 from datetime import timedelta
 from typing import Any
 
+from unbroken.procwait import ExitWaiter
 from unbroken.protocol import done_key, error_key
 
 
@@ -132,6 +133,7 @@ class LocalCluster:
         env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
         members = ",".join(map(str, self.uids))
         self.procs: dict[int, subprocess.Popen] = {}
+        self._exits = ExitWaiter()
         self._errs: dict[int, Any] = {}
         for u in self.uids:
             cmd = [python or sys.executable, "-m", "unbroken.runtime.ftcomm_worker",
@@ -150,19 +152,20 @@ class LocalCluster:
         while True:
             if self.store.check([key]):
                 return json.loads(self.store.get(key))
-            for u in watch:
+            for u in watch:  # a worker posts ``error`` just before it exits
+                if self.procs[u].poll() is None:
+                    continue
                 if self.store.check([error_key(u)]):
                     raise AssertionError(f"worker {u} failed:\n{self.store.get(error_key(u)).decode()}")
-                if (self.procs[u].poll() is not None and not self.store.check([done_key(u)])
-                        and not self.store.check([key])):  # it may have posted, then left
+                if not self.store.check([done_key(u)]) and not self.store.check([key]):
+                    # (it may have posted, then left)
                     raise AssertionError(f"worker {u} exited rc={self.procs[u].returncode}:\n"
                                          f"{self.stderr(u)[-3000:]}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no {key!r} within {timeout}s")
-            try:  # pause by waiting on a worker's exit (an event we care about), not a sleep
-                self.procs[(watch or self.uids)[0]].wait(timeout=0.005)
-            except subprocess.TimeoutExpired:
-                pass
+            # pause until a watched worker exits or 10 ms pass: the launcher shares the cores
+            # with the workers, so its waiting must cost them nothing
+            self._exits.wait([self.procs[u] for u in watch], 0.01)
 
     def stderr(self, uid: int) -> str:
         f = self._errs[uid]
@@ -208,6 +211,7 @@ class LocalCluster:
                 pass
         for f in self._errs.values():
             f.close()
+        self._exits.close()
 
     def __enter__(self) -> LocalCluster:
         return self

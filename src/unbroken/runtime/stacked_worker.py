@@ -40,6 +40,7 @@ import time
 from datetime import timedelta
 
 from unbroken.events import Event
+from unbroken.procwait import ExitWaiter
 from unbroken.protocol import (ExitCode, assign_key, killed_key, standby_key, stopped_key,
                                wipeout_failed_key)
 from unbroken.runtime.ftcomm_worker import LocalCluster, finish, hard_exit, report_error
@@ -292,6 +293,7 @@ class StackedCluster(LocalCluster):
                         *(["--verdicts"] if verdicts else [])]
         self.procs = {}
         self._errs = {}
+        self._exits = ExitWaiter()
         flags = {"--die-after-replan": die_after_replan, "--die-in-patch": die_in_patch,
                  "--die-in-retry": die_in_retry, "--corrupt-snapshot": corrupt_snapshot,
                  "--drop-commit-on-join": drop_commit_on_join}
