@@ -7,6 +7,8 @@ member burnt a fifth of a core of the supervisor on this 2-core box: CPU the tra
 processes, which share the cores, did not get. A pidfd (Linux >= 5.3) becomes readable when
 its process exits, so one ``select`` on the members' pidfds sleeps in the kernel until a death
 or the timeout. Where pidfds are missing, the fallback is ``Popen.wait`` on one process.
+Workers started by :mod:`unbroken.spawn` carry their own ``sentinel`` (readable at their end),
+which is selected on the same way.
 """
 
 from __future__ import annotations
@@ -44,18 +46,21 @@ class ExitWaiter:
         if not live:
             select.select([], [], [], timeout)
             return
-        fds = []
-        if self._pidfd:
+        own = [p.sentinel for p in live if hasattr(p, "sentinel")]  # unbroken.spawn workers
+        popen = [p for p in live if not hasattr(p, "sentinel")]
+        fds = list(own)
+        if popen and self._pidfd:
             try:
                 # not reaped (poll above said running, and only this process reaps its
                 # children), so the pid cannot have been reused
-                fds = [self._fds.get(p.pid) or self._open(p.pid) for p in live]
+                fds += [self._fds.get(p.pid) or self._open(p.pid) for p in popen]
             except OSError:  # no pidfd support in this kernel: poll from now on
                 self._pidfd = False
                 self.close()
-        if not fds:
+                fds = list(own)
+        if popen and len(fds) == len(own):
             try:
-                live[0].wait(timeout=timeout)
+                popen[0].wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 pass
             return

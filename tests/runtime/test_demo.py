@@ -129,7 +129,10 @@ def test_acting_guard_evicts_the_straggler_and_a_spare_takes_its_slot(demo, tmp_
     after = [e["compute_s"] for e in events if e["event"] == "commit"
              and e["src"] == f"group-{join['uid']}" and e["step"] > join["step"] + 2]
     assert before and after
-    assert sorted(after)[len(after) // 2] < 0.5 * sorted(before)[len(before) // 2]
+    # the straggler's 60 ms per shard is gone; the rest of a shard's compute time stretches
+    # with the machine's load (0.05-0.1 s on a busy 2-core box), so compare the difference
+    median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    assert median(before) - median(after) > 0.03, (median(before), median(after))
     assert next(e["t"] for e in events if e["event"] == "fault") < det["t"]
 
 

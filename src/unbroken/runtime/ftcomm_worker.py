@@ -1,7 +1,8 @@
 """A probe worker for :class:`~unbroken.runtime.ftcomm.FTComm` and a local coordinator.
 
 The worker (``python -m unbroken.runtime.ftcomm_worker --uid U --members 0,1,2,3 --port P``)
-all-reduces ``full(n, uid + 1)`` in a loop; a failed op is retried after ``reform()``, so every
+all-reduces ``full(n, uid + 1)`` in a loop; a failed op is retried after ``reform()`` (a member
+left one step behind by an op its peers completed takes that step's result from them), so every
 step index completes exactly once per survivor. It reports through the store that the
 coordinator hosts:
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -72,6 +74,7 @@ def worker_main(argv: list[str] | None = None) -> None:
             t = torch.full((a.numel,), float(a.uid + 1))
             if not comm.allreduce(t):
                 comm.reform()
+                step = _settle(comm, step)
                 continue  # retry the same step in the new generation
             res = {"gen": comm.generation, "members": comm.members, "value": float(t[0]),
                    "uniform": bool((t == t[0]).all()), "t": time.time()}
@@ -88,6 +91,27 @@ def worker_main(argv: list[str] | None = None) -> None:
     except BaseException:
         code = report_error(comm, a.uid)
     hard_exit(code)
+
+
+def _settle(comm, step: int) -> int:
+    """After a re-form: a member whose op completed while a peer's failed (a ring all-reduce
+    ends at different times on each rank) is one step ahead; the member behind takes that
+    step's result from the peer (rolled forward), so every member retries the same step and
+    the members agree on a common last step when told to stop. Loops on new failures."""
+    import torch
+
+    while True:
+        v = torch.zeros(len(comm.members), dtype=torch.float64)
+        v[comm.rank] = float(step)
+        if comm.allreduce(v):
+            break
+        comm.reform()
+    ahead = [u for u, s in zip(comm.members, v.tolist()) if s > step]
+    if ahead:
+        st = comm.store
+        st.set(f"result/{comm.uid}/{step}", st.get(f"result/{ahead[0]}/{step}"))
+        step += 1
+    return step
 
 
 def finish(comm, uid: int, payload: dict) -> None:
@@ -119,30 +143,44 @@ def hard_exit(code: int) -> None:
 
 
 class LocalCluster:
-    """Coordinator for ``n`` local workers: hosts the store, starts, signals and reaps them."""
+    """Coordinator for ``n`` local workers: hosts the store, starts, signals and reaps them.
+
+    Workers are forked from a server that imported torch once (:mod:`unbroken.spawn`): a start
+    costs a fork, not a ~2 s import, and each ``procs[uid]`` has the ``Popen`` surface."""
+
+    ENTRY = "unbroken.runtime.ftcomm_worker:worker_main"
 
     def __init__(self, n: int = 4, *, numel: int = 1024, pace: float = 0.005,
-                 heartbeat: float = 0.1, staleness: float = 1.0, pg_timeout: float = 30.0,
-                 python: str | None = None) -> None:
+                 heartbeat: float = 0.1, staleness: float = 1.0,
+                 pg_timeout: float = 30.0) -> None:
         import torch.distributed as dist
 
         self.uids = list(range(n))
         self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                                    timeout=timedelta(seconds=60))
         self.port = self.store.port
-        env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+        self._init_procs()
         members = ",".join(map(str, self.uids))
-        self.procs: dict[int, subprocess.Popen] = {}
-        self._exits = ExitWaiter()
-        self._errs: dict[int, Any] = {}
         for u in self.uids:
-            cmd = [python or sys.executable, "-m", "unbroken.runtime.ftcomm_worker",
-                   "--uid", str(u), "--members", members, "--port", str(self.port),
-                   "--numel", str(numel), "--pace", str(pace), "--heartbeat", str(heartbeat),
-                   "--staleness", str(staleness), "--pg-timeout", str(pg_timeout)]
-            err = tempfile.TemporaryFile()  # a file, not a pipe: a chatty worker never blocks
-            self.procs[u] = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
-            self._errs[u] = err
+            self._start(u, self.ENTRY, [
+                "--uid", str(u), "--members", members, "--port", str(self.port),
+                "--numel", str(numel), "--pace", str(pace), "--heartbeat", str(heartbeat),
+                "--staleness", str(staleness), "--pg-timeout", str(pg_timeout)])
+
+    def _init_procs(self) -> None:
+        self.procs: dict[int, Any] = {}
+        self._exits = ExitWaiter()
+        # stderr of each worker: a file, not a pipe, so a chatty worker never blocks
+        self._errdir = tempfile.mkdtemp(prefix="unbroken-stderr-")
+
+    def _start(self, uid: int, entry: str, argv: list[str]) -> None:
+        from unbroken import spawn
+
+        self.procs[uid] = spawn.start(entry, argv, stderr_path=self._errpath(uid),
+                                      env={"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"})
+
+    def _errpath(self, uid: int) -> str:
+        return os.path.join(self._errdir, f"stderr-{uid}")
 
     # -- waiting (on store keys and process exits only)
     def wait_key(self, key: str, timeout: float, alive: list[int] | None = None) -> Any:
@@ -168,9 +206,11 @@ class LocalCluster:
             self._exits.wait([self.procs[u] for u in watch], 0.01)
 
     def stderr(self, uid: int) -> str:
-        f = self._errs[uid]
-        f.seek(0)
-        return f.read().decode(errors="replace")
+        try:
+            with open(self._errpath(uid), "rb") as f:
+                return f.read().decode(errors="replace")
+        except FileNotFoundError:
+            return ""
 
     def result(self, uid: int, step: int) -> dict:
         return json.loads(self.store.get(f"result/{uid}/{step}"))
@@ -209,8 +249,7 @@ class LocalCluster:
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:  # pragma: no cover
                 pass
-        for f in self._errs.values():
-            f.close()
+        shutil.rmtree(self._errdir, ignore_errors=True)
         self._exits.close()
 
     def __enter__(self) -> LocalCluster:

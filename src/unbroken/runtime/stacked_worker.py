@@ -31,44 +31,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 from datetime import timedelta
 
 from unbroken.events import Event
-from unbroken.procwait import ExitWaiter
+from unbroken.spawn import pdeathsig
 from unbroken.protocol import (ExitCode, assign_key, killed_key, standby_key, stopped_key,
                                wipeout_failed_key)
 from unbroken.runtime.ftcomm_worker import LocalCluster, finish, hard_exit, report_error
 
 
-def die_with_parent() -> None:
-    """Start-up guard: SIGKILL this process when its launcher dies (Linux ``PR_SET_PDEATHSIG``),
-    and leave at once if it is already gone. Until the worker has joined the job it holds
-    nothing worth saving, and would otherwise block connecting to a store nobody hosts."""
-    parent = os.environ.get("UNBROKEN_PARENT_PID")
-    if parent is None:
-        return
-    _pdeathsig(signal.SIGKILL)
-    if os.getppid() != int(parent):  # the launcher died before the line above
-        os._exit(ExitCode.COORDINATOR_LOST)
-
-
-def _pdeathsig(sig: int) -> None:
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(sig), 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: the store's loss still stops the worker
-        pass
-
-
 def worker_main(argv: list[str] | None = None) -> None:
-    die_with_parent()
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--uid", type=int, default=None,
                     help="group id; under torchrun (--from-env) it is the global RANK")
@@ -169,7 +143,7 @@ def worker_main(argv: list[str] | None = None) -> None:
             runner.resume()
         # connected and built: from here the launcher's death reaches us as the store's (or its
         # heartbeat's) loss, and we stop after a committed step with a checkpoint (exit 5)
-        _pdeathsig(0)
+        pdeathsig(0)
 
         def start_health() -> None:  # a member's agent; a waiting spare has nothing to report
             if a.health_every > 0:
@@ -252,24 +226,25 @@ class StackedCluster(LocalCluster):
                  pg_timeout: float = 30.0, wipeout_wait: float = 60.0,
                  ckpt_dir: str | None = None, ckpt_every: int = 50, resume: bool = False,
                  store_port: int | None = None, store_process: bool = False,
-                 supervisor_staleness: float = 0.0, python: str | None = None) -> None:
+                 supervisor_staleness: float = 0.0) -> None:
         import torch.distributed as dist
 
         self.cfg = cfg
         self.uids: list[int] = []
         self.spares = list(range(cfg.groups, cfg.groups + spares))
         self.journal_dir = journal_dir
+        self._init_procs()
         self.store_host = None
         if store_process and store_port is None:  # the store outlives a stopped launcher
-            self.store_host = subprocess.Popen(
-                [python or sys.executable, "-m", "unbroken.runtime.store_host"],
-                stdout=subprocess.PIPE, text=True, start_new_session=True,
-                env=dict(os.environ, UNBROKEN_PARENT_PID=str(os.getpid())))
-            line = self.store_host.stdout.readline()
-            if not line.strip().isdigit():
-                raise RuntimeError(f"the store host did not start (rc "
-                                   f"{self.store_host.poll()}): {line!r}")
-            store_port = int(line)
+            from unbroken import spawn
+
+            self.store_host = spawn.start("unbroken.runtime.store_host:main", [],
+                                          stderr_path=self._errpath("store"), channel=True)
+            try:
+                store_port = int(self.store_host.receive(timeout=120))
+            except (TimeoutError, EOFError):
+                raise RuntimeError(f"the store host did not start (rc {self.store_host.poll()}):"
+                                   f" {self.stderr('store')[-500:]}") from None
         if store_port is None:  # host the store here: the launcher is the coordinator
             self.store = dist.TCPStore("127.0.0.1", 0, is_master=True,
                                        wait_for_workers=False, timeout=timedelta(seconds=60))
@@ -277,11 +252,6 @@ class StackedCluster(LocalCluster):
             self.store = dist.TCPStore("127.0.0.1", store_port, is_master=False,
                                        wait_for_workers=False, timeout=timedelta(seconds=10))
         self.port = self.store.port
-        # workers die with this launcher while they start up (die_with_parent), and sit in a
-        # session of their own so a terminal's Ctrl-C reaches the launcher only
-        self._env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo",
-                         UNBROKEN_PARENT_PID=str(os.getpid()))
-        self._python = python or sys.executable
         self._common = ["--port", str(self.port), "--config", cfg.to_json(),
                         "--journal", journal_dir, "--heartbeat", str(heartbeat),
                         "--staleness", str(staleness), "--pg-timeout", str(pg_timeout),
@@ -291,9 +261,6 @@ class StackedCluster(LocalCluster):
                         *(["--supervisor-staleness", str(supervisor_staleness)]
                           if supervisor_staleness > 0 else []),
                         *(["--verdicts"] if verdicts else [])]
-        self.procs = {}
-        self._errs = {}
-        self._exits = ExitWaiter()
         flags = {"--die-after-replan": die_after_replan, "--die-in-patch": die_in_patch,
                  "--die-in-retry": die_in_retry, "--corrupt-snapshot": corrupt_snapshot,
                  "--drop-commit-on-join": drop_commit_on_join}
@@ -309,13 +276,12 @@ class StackedCluster(LocalCluster):
             self.spawn(u, standby=u in self.spares, extra=extra)
 
     def spawn(self, uid: int, *, standby: bool = False, extra: list[str] = ()) -> None:
-        """Start worker ``uid`` (a warm spare with ``standby``)."""
-        cmd = [self._python, "-m", "unbroken.runtime.stacked_worker", "--uid", str(uid),
-               *self._common, *(["--standby"] if standby else []), *extra]
-        err = tempfile.TemporaryFile()  # a file, not a pipe: a chatty worker never blocks
-        self.procs[uid] = subprocess.Popen(cmd, env=self._env, stdout=subprocess.DEVNULL,
-                                           stderr=err, start_new_session=True)
-        self._errs[uid] = err
+        """Start worker ``uid`` (a warm spare with ``standby``). It dies with this launcher
+        while it starts up (:mod:`unbroken.spawn`) and sits in a session of its own, so a
+        terminal's Ctrl-C reaches the launcher only."""
+        self._start(uid, "unbroken.runtime.stacked_worker:worker_main",
+                    ["--uid", str(uid), *self._common, *(["--standby"] if standby else []),
+                     *extra])
         self.uids.append(uid)
         if standby and uid not in self.spares:
             self.spares.append(uid)

@@ -1,0 +1,127 @@
+"""The fork server (unbroken.spawn): workers forked from a preloaded interpreter keep the
+Popen contract the launchers rely on (exit codes, signals, sessions, environment, stderr,
+the exit sentinel), start without paying the torch import, and leave with their launcher."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from unbroken import spawn
+from unbroken.procwait import ExitWaiter
+
+pytestmark = pytest.mark.mp
+
+ENTRIES = textwrap.dedent('''
+    import os, sys, time, json
+    from unbroken import spawn
+
+    def report(argv):
+        out = {"argv": argv, "sid": os.getsid(0), "pid": os.getpid(), "cwd": os.getcwd(),
+               "env": os.environ.get("SPAWN_TEST"), "torch": "torch" in sys.modules,
+               "title": open("/proc/self/cmdline", "rb").read().replace(b"\\0", b" ").decode()}
+        spawn.tell(out)
+        print("to stderr", file=sys.stderr, flush=True)
+        sys.exit(int(argv[0]))
+
+    def wait_forever(argv):
+        spawn.tell("ready")
+        time.sleep(3600)
+
+    def fail(argv):
+        raise ValueError("boom")
+''')
+
+
+@pytest.fixture
+def entries(tmp_path, monkeypatch):
+    (tmp_path / "spawn_entries.py").write_text(ENTRIES)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # the worker imports what python -m would
+    return tmp_path
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_gets_argv_env_cwd_its_own_session_and_its_exit_code(entries, tmp_path,
+                                                                       monkeypatch):
+    monkeypatch.setenv("SPAWN_TEST", "at the call")  # after the server may have started
+    monkeypatch.chdir(tmp_path)
+    err = tmp_path / "stderr"
+    w = spawn.start("spawn_entries:report", ["7", "--uid 3"], stderr_path=str(err),
+                    channel=True)
+    got = w.receive(timeout=30)
+    assert w.wait(timeout=30) == 7 and w.returncode == 7
+    assert got["argv"] == ["7", "--uid 3"] and got["pid"] == w.pid
+    assert got["sid"] == w.pid  # a session of its own: a terminal's Ctrl-C is not for it
+    assert got["env"] == "at the call" and got["cwd"] == str(tmp_path)
+    assert got["torch"]  # preloaded by the server, not imported by the worker
+    assert "-m spawn_entries 7 --uid 3" in got["title"]  # ps / pgrep -f find it as before
+    assert err.read_text() == "to stderr\n"
+
+
+@pytest.mark.timeout(60)
+def test_signals_exceptions_and_the_sentinel_behave_like_popen(entries, tmp_path):
+    w = spawn.start("spawn_entries:wait_forever", [], stderr_path=str(tmp_path / "e1"),
+                    channel=True)
+    assert w.receive(timeout=30) == "ready"
+    assert w.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        w.wait(timeout=0.05)
+    waiter = ExitWaiter()
+    t0 = time.monotonic()
+    w.send_signal(signal.SIGKILL)
+    waiter.wait([w], timeout=20)  # wakes on the sentinel, not on the timeout
+    assert time.monotonic() - t0 < 10
+    assert w.poll() == -signal.SIGKILL
+    w.kill()  # a no-op once it has ended, as Popen.kill
+    bad = spawn.start("spawn_entries:fail", [], stderr_path=str(tmp_path / "e2"))
+    assert bad.wait(timeout=30) == 1
+    assert "ValueError: boom" in (tmp_path / "e2").read_text()
+
+
+@pytest.mark.timeout(120)
+def test_a_script_without_a_main_guard_can_start_workers(entries, tmp_path):
+    # multiprocessing's forkserver would re-run this script in every child; ours does not
+    script = tmp_path / "noguard.py"
+    script.write_text(textwrap.dedent('''
+        from unbroken import spawn
+        w = spawn.start("spawn_entries:report", ["0"], stderr_path="/dev/null", channel=True)
+        w.receive(timeout=60)
+        print("rc", w.wait(timeout=60))
+    '''))
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                       timeout=110, env=dict(os.environ, PYTHONPATH=str(tmp_path)))
+    assert p.returncode == 0 and p.stdout.strip() == "rc 0", p.stderr[-2000:]
+
+
+@pytest.mark.timeout(120)
+def test_workers_still_starting_leave_with_their_launcher(entries, tmp_path):
+    # a launcher SIGKILLed while its worker waits: the server sees its socket close and exits,
+    # and the worker, still holding PR_SET_PDEATHSIG on the server, follows
+    script = tmp_path / "launcher.py"
+    script.write_text(textwrap.dedent('''
+        from unbroken import spawn
+        w = spawn.start("spawn_entries:wait_forever", [], stderr_path="/dev/null",
+                        channel=True)
+        w.receive(timeout=60)
+        print(w.pid, flush=True)
+        input()
+    '''))
+    p = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True,
+                         env=dict(os.environ, PYTHONPATH=str(tmp_path)))
+    try:
+        pid = int(p.stdout.readline())
+        fd = os.pidfd_open(pid)  # readable when it ends (it is not our child to wait on)
+        p.kill()
+        p.wait(timeout=10)
+        assert select.select([fd], [], [], 10)[0], "the worker outlived its launcher"
+        os.close(fd)
+    finally:
+        p.kill()
