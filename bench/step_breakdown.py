@@ -7,16 +7,16 @@ milliseconds of step time. So the breakdown is CPU time of each worker's trainin
 step, by part of the step, from ``cProfile`` timed by ``time.thread_time`` (the thread's own
 CPU clock: waiting in a collective costs nothing, spinning does).
 
-* stacked: real ``stacked_worker`` processes (``StackedCluster``, GPT of ``train_bars``, snapshot
-  on), ``UNBROKEN_PROFILE`` set, so each worker profiles ``StackedRunner.run``;
+* stacked: real ``stacked_worker`` processes (``StackedCluster``, GPT of ``train_bars``),
+  ``UNBROKEN_PROFILE`` set, so each worker profiles ``StackedRunner.run``;
 * plain DP: this file re-executed as ``--plain-worker``: own shard's gradient, one blocking
   ``dist.all_reduce`` of the flat gradient, ``apply`` (as ``train_bars.py``'s plain worker).
 
 Parts (cumulative CPU of these functions, per step, median over the 4 workers): ``gradient``
 (the trainer's ``grad``), ``optimizer`` (``apply``), ``all-reduce`` (``FTComm.allreduce`` /
-``dist.all_reduce``), ``snapshot`` (``Snapshot.capture``), ``pack`` (the step buffer),
-``step check`` (the in-band check), ``commit bookkeeping`` (``_commit`` less the optimizer and
-the snapshot: the ledger line, the control values), ``other`` (the rest of the loop).
+``dist.all_reduce``), ``pack`` (the step buffer), ``step check`` (the in-band check),
+``commit bookkeeping`` (``_commit`` less the optimizer: the ledger line, the control values),
+``other`` (the rest of the loop).
 
 Usage: ``.venv/bin/python bench/step_breakdown.py [--steps 200]``.
 """
@@ -46,7 +46,6 @@ PARTS = {
     "gradient": [("runtime/gpt.py", "grad")],
     "optimizer": [("runtime/trainer.py", "apply")],
     "all-reduce": [("runtime/ftcomm.py", "allreduce"), ("distributed_c10d.py", "all_reduce")],
-    "snapshot": [("runtime/snapshot.py", "capture")],
     "pack": [("runtime/stacked.py", "_pack")],
     "step check": [("runtime/stacked.py", "_step_check")],
 }
@@ -84,7 +83,7 @@ def breakdown(path: str, steps: int) -> dict:
     total = max(_cum(stats, *k) for k in LOOPS)
     commit = _cum(stats, *COMMIT)
     if commit:
-        per["commit bookkeeping"] = max(0.0, commit - per["optimizer"] - per["snapshot"])
+        per["commit bookkeeping"] = max(0.0, commit - per["optimizer"])
     per["other"] = total - sum(per.values())
     out = {p: 1e3 * v / steps for p, v in per.items()}
     out["total"] = 1e3 * total / steps

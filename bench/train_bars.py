@@ -24,12 +24,12 @@ Progress goes to stderr; stdout carries exactly one JSON object.
    process layout (4 processes, 1 torch thread each, ``OMP_NUM_THREADS=1``, store hosted by this
    launcher). (The default MLP's step is ~0.1 ms of compute: its overhead ratio is noise.)
 
-   * stacked: the real ``stacked_worker`` processes (``StackedCluster``, ``--steps`` steps), once
-     with ``TrainConfig.snapshot=True`` (the every-step in-memory snapshot, the default) and once
-     with ``snapshot=False``. The worker does not report per-step times, so they are taken from
-     its journal: the ``t`` of consecutive ``commit`` lines of one group (``t`` is written right
-     after the optimizer step, so the difference is one full step: gradient, in-band-checked
-     FTComm all-reduce, apply, snapshot if on, journal write).
+   * stacked: the real ``stacked_worker`` processes (``StackedCluster``, ``--steps`` steps).
+     The worker does not report per-step times, so they are taken from its journal: the ``t``
+     of consecutive ``commit`` lines of one group (``t`` is written right after the optimizer
+     step, so the difference is one full step: gradient, in-band-checked FTComm all-reduce,
+     apply, journal write).
+   * guarded: the product as a user runs it (the Supervisor, ``--guard act``, no spare).
    * plain DP: this file re-executed as ``--plain-worker`` (4 processes): the same trainer
      (``make_trainer``); per step each rank computes the gradient of its own shard type, ONE
      ``dist.all_reduce`` of the flat gradient on a normal gloo process group (no ftcomm, no
@@ -39,9 +39,12 @@ Progress goes to stderr; stdout carries exactly one JSON object.
    Per group, the median of the step times after ``--warmup`` steps. Each of the three runs is
    repeated ``--rounds`` times, in an order rotated every round, and the medians of all per-step
    samples are reported (also the ratios of the best round medians, which other load on a shared
-   machine disturbs less). Ratios: ``stacked_over_plain`` = stacked (snapshot on, the production
-   setting) / plain, bar <= 1.05; ``snapshot_over_nosnapshot`` = stacked snapshot on / off, bar
-   <= 1.03.
+   machine disturbs less). Ratios: ``stacked_over_plain`` bar <= 1.05, ``guarded_over_plain``
+   bar <= 1.03 (issue 9).
+
+   ``state_copy_capture``: one checksummed capture of the whole state (what a member does when
+   it serves a joiner), measured directly; the runner keeps no per-step copy (the committed
+   state every group holds is the in-memory checkpoint, see ``unbroken.runtime.stacked``).
 
 Usage: ``.venv/bin/python bench/train_bars.py [--repeats 5] [--steps 60] [--warmup 15] [--rounds 3]``.
 """
@@ -71,7 +74,6 @@ HEARTBEAT, STALENESS = 0.1, 1.0
 BAR_KILL_S = 0.3
 BAR_OVERHEAD = 1.05
 BAR_GUARDED = 1.03  # issue 9: the failure-free step with the guard on, against plain DP
-BAR_SNAPSHOT = 1.03
 GPT_LR = 3e-3  # unbroken.runtime.gpt.RECOMMENDED_LR
 GPT_DATASET = 8192  # the demo's (supervise.spec.train_config), so the guarded run matches
 # step-time runs: nothing dies there, so a generous staleness keeps a heartbeat thread starved
@@ -157,10 +159,9 @@ def kill_mode(notify: bool, repeats: int) -> dict:
 
 
 # ------------------------------------------------------------------ 2. step time
-def gpt_config(steps: int, snapshot: bool = True) -> TrainConfig:
+def gpt_config(steps: int) -> TrainConfig:
     # dataset_size: 512 steps of 4 x 8 windows per epoch, so no run wraps an epoch
     return TrainConfig(model="gpt", groups=N, redundancy=R, steps=steps, seed=3, shard_size=8,
-                       snapshot=snapshot,
                        trainer_args={"seq_len": 64, "d_model": 64, "n_layer": 2, "n_head": 4,
                                      "dataset_size": GPT_DATASET, "lr": GPT_LR})
 
@@ -297,23 +298,13 @@ def grad_ms_one_thread(cfg: TrainConfig, n: int = 15) -> tuple[int, float]:
     return tr.numel, statistics.median(xs) * 1e3
 
 
-def snapshot_in_runner() -> bool:
-    """Whether StackedRunner reads ``cfg.snapshot`` at all (else both stacked runs are equal)."""
-    import inspect
-
-    from unbroken.runtime.stacked import StackedRunner
-
-    return "cfg.snapshot" in inspect.getsource(StackedRunner)
-
-
 def p90(xs: list[float]) -> float:
     return med([sorted(xs)[int(0.9 * len(xs))]])
 
 
 def snapshot_capture_ms(cfg: TrainConfig, n: int = 200) -> dict:
-    """The snapshot's own cost, measured directly (1 thread): one capture of the whole state
-    (parameters + AdamW buffers) into the preallocated buffer, as the runner does per commit.
-    Far less noisy than the difference of two multi-process step times."""
+    """One capture of the whole state (parameters + AdamW buffers) into the preallocated
+    buffer, as a member serving a joiner does (1 thread, measured directly)."""
     from unbroken.runtime.snapshot import Snapshot
     from unbroken.runtime.trainer import make_trainer
 
@@ -334,8 +325,7 @@ def snapshot_capture_ms(cfg: TrainConfig, n: int = 200) -> dict:
 
 
 def step_time(steps: int, warmup: int, rounds: int) -> dict:
-    cfgs = {"stacked": gpt_config(steps, snapshot=True),
-            "stacked_nosnapshot": gpt_config(steps, snapshot=False),
+    cfgs = {"stacked": gpt_config(steps),
             "guarded": gpt_config(steps),
             "plain": gpt_config(steps)}
     runs = {"plain": run_plain, "guarded": run_guarded}
@@ -361,24 +351,17 @@ def step_time(steps: int, warmup: int, rounds: int) -> dict:
         log(f"  round {i}: " + ", ".join(f"{k} {rmed[k][-1] * 1e3:.2f} ms/step"
                                          for k in cfgs if len(rmed[k]) > i))
     if any(not v for v in alls.values()):
-        return {"failed_runs": failed, "pass_overhead": False, "pass_snapshot": False}
+        return {"failed_runs": failed, "pass_overhead": False, "pass_guarded": False}
     m = {k: statistics.median(v) for k, v in alls.items()}
     pdiff = {k: (torch.tensor(params[k]) - torch.tensor(params["plain"])).abs().max().item()
-             for k in ("stacked", "stacked_nosnapshot", "guarded")}
+             for k in ("stacked", "guarded")}
     best = {k: min(v) for k, v in rmed.items()}
-    wired = snapshot_in_runner()
     c = cfgs["stacked"]
     h = c.trainer_args  # the GPT's hyperparameters (gpt_config)
     notes = [
-        "stacked_over_plain uses the stacked run WITH the every-step snapshot (the default "
-        "setting); stacked_nosnapshot_over_plain is the masking machinery alone.",
         "shared machine: other processes may run; 4 single-thread workers on "
         f"{os.cpu_count()} cpus, so ratios carry scheduler noise.",
     ]
-    if not wired:
-        notes.append("StackedRunner does not read TrainConfig.snapshot yet: the snapshot and "
-                     "no-snapshot runs execute the same code, so snapshot_over_nosnapshot "
-                     "measures noise only.")
     return {
         "model": {"name": "gpt", "seq_len": h["seq_len"], "d_model": h["d_model"],
                   "n_layer": h["n_layer"], "n_head": h["n_head"], "shard_size": c.shard_size,
@@ -387,31 +370,24 @@ def step_time(steps: int, warmup: int, rounds: int) -> dict:
                   "lr": h["lr"], "optimizer": "AdamW", "dtype": "float64", "grad_numel": numel,
                   "grad_ms_1thread_launcher": round(grad_ms, 3)},
         "steps_per_run": steps, "warmup_steps_dropped": warmup, "rounds": rounds,
-        "snapshot_in_runner": wired,
         "stacked_median_step_s": med([m["stacked"]]),
-        "stacked_nosnapshot_median_step_s": med([m["stacked_nosnapshot"]]),
         "plain_dp_median_step_s": med([m["plain"]]),
         "round_medians_s": {k: [round(x, 6) for x in v] for k, v in rmed.items()},
         "p90_step_s": {k: p90(v) for k, v in alls.items()},
         "stacked_over_plain": round(m["stacked"] / m["plain"], 4),
         "guarded_median_step_s": med([m["guarded"]]),
         "guarded_over_plain": round(m["guarded"] / m["plain"], 4),
-        "stacked_nosnapshot_over_plain": round(m["stacked_nosnapshot"] / m["plain"], 4),
-        "snapshot_over_nosnapshot": round(m["stacked"] / m["stacked_nosnapshot"], 4),
-        "snapshot_capture": {**cap, "over_plain_step": round(
+        "state_copy_capture": {**cap, "over_plain_step": round(
             cap["median_ms"] / 1e3 / m["plain"], 5)},
         # best round per run: less sensitive to load from other processes on a shared machine
         "best_round_ratios": {
             "stacked_over_plain": round(best["stacked"] / best["plain"], 4),
-            "guarded_over_plain": round(best["guarded"] / best["plain"], 4),
-            "snapshot_over_nosnapshot": round(best["stacked"] / best["stacked_nosnapshot"], 4)},
+            "guarded_over_plain": round(best["guarded"] / best["plain"], 4)},
         "max_param_diff_vs_plain": pdiff,
         "bar_stacked_over_plain_le": BAR_OVERHEAD,
-        "bar_snapshot_over_nosnapshot_le": BAR_SNAPSHOT,
         "pass_overhead": m["stacked"] / m["plain"] <= BAR_OVERHEAD,
         "bar_guarded_over_plain_le": BAR_GUARDED,
         "pass_guarded": m["guarded"] / m["plain"] <= BAR_GUARDED,
-        "pass_snapshot": m["stacked"] / m["stacked_nosnapshot"] <= BAR_SNAPSHOT,
         "failed_runs": failed,
         "notes": notes,
     }
@@ -425,12 +401,12 @@ METHOD = (
     "victim's killed/<uid> timestamp (posted just before SIGKILL). 'notified': launcher waits "
     "for the exit and posts declare_dead; 'heartbeat_only': no notice. step_time: model = "
     "byte-level float64 GPT (TrainConfig(model='gpt'), AdamW); stacked = real stacked_worker "
-    "processes with snapshot on and off (staleness %.0f s: nothing dies), per-step time = "
+    "processes (staleness %.0f s: nothing dies), and the Supervisor with --guard act, per-step time = "
     "difference of consecutive journal commit t of one group; plain DP = this script as "
     "--plain-worker, 4 processes, same trainer, own-shard gradient + one flat dist.all_reduce on "
     "a plain gloo PG + apply, time.time() after apply; all 1 torch thread/process, store hosted "
     "by the launcher; median per group after warm-up, median of all samples over rounds (run "
-    "order rotated per round); ratios = stacked/plain and snapshot/no-snapshot."
+    "order rotated per round); ratios = stacked/plain and guarded/plain."
     % (DIE_AT, DIE_AT, STEP_STALENESS))
 
 
@@ -467,7 +443,7 @@ def main() -> None:
             log(f"kill -> next commit, {name}")
             out["kill_to_next_commit"][name] = kill_mode(notify, a.repeats)
     if not a.skip_step:
-        log("failure-free step time (GPT), stacked (snapshot on / off) vs plain DP")
+        log("failure-free step time (GPT), stacked and guarded vs plain DP")
         out["step_time"] = step_time(a.steps, a.warmup, a.rounds)
     bars = {}
     if "kill_to_next_commit" in out:
@@ -475,7 +451,7 @@ def main() -> None:
             bars[f"kill_to_next_commit_{name}_median_lt_0.3s"] = r["pass"]
     if "step_time" in out:
         bars["step_overhead_le_5pct"] = out["step_time"]["pass_overhead"]
-        bars["snapshot_overhead_le_3pct"] = out["step_time"]["pass_snapshot"]
+        bars["guarded_overhead_le_3pct"] = out["step_time"]["pass_guarded"]
     out["bars"] = bars
     out["wall_s"] = round(time.monotonic() - t0, 1)
     print(json.dumps(out))

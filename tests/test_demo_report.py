@@ -48,7 +48,7 @@ def demo_journal():
     ev.append({"event": "fault", "kind": "kill", "group": 2, "step": 41, "t": tf})
     ev.append({"event": "wipeout", "step": 41, "members": [0], "lost_types": [1, 2],
                "reason": "types 1, 2 have no live copy", "t": tf + 0.2})
-    ev.append({"event": "restart", "step": 38, "reason": "wipe-out", "source": "snapshot",
+    ev.append({"event": "restart", "step": 38, "reason": "wipe-out", "source": "memory",
                "t_ready": tf + 1.5, "t": tf + 0.3})
     ev.append({"event": "join", "uid": 4, "slot": 1, "step": 38, "t": tf + 1.4})
     ev.append({"event": "join", "uid": 5, "slot": 2, "step": 38, "t": tf + 1.45})
@@ -83,7 +83,7 @@ def test_print_report_renders_the_numbers():
     print_report(con, rep)
     out = con.export_text()
     for s in ("ETTR", "masked without restart", "Time lost per fault", "kill group 2 @ step 41",
-              "restart from snapshot", "NO", "1.5e-07"):
+              "restart from memory", "NO", "1.5e-07"):
         assert s in out
 
 

@@ -171,7 +171,7 @@ class LiveView:
             took = (f", ready in {ready - t:.2f} s" if isinstance(ready, (int, float)) and
                     isinstance(t, (int, float)) else "")
             return self._add(f"restart at step {event.get('step', '?')} from "
-                             f"{event.get('source', 'snapshot')}{took}", "bold magenta")[0]
+                             f"{event.get('source', 'memory')}{took}", "bold magenta")[0]
         if ev == Event.JOIN:
             u, s = event.get("uid"), event.get("slot")
             self.status[u] = "joined"

@@ -47,7 +47,7 @@ class MetricsExporter:
         self.loss = g("unbroken_loss", "loss of the last committed step")
         self.faults = g("unbroken_faults", "faults seen, by kind", ("kind",))
         self.masked = g("unbroken_faults_masked", "faults masked without a restart")
-        self.restarts = g("unbroken_restarts", "restarts (from snapshot or checkpoint)")
+        self.restarts = g("unbroken_restarts", "restarts (from the committed state in memory or a checkpoint)")
         self.lost = g("unbroken_time_lost_seconds", "time lost to faults", ("kind", "part"))
         self.other = g("unbroken_time_lost_other_seconds", "time lost outside fault windows")
         self.errors = g("unbroken_metrics_errors", "updates that failed (ignored)")

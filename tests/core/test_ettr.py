@@ -121,7 +121,7 @@ def wipeout_journal():
         ev.append({"event": "wipeout", "step": 60, "members": [0, 1], "lost_types": [2],
                    "reason": "no copy", "t": tf + 0.3})
     ready = tf + 2.0
-    ev.append({"event": "restart", "step": 55, "reason": "wipe-out", "source": "snapshot",
+    ev.append({"event": "restart", "step": 55, "reason": "wipe-out", "source": "memory",
                "t_ready": ready, "t": tf + 0.5})
     t = ready
     for k in range(55, 100):
@@ -137,7 +137,7 @@ def test_wipeout_restart_is_not_masked_and_redone_steps_are_lost():
     r = ettr_report(ev)
     assert r.restarts == 1 and r.steps == 100
     (f,) = r.faults
-    assert not f.masked and "snapshot" in f.how
+    assert not f.masked and "memory" in f.how
     # (commit 59 -> ready + 0.1) is redone step 55, then 56..59 redone, 60 on time
     assert f.lost_s == pytest.approx(2.11 + 0.4)
     assert f.detect_s == pytest.approx(0.2)  # the driver saw the exit first

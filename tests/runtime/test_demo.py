@@ -49,7 +49,7 @@ def test_demo_without_faults_is_plain_data_parallelism(demo, tmp_path):
 @pytest.mark.timeout(300)
 def test_demo_wipeout_without_spares_is_answered_by_the_ladder(demo, tmp_path):
     # no spare: the wipe-out at step 9 cannot be covered from the pool; the ladder retries in
-    # place (fresh processes in both dead slots, the survivors restore their snapshot); with
+    # place (fresh processes in both dead slots, the survivors keep their committed state); with
     # retry switched off it restarts every group from the checkpoint of step 5, the steps
     # 5..8 done twice counting once (the restore rolls back)
     rep = demo("--steps", "16", "--spares", "0", "--faults", "kill:1@8,kill:2@9",
@@ -57,7 +57,7 @@ def test_demo_wipeout_without_spares_is_answered_by_the_ladder(demo, tmp_path):
     assert rep["faults_masked"] == 1 and rep["restarts"] == 1
     assert rep["exactly_once"] is True and rep["ledger"]["records"] == 16 * 4
     assert rep["max_abs_param_diff"] < 1e-5
-    assert rep["time_lost_per_fault"][1]["how"].startswith("restart from snapshot")
+    assert rep["time_lost_per_fault"][1]["how"].startswith("restart from memory")
     events = read_journal(tmp_path / "retry" / "journal.jsonl")
     rungs = [(e["for"], e["rung"]) for e in events if e["event"] == "ladder"]
     assert rungs == [("death group 1", "mask"), ("wipe-out: slots [1, 2] have no live holder",

@@ -145,7 +145,7 @@ def test_wipeout_restarts_from_snapshot_with_replacements(ref4, tmp_path):
         (w,) = events(j[u], "wipeout")
         assert w["step"] == 10 and w["lost_types"] == [2]
         (r,) = events(j[u], "restart")
-        assert r["step"] == 10 and r["source"] == "snapshot" and r["joined"] == {"4": 1, "5": 2}
+        assert r["step"] == 10 and r["source"] == "memory" and r["joined"] == {"4": 1, "5": 2}
     for u in (4, 5):
         assert events(j[u], "commit")[0]["step"] == 10
 

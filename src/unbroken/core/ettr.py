@@ -308,7 +308,7 @@ def ettr_report(events: list[dict], *, window: int = 20) -> EttrReport:
                 ready = ready if ready is not None else float(restart["t"])
                 restart_s = max(0.0, ready - float(res["t"]))
                 end_t = ready
-                how = (f"restart from {restart.get('source', 'snapshot')} "
+                how = (f"restart from {restart.get('source', 'memory')} "
                        f"@ step {restart.get('step', '?')}")
         i0 = idx_after(tf)
         i1 = first_new_after(end_t) if end_t is not None else i0

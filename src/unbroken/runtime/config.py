@@ -3,7 +3,7 @@ shares, serialised as JSON on the worker's command line.
 
 Only what the runtime itself needs lives here: the layout (groups, redundancy), the length of
 the run, the seed and the shard size of the data plan (:class:`~unbroken.core.shards.DataPlan`),
-the every-step snapshot, the device, the redundant SDC check, and *which* trainer to build
+the device, the redundant SDC check, and *which* trainer to build
 (``model``) with *which* keyword arguments (``trainer_args``). A model's hyperparameters
 (width, depth, learning rate, its dataset's size, ...) are its factory's keyword arguments,
 for the built-in "mlp" and "gpt" exactly as for a user's ``package.module:factory``
@@ -29,8 +29,6 @@ class TrainConfig:
     # "mlp" (unbroken.runtime.mlp), "gpt" (unbroken.runtime.gpt: a byte-level GPT on stdlib
     # sources), or "package.module:factory" for a user's own trainer (see make_trainer)
     model: str = "mlp"
-    # every-step in-memory snapshot of the committed state (off: to measure its cost)
-    snapshot: bool = True
     # "cpu" (gloo) or "cuda" / "cuda:<i>" (NCCL): configuration, not a code path of its own
     device: str = "cpu"
     # every sdc_every-th step every group also computes the other shard types it hosts and the

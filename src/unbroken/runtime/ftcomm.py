@@ -14,8 +14,10 @@ On torch 2.13 with the gloo backend (CPU) a process group cannot be repaired in 
 
 So survivors do not try to fix the old group. They *abandon* it and build a new one:
 
-1. Every collective is issued with ``async_op=True`` and polled with ``work.is_completed()``
-   while watching an abort flag in the store (``abort/<gen>``), so no thread ever blocks in gloo.
+1. Every collective is issued with ``async_op=True``; the caller sleeps until the op's future
+   completes or the generation is aborted, so no thread ever blocks in gloo. The abort flag is
+   a store key set once (``abort/<gen>``); a thread per generation blocks in the store's
+   ``wait`` on it (no polling: the step's critical path makes no store round trip).
 2. A heartbeat thread (own store client) bumps ``hb/<uid>`` every ``heartbeat_period`` seconds
    and watches the other members. A member whose counter has not moved for ``staleness``
    seconds (5 s until the first collective has completed: start-up is slow, not hung), or
@@ -119,8 +121,9 @@ class FTComm:
         abandoned on the abort flag long before it.
     rendezvous_timeout:
         Leader's deadline to wait for live members; followers wait a little longer.
-    poll_interval, store_poll_interval:
-        How often ``allreduce`` checks the op and the store's abort flag while waiting.
+    poll_interval:
+        How often ``allreduce`` re-checks the op while waiting, as a safety net (the op's
+        future and an abort wake it at once).
     """
 
     def __init__(
@@ -136,8 +139,7 @@ class FTComm:
         pg_timeout: float = 60.0,
         rendezvous_timeout: float = 10.0,
         store_timeout: float = 60.0,
-        poll_interval: float = 0.001,
-        store_poll_interval: float = 0.01,
+        poll_interval: float = 0.1,
         joining: bool = False,
         backend: str = "gloo",
         supervisor_staleness: float = 0.0,
@@ -169,7 +171,6 @@ class FTComm:
         self.pg_timeout = float(pg_timeout)
         self.rendezvous_timeout = float(rendezvous_timeout)
         self.poll_interval = float(poll_interval)
-        self.store_poll_interval = float(store_poll_interval)
 
         self._gen = 0
         self._members = members
@@ -202,6 +203,8 @@ class FTComm:
 
         self._hb_store = _clone(store)
         self._hb_store.add(hb_key(self.uid), 1)  # first beat before anyone can judge us
+        self._hb_known: set[str] = set()  # keys the heartbeat has seen exist (multi_get blocks
+        #                                   on a missing one)
         self._thread = threading.Thread(target=self._monitor, name=f"ftcomm-hb-{uid}", daemon=True)
         self._thread.start()
 
@@ -210,6 +213,7 @@ class FTComm:
             return
         t0 = time.monotonic()
         self._init_pg(0, members)
+        self._watch_abort(0)
         self.journal.append({"event": Event.INIT, "gen": 0, "members": list(members),
                              "pg_init_s": round(time.monotonic() - t0, 4), "t": time.time()})
 
@@ -242,9 +246,9 @@ class FTComm:
         with a fresh buffer. Reducing in place saves two copies of the buffer a step.
         """
         gen = self._gen
-        # the local flag only: a peer's abort reaches us through the heartbeat thread or the
-        # store poll while waiting below; a round trip here would sit on every step's path
-        if self._check_abort(gen, poll_store=False):
+        # the local flag only: a peer's abort reaches us through the abort watcher or the
+        # heartbeat thread; a round trip here would sit on every step's path
+        if self._check_abort(gen):
             self._note_detect(self._abort_reason or "abort flag")
             return False
         buf = tensor.detach()
@@ -263,13 +267,12 @@ class FTComm:
             #   four workers on two cores spent measurable CPU in 1 kHz wake-ups
             fut = work.get_future()
             fut.add_done_callback(lambda _f: self._wake.set())
-            wait_s = self.store_poll_interval
-        except (RuntimeError, AttributeError):  # a backend without futures: poll
             wait_s = self.poll_interval
+        except (RuntimeError, AttributeError):  # a backend without futures: poll
+            wait_s = 0.001
         if self.on_issue is not None:
             hook, self.on_issue = self.on_issue, None
             hook()
-        next_store_poll = time.monotonic() + self.store_poll_interval
         while True:
             # the future completes a moment before the work is marked finished: between the
             # two, testing is_completed() alone spun (160 wake-ups a step on a busy box);
@@ -286,10 +289,9 @@ class FTComm:
                 if not self.aborted:
                     self._wake.clear()  # this op's completion, not an abort
                 return True
-            poll_store = time.monotonic() >= next_store_poll
-            if poll_store:
-                next_store_poll = time.monotonic() + self.store_poll_interval
-            if self._check_abort(gen, poll_store=poll_store):
+            # a peer's abort arrives through this generation's abort watcher (store wait) or
+            # the heartbeat thread; both set the local flag and wake us
+            if self._check_abort(gen):
                 self._abandon(gen, work, buf, None)
                 return False
             self._wake.wait(wait_s)
@@ -415,6 +417,7 @@ class FTComm:
             self._wake.clear()
             self._abort_reason = None
             self._detected_at = None
+        self._watch_abort(gen)
         if self._aborted_gen >= gen:  # raced: the new generation already broke
             self._wake.set()
 
@@ -487,30 +490,55 @@ class FTComm:
             first = self._aborted_gen < gen
             self._aborted_gen = max(self._aborted_gen, gen)
         if first:
-            try:
-                (store or self.store).add(f"abort/{gen}", 1)
+            try:  # set once: its existence is the flag every member's watcher waits for
+                (store or self.store).set(f"abort/{gen}", reason[:200])
             except Exception:  # no coordinator: peers will see the gloo error themselves
                 self.store_lost = True
         self._wake.set()
 
-    def _check_abort(self, gen: int, *, poll_store: bool) -> bool:
-        if self._aborted_gen >= gen:
-            return True
-        if poll_store and not self.store_lost:
+    def _check_abort(self, gen: int) -> bool:
+        """The local flag: set by a gloo error here, by the heartbeat thread (a dead or stale
+        peer) or by this generation's abort watcher (a peer set the store's flag)."""
+        return self._aborted_gen >= gen
+
+    #: how long one blocking wait of an abort watcher lasts before it looks whether its
+    #: generation is still current (a generation that ended without an abort lets its
+    #: watcher go at the next timeout)
+    ABORT_WAIT_S = 30.0
+
+    def _watch_abort(self, gen: int) -> None:
+        """Start the thread that sleeps in the store until ``abort/<gen>`` is set, on a
+        client of its own; it marks the generation aborted and wakes the op at once."""
+        threading.Thread(target=self._await_abort, args=(gen,), daemon=True,
+                         name=f"ftcomm-abort-{self.uid}-{gen}").start()
+
+    def _await_abort(self, gen: int) -> None:
+        key = f"abort/{gen}"
+        try:
+            st = _clone(self.store)
+        except Exception:  # no coordinator: the heartbeat thread reports it
+            return
+        while not self._stop.is_set() and self._aborted_gen < gen and self._gen <= gen:
+            t0 = time.monotonic()
             try:
-                flag = self.store.add(f"abort/{gen}", 0)
-            except Exception:  # the coordinator is gone: finish the op on gloo alone
-                self.store_lost = True
-                return False
-        else:
-            flag = 0
-        if flag > 0:
+                st.wait([key], timedelta(seconds=self.ABORT_WAIT_S))
+            except Exception:  # the timeout, a hiccup, or the store is gone
+                if self.store_lost:
+                    return  # the heartbeat thread judged the store lost
+                if time.monotonic() - t0 < self.ABORT_WAIT_S / 2:  # not the timeout: wait a
+                    self._stop.wait(self.heartbeat_period)  # beat, with a fresh connection
+                    try:
+                        st = _clone(self.store)
+                    except Exception:
+                        pass
+                continue
             with self._lock:
-                self._aborted_gen = max(self._aborted_gen, gen)
-                if self._abort_reason is None:
-                    self._abort_reason = "abort flag set by a peer"
-            return True
-        return False
+                if self._aborted_gen < gen:
+                    self._aborted_gen = gen
+                    if self._abort_reason is None and self._gen == gen:
+                        self._abort_reason = "abort flag set by a peer"
+            self._wake.set()
+            return
 
     def watch(self, keys) -> None:
         """Have the heartbeat thread read these store counters every period (``watched``):
@@ -556,8 +584,11 @@ class FTComm:
                 if self.supervisor_staleness > 0:
                     keys.append(SUPERVISOR_HB)
                 keys += watch
-                if st.check(keys):  # one round trip for all counters (multi_get blocks on a
-                    vals = [int(v) for v in st.multi_get(keys)]  # missing key: check first)
+                # one round trip for all counters; multi_get blocks on a missing key, so a
+                # key is read that way once it is known to exist (created by add otherwise)
+                if self._hb_known.issuperset(keys) or st.check(keys):
+                    vals = [int(v) for v in st.multi_get(keys)]
+                    self._hb_known.update(keys)
                 else:
                     vals = [st.add(k, 0) for k in keys]
                 if watch:
@@ -589,13 +620,6 @@ class FTComm:
                 if lost and self._aborted_gen < gen:
                     why = "declared dead" if set(lost) & all_dead else "stale heartbeat"
                     self._set_abort(gen, f"{why}: {lost}", st)
-                elif self._aborted_gen < gen and st.add(f"abort/{gen}", 0) > 0:
-                    with self._lock:
-                        if self._gen == gen:
-                            self._aborted_gen = max(self._aborted_gen, gen)
-                            if self._abort_reason is None:
-                                self._abort_reason = "abort flag set by a peer"
-                    self._wake.set()
                 errors = 0
             except Exception:  # store hiccup: keep beating; repeated failures show in the count
                 self.monitor_errors += 1

@@ -176,8 +176,8 @@ class GPTTrainer(ParamTrainer):
         w = self.corpus[self.offsets[idx][:, None] + self.span].long().to(self.device)
         return w[:, :-1], w[:, 1:]
 
-    def grad(self, step: int, shard_type: int) -> torch.Tensor:
+    def grad(self, step: int, shard_type: int, out: torch.Tensor | None = None) -> torch.Tensor:
         x, y = self.batch(step, shard_type)
         logits = self.model(x)
         loss = F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1))
-        return self._flat_grad(loss, shard_type)
+        return self._flat_grad(loss, shard_type, out)

@@ -46,7 +46,7 @@ class MLPTrainer(ParamTrainer):
         self.opt = torch.optim.SGD(self.params, lr=lr, momentum=momentum)
         self.last_loss: dict[int, float] = {}
 
-    def grad(self, step: int, shard_type: int) -> torch.Tensor:
+    def grad(self, step: int, shard_type: int, out: torch.Tensor | None = None) -> torch.Tensor:
         idx = torch.tensor(self.data.shard(step, shard_type), device=self.device)
         loss = torch.nn.functional.mse_loss(self.model(self.x[idx]), self.y[idx])
-        return self._flat_grad(loss, shard_type)
+        return self._flat_grad(loss, shard_type, out)

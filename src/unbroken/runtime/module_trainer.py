@@ -74,8 +74,8 @@ class ModuleTrainer(ParamTrainer):
             return {k: self._to(v) for k, v in batch.items()}
         return batch
 
-    def grad(self, step: int, shard_type: int) -> torch.Tensor:
+    def grad(self, step: int, shard_type: int, out: torch.Tensor | None = None) -> torch.Tensor:
         batch = self._to(self.collate([self.dataset[i]
                                        for i in self.data.shard(step, shard_type)]))
         pred, target = self.forward(self.model, batch)
-        return self._flat_grad(self.loss_fn(pred, target), shard_type)
+        return self._flat_grad(self.loss_fn(pred, target), shard_type, out)

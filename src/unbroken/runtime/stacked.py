@@ -9,9 +9,8 @@ The step, on each live group (one process per group here)
    contributed type at that type's slot, the loss, rank 0's view of pending joiners, a
    "coordinator lost" flag, the member count and the step), and ``FTComm.allreduce`` it.
 3. True: the in-band check must read "every type exactly once, every member at this step";
-   then grad = sum / N, optimizer step, the every-step snapshot (a memcpy), one journal line
-   with the contributions (the ledger), and every ``ckpt_every`` steps rank 0 starts a durable
-   checkpoint in the background.
+   then grad = sum / N, optimizer step, one journal line with the contributions (the ledger),
+   and every ``ckpt_every`` steps rank 0 starts a durable checkpoint in the background.
 4. False: ``FTComm.reform()`` gives the new members. They first exchange their step numbers:
    a member that saw a completed all-reduce fail while its peers committed is one step
    behind and is *rolled forward* with a peer's reduced buffer. Then every survivor calls the
@@ -19,13 +18,22 @@ The step, on each live group (one process per group here)
    each group computed this step follows from the plans, which every survivor knows), so all
    get the same plan without a coordinator round trip. Each survivor computes its ``patch``
    types, re-sums exactly its newly assigned types and retries; loop until commit.
-5. A :class:`~unbroken.core.rectlr.WipeOut`: the survivors restore the snapshot, wait for
-   replacements of the dead slots, and admit them (below); :class:`WipeOutError` if none come.
+5. A :class:`~unbroken.core.rectlr.WipeOut`: the survivors keep their committed state, wait
+   for replacements of the dead slots, and admit them (below); :class:`WipeOutError` if none
+   come.
+
+The every-step in-memory checkpoint (ByteRobust keeps one per step, backed up outside the own
+parallel group) is here the committed state every live group holds: data parallelism
+replicates it, and a member applies the optimizer step only at a commit, so after any failed op
+its live state *is* the last committed step, held by every survivor, outside the failed
+groups by construction. A separate copy per step protected nothing these replicas do not (it
+lived in the same process) and cost a full state copy every step. A checksummed snapshot is
+taken when it is sent: the state copy to a joiner (admission or wipe-out restart).
 
 Spares: a warm spare posts a join record; rank 0 reports the count in the buffer, so all
-members admit it at the same step boundary: a new generation with the joiner, the snapshot
-broadcast from a member (sha256-verified by the joiner; a bad copy is refused and the next
-member's used), and a fresh plan (depth 1 once every slot is live again). Identity: ``uid`` is
+members admit it at the same step boundary: a new generation with the joiner, a snapshot of the
+committed state broadcast from a member (sha256-verified by the joiner; a bad copy is refused
+and the next member's used), and a fresh plan (depth 1 once every slot is live again). Identity: ``uid`` is
 the process, ``slot`` its place in the layout; a spare takes over a dead slot under a new uid.
 
 The data plan (:mod:`unbroken.core.shards`) is a pure function of (seed, step, type), so any
@@ -60,14 +68,15 @@ from unbroken.protocol import (CODE_COUNT, JOIN_COUNT, STOP_KEY, admit_key, code
 from unbroken.runtime.comm import CommLike
 from unbroken.runtime.config import TrainConfig
 from unbroken.runtime.ledger import DivergenceError
-from unbroken.runtime.trainer import TrainerLike, make_trainer
+from unbroken.runtime.trainer import TrainerLike, grad_into, make_trainer
 
 __all__ = ["WipeOutError", "DivergenceError", "CoordinatorLostError", "StopRequested", "StepHooks",
            "StackedRunner", "joins_reported"]
 
 
 class WipeOutError(RuntimeError):
-    """A shard type lost all of its hosts: the step cannot be masked (restart from snapshot)."""
+    """A shard type lost all of its hosts and no replacement came: the step cannot be resumed
+    in memory (the supervisor restarts from the durable checkpoint)."""
 
 
 class StepHooks:
@@ -177,6 +186,10 @@ class StackedRunner:
             comm.watch(_CONTROL)
             self._control_ready = True
         self._norm: tuple[torch.Tensor, float] | None = None  # (buffer, its gradient norm)
+        # (step, type, buffer): this step's all-reduce buffer with the group's one
+        # contributed type computed straight into it (see _ensure_grads)
+        self._prepared: tuple[int, int, torch.Tensor] | None = None
+        self._plan_cache: tuple[dict, list, dict[str, int]] | None = None  # _plan_record
         self._region: tuple[torch.Tensor, list[float]] | None = None  # (buffer, _check_region)
         d = self._fresh_plan(list(range(cfg.groups)))
         self.stacks, self.depth, self.contrib = d.stacks, d.depth, d.contributions()
@@ -196,14 +209,19 @@ class StackedRunner:
 
             self.ckpt = CheckpointStore(ckpt_dir, log=lambda msg: self.journal(
                 {"event": Event.CHECKPOINT_WARNING, "message": msg, "t": time.time()}))
-        self.snap = None
-        if cfg.snapshot:
-            from unbroken.runtime.snapshot import Snapshot
-
-            self.snap = Snapshot(self.trainer.state_tensors())
-            self.snap.capture(self.trainer.state_tensors(), self._meta())
+        self._snap = None  # the state-copy buffer, made at the first copy (see the docstring)
 
     # ------------------------------------------------------------------ helpers
+    @property
+    def snap(self):
+        """The buffer a state copy goes through (sender: captured when sent; joiner: received,
+        verified, installed), allocated once at the first copy."""
+        if self._snap is None:
+            from unbroken.runtime.snapshot import Snapshot
+
+            self._snap = Snapshot(self.trainer.state_tensors())
+        return self._snap
+
     @property
     def my_slot(self) -> int:
         return self.slot_of[self.uid]
@@ -243,13 +261,20 @@ class StackedRunner:
             self.compute_s, self.compute_n = 0.0, 0
             self.step_error = None
         t0 = time.perf_counter()
-        mine = list(self.contrib.get(self.my_slot, ()))
+        contrib = list(self.contrib.get(self.my_slot, ()))
+        mine = list(contrib)
         if self._check_step():  # the redundant check: the other hosted types, digests only
             mine += [t for t in self._hosted() if t not in mine]
         for t in mine:
             if t not in self.grads and self.step_error is None:
+                out = None
+                if contrib == [t]:  # the group's only contribution: compute it where the
+                    # all-reduce will sum it (plain data parallelism's zero-copy step)
+                    buf = torch.empty(self._buflen(), dtype=torch.float64, device=self.dev)
+                    out = buf[:self.trainer.numel]
+                    self._prepared = (self.step, t, buf)
                 try:
-                    self.grads[t] = self.trainer.grad(self.step, t)
+                    self.grads[t] = grad_into(self.trainer, self.step, t, out)
                 except Exception as exc:  # the training code failed: every member must hear
                     self._step_failed(exc)  # of it in-band, or the others wait in the collective
                     break
@@ -272,17 +297,25 @@ class StackedRunner:
         in-band check (coverage, digests, the tail), written in one assignment: element-wise
         writes into a tensor cost microseconds each, on every step."""
         tr, n = self.trainer, self.cfg.groups
-        buf = torch.empty(self._buflen(), dtype=torch.float64, device=self.dev)
+        mine = () if self.step_error is not None else self.contrib.get(self.my_slot, ())
+        prep = self._prepared
+        if prep is not None and prep[0] == self.step and list(mine) == [prep[1]] \
+                and prep[1] in self.grads and self.grads[prep[1]].data_ptr() == prep[2].data_ptr():
+            buf = prep[2]  # the gradient is in place already
+            mine_copy: tuple = ()
+        else:
+            buf = torch.empty(self._buflen(), dtype=torch.float64, device=self.dev)
+            mine_copy = tuple(mine)
         g = buf[:tr.numel]
         rest = [0.0] * (buf.numel() - tr.numel)  # coverage, digests, tail (negative indices)
-        mine = () if self.step_error is not None else self.contrib.get(self.my_slot, ())
         if self.step_error is not None:
             rest[_ERR] = 1.0  # contributes nothing; every member sees the error at the commit
-        for i, t in enumerate(mine):
+        for i, t in enumerate(mine_copy):
             if i == 0:
                 g.copy_(self.grads[t])
             else:
                 g.add_(self.grads[t])
+        for t in mine:
             rest[t] += 1.0
             rest[_LOSS] += tr.last_loss.get(t, float("nan"))
         if not mine:
@@ -347,6 +380,12 @@ class StackedRunner:
             buf = self._pack()
             self.hooks.before_allreduce(self)
             ok = self.comm.allreduce(buf)
+            prep = self._prepared
+            if prep is not None and prep[2] is buf:
+                # the own gradient was reduced in place (or abandoned with a broken op): if
+                # the step is computed again, so is it
+                self._prepared = None
+                self.grads.pop(prep[1], None)
             if ok:
                 found = self._step_check(buf)
                 if found is None or self._incident(*found):
@@ -375,16 +414,10 @@ class StackedRunner:
         self.join_seen = max(self.join_seen, int(rest[_JOIN]))
         self.incidents = 0
         self.step += 1
-        if self.snap is not None:
-            self.snap.capture(tr.state_tensors(), self._meta())
         self.journal({"event": Event.COMMIT, "step": k, "gen": self.comm.generation,
                       "members": self.comm.members,
                       "mine": list(self.contrib.get(self.my_slot, ())),
-                      # who contributed: the holders in the generation the step's op ran
-                      # in (a member rolled forward is already in the next one)
-                      "plan": {str(t): self._uid_of(w, self.op_members)
-                               for w, ts in self.contrib.items()
-                               for t in ts},
+                      "plan": self._plan_record(),
                       "loss": rest[_LOSS] / n, "rolled": rolled,
                       "grad_norm": round(self._grad_norm(buf) / n, 9),
                       "compute_s": round(self.compute_s / max(1, self.compute_n), 6),
@@ -401,6 +434,17 @@ class StackedRunner:
         if rest[_STOP] > 0:
             raise StopRequested(f"stop requested; stopped after step {k} on every member")
 
+    def _plan_record(self) -> dict[str, int]:
+        """Who contributed each type: its holder in the generation the step's op ran in (a
+        member rolled forward is already in the next one). The same every step of a plan, so
+        made once per (plan, generation): O(N^2) to build at N groups."""
+        c = self._plan_cache
+        if c is None or c[0] is not self.contrib or c[1] != self.op_members:
+            c = self._plan_cache = (self.contrib, list(self.op_members), {
+                str(t): self._uid_of(w, self.op_members)
+                for w, ts in self.contrib.items() for t in ts})
+        return c[2]
+
     def _grad_norm(self, buf: torch.Tensor) -> float:
         if self._norm is not None and self._norm[0] is buf:
             return self._norm[1]
@@ -416,8 +460,10 @@ class StackedRunner:
         if rest[_ERR] > 0:
             return "code", {"errors": int(rest[_ERR]), "version": self.version}
         # the norm is NaN/inf iff an element is (or the squares overflow: then count exactly);
-        # one reduction instead of an isfinite pass, and _commit journals the same norm
-        norm = float(buf[:tr.numel].norm())
+        # one reduction instead of an isfinite pass (a dot product: half a norm's time), and
+        # _commit journals the same norm
+        g = buf[:tr.numel]
+        norm = float(torch.dot(g, g)) ** 0.5
         self._norm = (buf, norm)
         bad = 0 if np.isfinite(norm) else int((~torch.isfinite(buf[:tr.numel])).sum())
         if bad or not np.isfinite(rest[_LOSS]):
@@ -567,8 +613,6 @@ class StackedRunner:
         self.grads_step = -1
         if int(meta.get("code", 0)) > self.code_applied:
             self._apply_code(int(meta["code"]))
-        if self.snap is not None:
-            self.snap.capture(self.trainer.state_tensors(), self._meta())
         self.journal({"event": Event.RESTORE, "step": self.step, "source": "checkpoint",
                       "path": str(path), **({"reason": reason} if reason else {}),
                       "t": time.time()})
@@ -661,7 +705,7 @@ class StackedRunner:
                 self.journal({"event": Event.RESTART if restart else Event.ADMIT, "step": self.step,
                               "gen": self.comm.generation, "members": members,
                               "joined": {str(u): s for u, s in joiners.items()},
-                              "source": "snapshot", "reform_at": t0, "t": time.time()})
+                              "source": "memory" if restart else "snapshot", "reform_at": t0, "t": time.time()})
                 return True
         for w, ts in d.patch.items():
             self.computed.setdefault(w, set()).update(ts)
@@ -683,8 +727,8 @@ class StackedRunner:
 
     # ------------------------------------------------------------------ wipe-out restart
     def _wipeout(self, d: WipeOut, members: list[int]) -> None:
-        """No plan can cover every type: wait for replacements of the dead slots, restore the
-        committed state from the snapshot, admit them (state copy) and resume this step."""
+        """No plan can cover every type: wait for replacements of the dead slots, admit them
+        (a copy of the committed state every survivor holds) and resume this step."""
         k, st = self.step, self.comm.store
         live = set(self.live_slots(members))
         dead = set(range(self.cfg.groups)) - live
@@ -692,8 +736,6 @@ class StackedRunner:
                       "lost_types": list(d.lost_types), "dead_slots": sorted(dead),
                       "reason": d.reason, "t": time.time()})
         st.set(wipeout_key(self.uid), json.dumps({"step": k, "dead_slots": sorted(dead)}))
-        if self.snap is None:
-            raise WipeOutError(f"step {k}: {d.reason}; no in-memory snapshot to restart from")
         # the first join records (in order) that cover every dead slot: the same for everyone
         from unbroken.core.membership import wipeout_cover
 
@@ -713,11 +755,7 @@ class StackedRunner:
                 st.wait([join_key(j + 1)], timedelta(seconds=0.5))
             except Exception:
                 pass
-        j = self.admitted + took
-        meta = self.snap.restore_into(self.trainer.state_tensors())
-        if int(meta["step"]) != k:
-            raise DivergenceError(f"snapshot is of step {meta['step']}, expected {k}")
-        self._admit(j, restart=True)
+        self._admit(self.admitted + took, restart=True)
 
     # ------------------------------------------------------------------ admission (spares)
     def _admit(self, upto: int, restart: bool = False) -> None:

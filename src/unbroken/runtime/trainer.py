@@ -20,8 +20,8 @@ import torch
 
 from unbroken.runtime.config import TrainConfig
 
-__all__ = ["TrainerLike", "ParamTrainer", "BUILTIN", "make_trainer", "apply_sum", "flat",
-           "optimizer_state_tensors", "reference_run"]
+__all__ = ["TrainerLike", "ParamTrainer", "BUILTIN", "make_trainer", "grad_into", "apply_sum",
+           "flat", "optimizer_state_tensors", "reference_run"]
 
 #: the built-in trainers' factories (``"package.module:factory"``, imported on first use)
 BUILTIN = {"mlp": "unbroken.runtime.mlp:MLPTrainer", "gpt": "unbroken.runtime.gpt:GPTTrainer"}
@@ -34,6 +34,11 @@ class TrainerLike(Protocol):
     patch-compute any shard type; ``apply(total)`` takes the *sum* of the N shard-type
     gradients. ``state_tensors()`` lists every tensor of the training state (parameters, then
     optimizer buffers) in a fixed order: snapshots and the state copy to a joining spare use it.
+
+    ``grad`` may take ``out=`` (a flat float64 tensor of ``numel``) and write the gradient
+    there: the runner then computes a group's own shard straight into the step's all-reduce
+    buffer, as plain data parallelism reduces the gradient it computed, with no copy. A grad
+    without ``out`` works too (its result is copied into the buffer).
     """
 
     numel: int
@@ -62,6 +67,27 @@ def make_trainer(cfg: TrainConfig) -> TrainerLike:
     return getattr(importlib.import_module(mod), fn)(cfg, **cfg.trainer_args)
 
 
+_TAKES_OUT: dict[type, bool] = {}
+
+
+def grad_into(trainer: TrainerLike, step: int, shard_type: int,
+              out: torch.Tensor | None = None) -> torch.Tensor:
+    """``trainer.grad(step, shard_type)``, in ``out`` when given: written there by the trainer
+    itself when its ``grad`` takes ``out``, else copied. Returns ``out`` (or the gradient)."""
+    if out is None:
+        return trainer.grad(step, shard_type)
+    cls = type(trainer)
+    if cls not in _TAKES_OUT:
+        import inspect
+
+        _TAKES_OUT[cls] = "out" in inspect.signature(trainer.grad).parameters
+    g = (trainer.grad(step, shard_type, out=out) if _TAKES_OUT[cls]
+         else trainer.grad(step, shard_type))
+    if g.data_ptr() != out.data_ptr():
+        out.copy_(g)
+    return out
+
+
 class ParamTrainer:
     """The part every trainer shares: ``params``, ``opt``, ``cfg`` and ``last_loss`` set by the
     subclass; the shard gradient as one flat float64 vector, the optimizer step from the sum
@@ -71,11 +97,13 @@ class ParamTrainer:
     opt: torch.optim.Optimizer
     last_loss: dict[int, float]
 
-    def _flat_grad(self, loss: torch.Tensor, shard_type: int) -> torch.Tensor:
+    def _flat_grad(self, loss: torch.Tensor, shard_type: int,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
         self.last_loss[shard_type] = float(loss.detach())
         gs = torch.autograd.grad(loss, self.params, allow_unused=True)
-        return torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1)
-                          .to(torch.float64) for p, g in zip(self.params, gs)])
+        parts = [(torch.zeros_like(p) if g is None else g).reshape(-1).to(torch.float64)
+                 for p, g in zip(self.params, gs)]
+        return torch.cat(parts) if out is None else torch.cat(parts, out=out)
 
     def apply(self, total: torch.Tensor) -> None:
         """Optimizer step with grad = ``total`` / N (the sum of the N shard-type gradients)."""

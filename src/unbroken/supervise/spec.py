@@ -210,7 +210,7 @@ def train_config(spec: JobSpec, sdc_every: int = 0):
         args = {"lr": RECOMMENDED_LR, "dataset_size": 8192, **args}
     return TrainConfig(groups=spec.groups, redundancy=spec.ft.redundancy, steps=spec.steps,
                        seed=spec.seed, model=spec.trainer, trainer_args=args,
-                       shard_size=spec.shard_size, snapshot=True, sdc_every=sdc_every)
+                       shard_size=spec.shard_size, sdc_every=sdc_every)
 
 
 def load_trainer(cfg):

@@ -29,7 +29,7 @@ import torch
 
 from unbroken.events import Event
 from unbroken.runtime.stacked import StepHooks, joins_reported
-from unbroken.runtime.trainer import TrainerLike
+from unbroken.runtime.trainer import TrainerLike, grad_into
 
 __all__ = ["TrainerProxy", "GradFaults", "FaultyTrainer", "DropCommit", "SelfFaults", "Faults", "from_flags",
            "fault_event"]
@@ -74,8 +74,8 @@ class TrainerProxy:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    def grad(self, step: int, shard_type: int) -> torch.Tensor:
-        return self.inner.grad(step, shard_type)
+    def grad(self, step: int, shard_type: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        return grad_into(self.inner, step, shard_type, out)
 
     def apply(self, total: torch.Tensor) -> None:
         self.inner.apply(total)
@@ -101,8 +101,8 @@ class FaultyTrainer(TrainerProxy):
             self.faults.told.add((kind, step))
             self.tell(kind, step)
 
-    def grad(self, step: int, shard_type: int) -> torch.Tensor:
-        g = self.inner.grad(step, shard_type)
+    def grad(self, step: int, shard_type: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        g = grad_into(self.inner, step, shard_type, out)
         f = self.faults
         if f.nan_at is not None or f.flip_from is not None:
             i = int(g.abs().argmax())  # the largest element: a parameter the data really uses

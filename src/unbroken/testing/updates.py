@@ -24,10 +24,10 @@ __all__ = ["bad_gpt", "bad_mlp"]
 class _ShapeBug(TrainerProxy):
     """Wraps a trainer; ``grad`` reshapes the batch to a width one too large first."""
 
-    def grad(self, step: int, shard_type: int) -> torch.Tensor:
+    def grad(self, step: int, shard_type: int, out: torch.Tensor | None = None) -> torch.Tensor:
         p = self.inner.flat_params()
         p.view(-1, p.numel() + 1)  # the bug: raises "shape '[-1, n+1]' is invalid ..."
-        return self.inner.grad(step, shard_type)
+        return super().grad(step, shard_type, out)
 
 
 def bad_gpt(cfg, **trainer_args):
