@@ -7,10 +7,13 @@ simulator never need it.
 * :mod:`unbroken.runtime.ftcomm_worker` - a probe worker and a local coordinator
   (``LocalCluster``) used by the tests and ``bench/ftcomm_recovery.py``.
 * :mod:`unbroken.runtime.stacked` - the stacked data-parallel step: per-type gradients, the
-  all-reduce, and on failure re-form + ``core.rectlr.decide`` + patch compute + retry.
+  all-reduce, and on failure re-form + settle + ``core.rectlr.decide`` + patch compute + retry;
+  its parts: :mod:`~unbroken.runtime.stepbuf` (the step buffer's wire format and in-band
+  check), :mod:`~unbroken.runtime.incidents` (bad steps and the guard's verdicts) and
+  :mod:`~unbroken.runtime.admission` (spares, wipe-outs, the state copy).
 * :mod:`unbroken.runtime.stacked_worker` - its worker process and ``StackedCluster``.
-* :mod:`unbroken.runtime.snapshot` / :mod:`unbroken.runtime.checkpoint` - the every-step
-  in-memory snapshot and the durable (DCP) checkpoints, both checksummed.
+* :mod:`unbroken.runtime.snapshot` / :mod:`unbroken.runtime.checkpoint` - the checksummed
+  state copy sent to a joiner and the durable (DCP) checkpoints.
 * :mod:`unbroken.runtime.config` - ``TrainConfig``, the runtime's configuration (no model
   hyperparameters: those are the trainer factory's ``trainer_args``).
 * :mod:`unbroken.runtime.trainer` - ``TrainerLike``, ``ParamTrainer``, the trainer registry

@@ -31,10 +31,17 @@ lived in the same process) and cost a full state copy every step. A checksummed 
 taken when it is sent: the state copy to a joiner (admission or wipe-out restart).
 
 Spares: a warm spare posts a join record; rank 0 reports the count in the buffer, so all
-members admit it at the same step boundary: a new generation with the joiner, a snapshot of the
-committed state broadcast from a member (sha256-verified by the joiner; a bad copy is refused
-and the next member's used), and a fresh plan (depth 1 once every slot is live again). Identity: ``uid`` is
-the process, ``slot`` its place in the layout; a spare takes over a dead slot under a new uid.
+members admit it at the same step boundary: a new generation with the joiner, a snapshot of
+the committed state broadcast from a member (sha256-verified by the joiner; a bad copy is
+refused and the next member's used), and a fresh plan (depth 1 once every slot is live again).
+Identity: ``uid`` is the process, ``slot`` its place in the layout; a spare takes over a dead
+slot under a new uid.
+
+This module is the step and its recovery (the loop, the buffer it packs, the commit, the
+settle of a new generation, checkpoint and resume); the buffer's layout is
+:mod:`~unbroken.runtime.stepbuf`, what a bad step leads to :mod:`~unbroken.runtime.incidents`,
+admission and wipe-out :mod:`~unbroken.runtime.admission` (mixed into the runner: they share
+its state, each file holds one concern).
 
 The data plan (:mod:`unbroken.core.shards`) is a pure function of (seed, step, type), so any
 group can compute any shard, and the data position is the step: exactly-once holds across
@@ -49,34 +56,28 @@ Known limits
 
 from __future__ import annotations
 
-import json
 import time
-from datetime import timedelta
 from typing import Any, Callable
 
-import numpy as np
 import torch
 
 from unbroken.core.membership import Report, settle
 from unbroken.core.placement import make_layout
 from unbroken.core.rectlr import WipeOut, decide, initial_stacks
-from unbroken.core.replay import digest_mismatches, sdc_check_due
+from unbroken.core.replay import sdc_check_due
 from unbroken.events import Event
-from unbroken.protocol import (CODE_COUNT, JOIN_COUNT, STOP_KEY, admit_key, code_key, dead_key,
-                               incident_key, join_key, replay_key, state_key, verdict_key,
-                               wipeout_key)
+from unbroken.protocol import CODE_COUNT, JOIN_COUNT, STOP_KEY
+from unbroken.runtime import stepbuf as sb
+from unbroken.runtime.admission import Admission, WipeOutError
 from unbroken.runtime.comm import CommLike
 from unbroken.runtime.config import TrainConfig
+from unbroken.runtime.incidents import GuardStopError, Incidents
 from unbroken.runtime.ledger import DivergenceError
-from unbroken.runtime.trainer import TrainerLike, grad_into, make_trainer
+from unbroken.runtime.stepbuf import joins_reported
+from unbroken.runtime.trainer import TrainerLike, copy_state, grad_into, make_trainer
 
 __all__ = ["WipeOutError", "DivergenceError", "CoordinatorLostError", "StopRequested", "StepHooks",
-           "StackedRunner", "joins_reported"]
-
-
-class WipeOutError(RuntimeError):
-    """A shard type lost all of its hosts and no replacement came: the step cannot be resumed
-    in memory (the supervisor restarts from the durable checkpoint)."""
+           "StackedRunner", "GuardStopError", "joins_reported"]
 
 
 class StepHooks:
@@ -104,17 +105,6 @@ class StepHooks:
         return payload
 
 
-# layout of the all-reduce buffer after the gradient: N coverage slots, N*N digest slots
-# (type t, slot w) when sdc_every > 0, then these
-_STOP, _ERR, _CODE, _LOSS, _JOIN, _LOST, _COUNT, _STEP = range(-8, 0)
-_TAIL = 8
-
-
-def joins_reported(buf: torch.Tensor) -> int:
-    """The join count rank 0 reported in a reduced step buffer."""
-    return int(buf[_JOIN])
-
-
 #: the store counters rank 0 reads into every step's buffer (see ``_control``)
 _CONTROL = (JOIN_COUNT, CODE_COUNT, STOP_KEY)
 
@@ -128,21 +118,7 @@ class StopRequested(RuntimeError):
     same committed step."""
 
 
-class GuardStopError(RuntimeError):
-    """The guard's ladder gave up on an incident (exit ``EXIT_NO_PROGRESS``)."""
-
-
-def digest52(t: torch.Tensor) -> int:
-    """A 52-bit digest of a tensor's bytes (never 0: 0 marks "not computed"); exact in a
-    float64, so digests travel through the summing all-reduce unchanged."""
-    import hashlib
-
-    h = int.from_bytes(hashlib.blake2b(t.detach().cpu().contiguous().numpy().tobytes(),
-                                       digest_size=8).digest(), "little") & ((1 << 52) - 1)
-    return h or 1
-
-
-class StackedRunner:
+class StackedRunner(Incidents, Admission):
     """Runs stacked data-parallel steps on one group over an ``FTComm`` until ``cfg.steps``.
 
     Identity: ``uid`` is the process (FTComm member), ``slot`` its place in the layout; a spare
@@ -213,16 +189,6 @@ class StackedRunner:
 
     # ------------------------------------------------------------------ helpers
     @property
-    def snap(self):
-        """The buffer a state copy goes through (sender: captured when sent; joiner: received,
-        verified, installed), allocated once at the first copy."""
-        if self._snap is None:
-            from unbroken.runtime.snapshot import Snapshot
-
-            self._snap = Snapshot(self.trainer.state_tensors())
-        return self._snap
-
-    @property
     def my_slot(self) -> int:
         return self.slot_of[self.uid]
 
@@ -234,10 +200,7 @@ class StackedRunner:
                 "admitted": self.admitted, "code": self.code_applied}
 
     def _buflen(self) -> int:
-        return self.trainer.numel + self.cfg.groups + self._ndigest() + _TAIL
-
-    def _ndigest(self) -> int:
-        return self.cfg.groups ** 2 if self.cfg.sdc_every > 0 else 0
+        return sb.buflen(self.trainer.numel, self.cfg.groups, self.cfg.sdc_every > 0)
 
     def _check_step(self) -> bool:
         return sdc_check_due(self.step, self.cfg.sdc_every)
@@ -309,7 +272,7 @@ class StackedRunner:
         g = buf[:tr.numel]
         rest = [0.0] * (buf.numel() - tr.numel)  # coverage, digests, tail (negative indices)
         if self.step_error is not None:
-            rest[_ERR] = 1.0  # contributes nothing; every member sees the error at the commit
+            rest[sb.ERR] = 1.0  # contributes nothing; every member sees the error at the commit
         for i, t in enumerate(mine_copy):
             if i == 0:
                 g.copy_(self.grads[t])
@@ -317,23 +280,23 @@ class StackedRunner:
                 g.add_(self.grads[t])
         for t in mine:
             rest[t] += 1.0
-            rest[_LOSS] += tr.last_loss.get(t, float("nan"))
+            rest[sb.LOSS] += tr.last_loss.get(t, float("nan"))
         if not mine:
             g.zero_()
         if self._check_step() and self.step_error is None:
             for t in self._hosted():
                 if t in self.grads:
-                    rest[n + t * n + self.my_slot] = float(digest52(self.grads[t]))
+                    rest[n + t * n + self.my_slot] = float(sb.digest52(self.grads[t]))
         if self.comm.rank == 0 and not self.comm.store_lost:
             try:  # one observer, so every member sees the same counts
-                rest[_JOIN], rest[_CODE], rest[_STOP] = self._control()
+                rest[sb.JOIN], rest[sb.CODE], rest[sb.STOP] = self._control()
             except Exception:
                 self.comm.store_lost = True
         # any member that lost the coordinator makes every member stop after this commit
         lost = self.comm.store_lost or getattr(self.comm, "supervisor_lost", False)
-        rest[_LOST] = 1.0 if lost else 0.0
-        rest[_COUNT] = 1.0
-        rest[_STEP] = float(self.step)
+        rest[sb.LOST] = 1.0 if lost else 0.0
+        rest[sb.COUNT] = 1.0
+        rest[sb.STEP] = float(self.step)
         buf[tr.numel:] = torch.tensor(rest, dtype=torch.float64)
         self.op_members = self.comm.members
         return buf
@@ -399,10 +362,10 @@ class StackedRunner:
     def _commit(self, buf: torch.Tensor, rolled: bool = False) -> None:
         tr, n, k = self.trainer, self.cfg.groups, self.step
         rest = self._check_region(buf)
-        count = rest[_COUNT]
-        if rest[_STEP] != k * count:
+        count = rest[sb.COUNT]
+        if rest[sb.STEP] != k * count:
             raise DivergenceError(
-                f"step {k}: members are at different steps (step sum {rest[_STEP]}, "
+                f"step {k}: members are at different steps (step sum {rest[sb.STEP]}, "
                 f"expected {k} x {count:g}): a step was committed by only some members")
         cover = rest[:n]
         if any(c != 1.0 for c in cover):
@@ -411,27 +374,27 @@ class StackedRunner:
                 f"missing from or counted twice in the sum")
         tr.apply(buf[:tr.numel])
         self.last_buf = buf
-        self.join_seen = max(self.join_seen, int(rest[_JOIN]))
+        self.join_seen = max(self.join_seen, int(rest[sb.JOIN]))
         self.incidents = 0
         self.step += 1
         self.journal({"event": Event.COMMIT, "step": k, "gen": self.comm.generation,
                       "members": self.comm.members,
                       "mine": list(self.contrib.get(self.my_slot, ())),
                       "plan": self._plan_record(),
-                      "loss": rest[_LOSS] / n, "rolled": rolled,
+                      "loss": rest[sb.LOSS] / n, "rolled": rolled,
                       "grad_norm": round(self._grad_norm(buf) / n, 9),
                       "compute_s": round(self.compute_s / max(1, self.compute_n), 6),
                       "t": time.time()})
         if self.ckpt is not None and self.step % self.ckpt_every == 0 \
                 and self.comm.rank == 0 and self.step < self.cfg.steps:
             self.ckpt.save_async(self.step, tr.state_tensors(), self._meta())
-        if int(rest[_CODE]) > self.code_applied:  # a hot update, at the same boundary for all
-            self._apply_code(int(rest[_CODE]))
-        if rest[_LOST] > 0:
+        if int(rest[sb.CODE]) > self.code_applied:  # a hot update, at the same boundary for all
+            self._apply_code(int(rest[sb.CODE]))
+        if rest[sb.LOST] > 0:
             raise CoordinatorLostError(
                 f"the coordinator's store or the supervisor is gone; stopped after step {k} "
                 f"on every member")
-        if rest[_STOP] > 0:
+        if rest[sb.STOP] > 0:
             raise StopRequested(f"stop requested; stopped after step {k} on every member")
 
     def _plan_record(self) -> dict[str, int]:
@@ -449,139 +412,6 @@ class StackedRunner:
         if self._norm is not None and self._norm[0] is buf:
             return self._norm[1]
         return float(buf[:self.trainer.numel].norm())
-
-    # ------------------------------------------------------------------ incidents
-    def _step_check(self, buf: torch.Tensor) -> tuple[str, dict] | None:
-        """What every member reads from the same reduced buffer: a member's step error, a
-        non-finite sum (NaN at the step it appears), or hosts of a type whose gradients differ
-        bit for bit. None: commit."""
-        tr, n = self.trainer, self.cfg.groups
-        rest = self._check_region(buf)
-        if rest[_ERR] > 0:
-            return "code", {"errors": int(rest[_ERR]), "version": self.version}
-        # the norm is NaN/inf iff an element is (or the squares overflow: then count exactly);
-        # one reduction instead of an isfinite pass (a dot product: half a norm's time), and
-        # _commit journals the same norm
-        g = buf[:tr.numel]
-        norm = float(torch.dot(g, g)) ** 0.5
-        self._norm = (buf, norm)
-        bad = 0 if np.isfinite(norm) else int((~torch.isfinite(buf[:tr.numel])).sum())
-        if bad or not np.isfinite(rest[_LOSS]):
-            return "implicit", {"nonfinite": bad}
-        if self._check_step():
-            d0 = tr.numel + n
-            digests = _digests(buf[d0:d0 + n * n].view(n, n), range(n))
-            bad = digest_mismatches(digests)
-            if bad:
-                return "sdc", {"mismatch": {str(t): {str(w): d for w, d in ds.items()}
-                                            for t, ds in bad.items()}}
-            self.journal({"event": Event.SDC_CHECK, "step": self.step, "ok": True,
-                          "types": sum(1 for ds in digests.values() if len(ds) > 1),
-                          "t": time.time()})
-        return None
-
-    def _incident(self, kind: str, detail: dict) -> bool:
-        """Journal the incident; with verdicts, carry out the guard's decisions until one lets
-        the step go on. True: commit this buffer (log-only); False: recompute the step."""
-        n = self.incidents
-        self.incidents += 1
-        self.journal({"event": Event.INCIDENT, "kind": kind, "step": self.step, "n": n,
-                      "gen": self.comm.generation, "members": self.comm.members,
-                      "slot": self.my_slot, **detail, "t": time.time()})
-        if self.verdicts and self.comm.rank == 0:  # one key to wait on (the journal says more)
-            self.comm.store.set(incident_key(self.step, n), json.dumps({"kind": kind, **detail}))
-        if not self.verdicts:
-            if kind == "code":
-                raise RuntimeError(f"step {self.step}: the training code failed on a member "
-                                   f"({self.step_error or 'see its journal'})")
-            return True  # log-only: the step goes on as it would without a guard
-        while True:
-            v = self._await_verdict(n)
-            if int(v.get("code", 0)) > self.code_applied:
-                self._apply_code(int(v["code"]))
-            action = v.get("action")
-            self.journal({"event": Event.VERDICT, "step": self.step, "n": n, **v,
-                          "t": time.time()})
-            if action == "retry":
-                self.grads_step = -1
-                return False
-            if action == "restore":
-                self._restore_to(int(v["step"]))
-                return False
-            if action == "commit":
-                return True
-            if action == "replay":
-                # no types named (a NaN with no culprit): every shard type
-                self._replay([int(t) for t in v["types"]] or list(range(self.cfg.groups)), n)
-                n = self.incidents
-                self.incidents += 1
-                continue
-            raise GuardStopError(f"step {self.step}: the guard stopped the job: "
-                                 f"{v.get('reason', action)}")
-
-    def _await_verdict(self, n: int) -> dict:
-        key = verdict_key(self.step, n)
-        try:
-            self.comm.store.wait([key], timedelta(seconds=self.verdict_wait))
-        except Exception as exc:
-            raise GuardStopError(f"step {self.step}: no verdict for incident {n} within "
-                                 f"{self.verdict_wait:.0f}s ({exc})") from None
-        return json.loads(self.comm.store.get(key))
-
-    def _replay(self, types: list[int], n: int) -> None:
-        """Dual-phase replay reduced to what SPARe's redundancy allows: every member computes
-        the suspect types on the same parameters and data; the digests go through one
-        all-reduce, so the guard sees each machine's answer and takes the majority."""
-        g = self.cfg.groups
-        buf = torch.zeros(len(types) * g, dtype=torch.float64, device=self.dev)
-        for i, t in enumerate(types):
-            buf[i * g + self.my_slot] = float(digest52(self.trainer.grad(self.step, t)))
-        ok = self.comm.allreduce(buf)
-        found = {str(t): {str(w): d for w, d in ds.items()}
-                 for t, ds in _digests(buf.view(len(types), g), types).items()}
-        rec = {"ok": bool(ok), "digests": found,
-               "uids": {str(self.slot_of[u]): u for u in self.comm.members}}
-        if self.comm.rank == 0:
-            self.comm.store.set(replay_key(self.step, n), json.dumps(rec))
-        self.journal({"event": Event.REPLAY, "step": self.step, "n": n,
-                      "members": self.comm.members, **rec, "t": time.time()})
-
-    def _restore_to(self, step: int) -> None:
-        """Roll back in place to the durable checkpoint of ``step`` (verified by the SDC check
-        of the step before it); every member loads the same one."""
-        if self.ckpt is None:
-            raise GuardStopError(f"restore to step {step}: no checkpoint directory")
-        if self.comm.rank == 0:
-            self.ckpt.wait()
-        path = self.ckpt.directory / f"step-{step:08d}"
-        if step == 0:  # nothing verified yet: the seeded initial state is the clean one
-            self._install(make_trainer(self.cfg).state_tensors(), {"step": 0}, path="initial",
-                          reason="verdict")
-            return
-        deadline = time.monotonic() + self.verdict_wait
-        while not path.is_dir():  # rank 0's background save may still be renaming it
-            if time.monotonic() > deadline:
-                raise GuardStopError(f"restore to step {step}: {path} never appeared")
-            time.sleep(0.01)
-        self._install(*self.ckpt.load(self.trainer.state_tensors(), path), path=str(path),
-                      reason="verdict")
-
-    def _apply_code(self, upto: int) -> None:
-        """Hot update (or rollback) to the newest code record ``code/<upto>``: build the
-        trainer of that version and carry the training state over; no process restarts."""
-        rec = json.loads(self.comm.store.get(code_key(upto)))
-        self.code_applied = upto
-        if rec["version"] == self.version:
-            return
-        from dataclasses import replace as _replace
-
-        new = make_trainer(_replace(self.cfg, model=rec["model"]))
-        _copy_state(new.state_tensors(), self.trainer.state_tensors())
-        old, self.trainer, self.version = (self.version, self.hooks.wrap_trainer(self, new),
-                                           rec["version"])
-        self.grads_step = -1
-        self.journal({"event": Event.CODE, "step": self.step, "from": old, "to": self.version,
-                      "model": rec["model"], "n": upto, "t": time.time()})
 
     def save_checkpoint_now(self) -> str | None:
         """Durable checkpoint of the committed state, written by the generation's rank 0 only
@@ -608,7 +438,7 @@ class StackedRunner:
                  reason: str | None = None) -> None:
         """Make a loaded checkpoint the committed state (and its code version the running
         one), then journal the roll-back: commits of steps >= its step no longer count."""
-        _copy_state(self.trainer.state_tensors(), tensors)
+        copy_state(self.trainer.state_tensors(), tensors)
         self.step = int(meta["step"])
         self.grads_step = -1
         if int(meta.get("code", 0)) > self.code_applied:
@@ -705,7 +535,8 @@ class StackedRunner:
                 self.journal({"event": Event.RESTART if restart else Event.ADMIT, "step": self.step,
                               "gen": self.comm.generation, "members": members,
                               "joined": {str(u): s for u, s in joiners.items()},
-                              "source": "memory" if restart else "snapshot", "reform_at": t0, "t": time.time()})
+                              "source": "memory" if restart else "snapshot", "reform_at": t0,
+                              "t": time.time()})
                 return True
         for w, ts in d.patch.items():
             self.computed.setdefault(w, set()).update(ts)
@@ -724,134 +555,3 @@ class StackedRunner:
         if not fresh:
             self.hooks.after_replan(self, d)
         return True
-
-    # ------------------------------------------------------------------ wipe-out restart
-    def _wipeout(self, d: WipeOut, members: list[int]) -> None:
-        """No plan can cover every type: wait for replacements of the dead slots, admit them
-        (a copy of the committed state every survivor holds) and resume this step."""
-        k, st = self.step, self.comm.store
-        live = set(self.live_slots(members))
-        dead = set(range(self.cfg.groups)) - live
-        self.journal({"event": Event.WIPEOUT, "step": k, "members": members,
-                      "lost_types": list(d.lost_types), "dead_slots": sorted(dead),
-                      "reason": d.reason, "t": time.time()})
-        st.set(wipeout_key(self.uid), json.dumps({"step": k, "dead_slots": sorted(dead)}))
-        # the first join records (in order) that cover every dead slot: the same for everyone
-        from unbroken.core.membership import wipeout_cover
-
-        deadline = time.monotonic() + self.wipeout_wait
-        records: list[tuple[int, bool]] = []
-        while (took := wipeout_cover(records, dead)) is None:
-            j = self.admitted + len(records)
-            if st.add(JOIN_COUNT, 0) > j:
-                rec = json.loads(st.get(join_key(j + 1)))
-                records.append((int(rec["slot"]), st.check([dead_key(rec["uid"])])))
-                continue
-            if time.monotonic() > deadline:
-                covered = {slot for slot, gone in records if not gone}
-                raise WipeOutError(f"step {k}: {d.reason}; no replacement for slots "
-                                   f"{sorted(dead - covered)} within {self.wipeout_wait:.0f}s")
-            try:
-                st.wait([join_key(j + 1)], timedelta(seconds=0.5))
-            except Exception:
-                pass
-        self._admit(self.admitted + took, restart=True)
-
-    # ------------------------------------------------------------------ admission (spares)
-    def _admit(self, upto: int, restart: bool = False) -> None:
-        """Admit join records ``admitted+1..upto`` at a step boundary: a planned re-form with
-        the joiners (the old generation is not aborted), then the settle copies the committed
-        state to them from a member's snapshot (checksummed; a bad copy is refused and the
-        next member's used) and gives everyone a fresh plan."""
-        st = self.comm.store
-        live = set(self.live_slots())
-        new: list[dict] = []
-        for i in range(self.admitted + 1, upto + 1):
-            rec = json.loads(st.get(join_key(i)))
-            if st.check([dead_key(rec["uid"])]):
-                continue  # a spare that died before it was admitted
-            if rec["slot"] not in live and rec["slot"] not in {r["slot"] for r in new}:
-                new.append(rec)
-        self.admitted = upto
-        if not new:
-            return
-        gen = self.comm.generation + 1
-        joiners = [r["uid"] for r in new]
-        for r in new:
-            st.set(admit_key(r["uid"]), json.dumps({"gen": gen, "joiners": joiners}))
-        members = self.comm.reform(expect=joiners, planned=True)
-        self._recover(members, planned=True, restart=restart)
-
-    def _send_state(self, members: list[int], joiners: list[int]) -> bool:
-        """Broadcast the snapshot (an all-reduce where only the source contributes) from each
-        old member in turn until every joiner verified it. False: the generation broke."""
-        from unbroken.runtime.snapshot import SnapshotError
-
-        gen = self.comm.generation
-        olds = [u for u in members if u not in joiners]
-        for src in olds:
-            if self.uid == src:
-                self.snap.capture(self.trainer.state_tensors(), self._meta())
-                info = {"meta": self.snap.meta, "digest": self.snap.digest()}
-                self.comm.store.set(state_key(gen, src), json.dumps(info))
-                payload = self.hooks.state_payload(
-                    self, self.snap.payload().to(self.dev, copy=True))
-            else:
-                payload = torch.zeros_like(self.snap.payload(), device=self.dev)
-            if not self.comm.allreduce(payload):
-                return False
-            good = 1.0
-            if self.uid in joiners:
-                info = json.loads(self.comm.store.get(state_key(gen, src)))
-                try:
-                    self.snap.receive(payload.cpu(), info["meta"], info["digest"])
-                except SnapshotError as exc:
-                    good = 0.0
-                    self.journal({"event": Event.BAD_SNAPSHOT, "from": src, "error": str(exc),
-                                  "t": time.time()})
-            ack = torch.zeros(len(members), dtype=torch.float64, device=self.dev)
-            ack[self.comm.rank] = good
-            if not self.comm.allreduce(ack):
-                return False
-            if bool((ack == 1.0).all()):
-                if self.uid in joiners:
-                    meta = self.snap.restore_into(self.trainer.state_tensors())
-                    self.needs_state = False
-                    self.step = int(meta["step"])
-                    self.admitted = int(meta["admitted"])
-                    if int(meta.get("code", 0)) > self.code_applied:  # the running version
-                        self._apply_code(int(meta["code"]))
-                    self.slot_of = {int(u): int(s) for u, s in meta["slot_of"].items()}
-                return True
-        raise DivergenceError("every member's snapshot failed its checksum at the joiner")
-
-    def join_and_run(self, slot: int, timeout: float = 120.0) -> torch.Tensor:
-        """Spare: ask to take over ``slot``, wait to be admitted, receive the state, train."""
-        st = self.comm.store
-        n = st.add(JOIN_COUNT, 1)
-        st.set(join_key(n), json.dumps({"uid": self.uid, "slot": slot}))
-        st.wait([admit_key(self.uid)], timedelta(seconds=timeout))
-        admit = json.loads(st.get(admit_key(self.uid)))
-        members = self.comm.join(int(admit["gen"]))
-        self.slot_of[self.uid] = slot
-        self.needs_state = True
-        self._recover(members)  # the settle names this joiner and copies the state to it
-        self.journal({"event": Event.JOINED, "step": self.step, "gen": self.comm.generation,
-                      "slot": slot, "t": time.time()})
-        return self.run()
-
-
-def _copy_state(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
-    """Copy a training state (``state_tensors()`` order) into another trainer's tensors."""
-    with torch.no_grad():
-        for d, s in zip(dst, src):
-            d.copy_(s)
-
-
-def _digests(cells: torch.Tensor, types) -> dict[int, dict[int, int]]:
-    """``{type: {slot: digest}}`` from summed digest cells (row i = ``types[i]``, column =
-    slot; 0 = that slot did not compute the type)."""
-    return {int(t): {w: int(cells[i, w]) for w in range(cells.shape[1])
-                     if float(cells[i, w]) > 0}
-            for i, t in enumerate(types)}
-

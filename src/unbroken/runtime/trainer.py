@@ -20,8 +20,8 @@ import torch
 
 from unbroken.runtime.config import TrainConfig
 
-__all__ = ["TrainerLike", "ParamTrainer", "BUILTIN", "make_trainer", "grad_into", "apply_sum",
-           "flat", "optimizer_state_tensors", "reference_run"]
+__all__ = ["TrainerLike", "ParamTrainer", "BUILTIN", "make_trainer", "grad_into", "copy_state",
+           "apply_sum", "flat", "optimizer_state_tensors", "reference_run"]
 
 #: the built-in trainers' factories (``"package.module:factory"``, imported on first use)
 BUILTIN = {"mlp": "unbroken.runtime.mlp:MLPTrainer", "gpt": "unbroken.runtime.gpt:GPTTrainer"}
@@ -86,6 +86,13 @@ def grad_into(trainer: TrainerLike, step: int, shard_type: int,
     if g.data_ptr() != out.data_ptr():
         out.copy_(g)
     return out
+
+
+def copy_state(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
+    """Copy a training state (``state_tensors()`` order) into another trainer's tensors."""
+    with torch.no_grad():
+        for d, s in zip(dst, src):
+            d.copy_(s)
 
 
 class ParamTrainer:

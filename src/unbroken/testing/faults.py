@@ -28,7 +28,8 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from unbroken.events import Event
-from unbroken.runtime.stacked import StepHooks, joins_reported
+from unbroken.runtime.stacked import StepHooks
+from unbroken.runtime.stepbuf import joins_reported
 from unbroken.runtime.trainer import TrainerLike, grad_into
 
 __all__ = ["TrainerProxy", "GradFaults", "FaultyTrainer", "DropCommit", "SelfFaults", "Faults", "from_flags",
