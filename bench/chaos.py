@@ -13,11 +13,11 @@ resolution -- for the kinds the guard answers (nan, flip, update, xid:
 ``unbroken.core.ettr.RESOLVED_BY``) the guard's first ``resolved`` event of that incident kind,
 for the others the first ``replan`` / ``wipeout`` whose members no longer hold the victim, or a
 ``restart`` (the same rule as the ETTR accounting). The ``ladder`` events in that window whose
-``for`` names the fault's kind (``LADDER_FOR``) give the rungs (``rung_from: "ladder"``). A
-fault the runtime handled without a ladder decision (a kill or hang masked by the re-plan) gets
-its rung from the per-fault cost's ``rung`` field (``core.ettr.FaultCost.rung``;
-``rung_from: "how"``: a replan -> ``mask``, a wipe-out / restart -> ``restart``). ``removed_by`` is the launcher's ``detected.how`` for the victim's
-uid (exit, heartbeat, xid, replay, fail-slow, ...), None when its process was never removed.
+``fault`` (the ladder input's kind) answers the fault's kind (``LADDER_FAULTS``) give the rungs
+(``rung_from: "ladder"``). A fault with no ladder decision in its window gets its rung from the
+per-fault cost's ``rung`` field (``core.ettr.FaultCost.rung``; ``rung_from: "how"``: a replan
+-> ``mask``, a wipe-out / restart -> ``restart``). ``removed_by`` is the launcher's
+``detected.how`` for the victim's uid (exit, heartbeat, xid, replay, fail-slow, ...), None when its process was never removed.
 ``all_handled``: every scheduled fault has a ``fault`` event and a ``how`` other than
 "unresolved".
 
@@ -52,16 +52,17 @@ from pathlib import Path
 from unbroken.core.ettr import RESOLVED_BY
 from unbroken.events import Event
 
-#: fault kind -> prefixes of the guard's ``ladder.for`` text that answer that kind
-LADDER_FOR = {
-    "kill": ("stall of",),
-    "hang": ("stall of",),
-    "stall": ("stall of",),
-    "slow": ("fail-slow group",),
-    "nan": ("implicit at step", "numeric", "replay at step"),
-    "flip": ("sdc at step", "corrupt", "replay at step"),
+#: chaos fault kind -> the ladder inputs (``core.ladder.FaultKind`` values, the ladder event's
+#: ``fault`` field) that answer it: a kill is a death, or a stall the stack vote localised
+LADDER_FAULTS = {
+    "kill": ("death", "hang"),
+    "hang": ("hang",),
+    "stall": ("hang",),
+    "slow": ("fail-slow",),
+    "nan": ("implicit",),
+    "flip": ("sdc", "corrupt", "implicit"),
     "xid": ("xid",),
-    "update": ("update", "code at step"),
+    "update": ("update", "code"),
 }
 
 
@@ -109,9 +110,9 @@ def classify(events: list[dict], costs: list[dict] | None = None) -> list[dict]:
 
         end = next((e for e in evs if _t(e) >= tf and ends(e)), None)
         t_end = _t(end) if end is not None else last_t
-        prefixes = LADDER_FOR.get(kind, ())
+        answers = LADDER_FAULTS.get(kind, ())
         decisions = [e for e in evs if e.get("event") == Event.LADDER and tf <= _t(e) <= t_end
-                     and str(e.get("for", "")).startswith(prefixes)]
+                     and e.get("fault") in answers]
         rungs: list[str] = []
         for d in decisions:
             if d.get("rung") and d["rung"] not in rungs:

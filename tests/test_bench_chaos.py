@@ -31,11 +31,13 @@ JOURNAL = [
                             {"kind": "xid", "group": 1, "step": 14, "code": 43},
                             {"kind": "flip", "group": 0, "step": 16}]),
     _ev(1.0, "fault", kind="update", group=-1, step=5),
-    _ev(1.0, "ladder", rung=None, mode="act", **{"for": "update v1"}),
+    _ev(1.0, "ladder", rung=None, mode="act", fault="update", **{"for": "update v1"}),
     _ev(2.0, "fault", kind="nan", group=2, uid=2, step=8),
-    _ev(2.1, "ladder", rung="retry", mode="act", **{"for": "implicit at step 8"}),
+    _ev(2.1, "ladder", rung="retry", mode="act", fault="implicit",
+        **{"for": "implicit at step 8"}),
     _ev(2.1, "resolved", incident="implicit", detected_t=2.05, how="retry in place"),
-    _ev(2.2, "ladder", rung="rollback", mode="act", **{"for": "code at step 8"}),
+    _ev(2.2, "ladder", rung="rollback", mode="act", fault="code",
+        **{"for": "code at step 8"}),
     _ev(2.2, "resolved", incident="code", detected_t=2.15, how="rollback v1 -> v0"),
     _ev(3.0, "fault", kind="kill", group=2, uid=2, step=10),
     _ev(3.1, "detected", group=2, slot=2, how="exit"),
@@ -43,13 +45,16 @@ JOURNAL = [
     _ev(4.0, "fault", kind="slow", group=1, uid=1, step=12),
     _ev(5.0, "fault", kind="xid", group=1, uid=1, step=14, code=43),
     # an XID decision inside the slow fault's window must not count as the slow's rung
-    _ev(5.0, "ladder", rung="retry", mode="act", groups=[1], **{"for": "xid 43"}),
+    _ev(5.0, "ladder", rung="retry", mode="act", groups=[1], fault="xid",
+        **{"for": "xid 43"}),
     _ev(5.0, "resolved", incident="xid", detected_t=5.0, how="restart in place group 1"),
     _ev(5.1, "detected", group=1, slot=1, how="xid"),
     _ev(5.3, "replan", members=[0, 3, 4], step=14, gen=2, reform_at=5.2),
     _ev(6.0, "fault", kind="flip", group=0, uid=0, step=16),
-    _ev(6.5, "ladder", rung="replay", mode="act", **{"for": "sdc at step 19"}),
-    _ev(6.6, "ladder", rung="evict", mode="act", groups=[0], **{"for": "corrupt [0]"}),
+    _ev(6.5, "ladder", rung="replay", mode="act", fault="sdc",
+        **{"for": "sdc at step 19"}),
+    _ev(6.6, "ladder", rung="evict", mode="act", groups=[0], fault="corrupt",
+        **{"for": "corrupt [0]"}),
     _ev(6.6, "resolved", incident="sdc", detected_t=6.5, how="replay named [0]: evict",
         restart=True),
     _ev(6.7, "detected", group=0, slot=0, how="replay"),
@@ -111,3 +116,16 @@ def test_compare_ratio_or_which_is_nan(chaos):
     assert c["per_seed"][0]["baseline_over_act"] == pytest.approx(1e9)
     assert c["per_seed"][1]["note"] == "baseline is nan"
     assert c["baseline_nonfinite_params"] == 1
+
+
+def test_rungs_come_from_the_ladder_inputs_kind_not_its_text(chaos):
+    # the kill's own death decision (the mask rung) answers it; a decision whose text looks
+    # related but whose input is another kind does not
+    j = JOURNAL + [
+        _ev(3.15, "ladder", rung="mask", mode="act", groups=[2], fault="death",
+            **{"for": "death group 2"}),
+        _ev(3.16, "ladder", rung="evict", mode="act", groups=[3], fault="fail-slow",
+            **{"for": "stall of [2]"}),
+    ]
+    got = {f["kind"]: f for f in chaos.classify(sorted(j, key=lambda e: e["t"]), COSTS)}
+    assert (got["kill"]["rungs"], got["kill"]["rung_from"]) == (["mask"], "ladder")

@@ -159,7 +159,7 @@ class Guard:
         d, reason = decide(fault, self.state, self.policy, t, free)
         acting = (self.act or always) and actionable
         mode = "act" if acting or (answered and self.act) else "log-only"
-        self.emit({"event": Event.LADDER, "for": what, "mode": mode,
+        self.emit({"event": Event.LADDER, "for": what, "fault": fault.kind.value, "mode": mode,
                    "rung": d.rung.name.lower() if d.rung is not None else None,
                    "groups": list(d.groups), "exit_code": d.exit_code, "reason": reason, "t": t})
         if acting:
@@ -200,7 +200,8 @@ class Guard:
         decides, forced after ``policy.update_deadline`` (byterobust §7)."""
         self.models[version] = model
         self.state = queue_update(self.state, version, now)
-        self.emit({"event": Event.LADDER, "for": f"update {version}", "mode": "act" if self.act
+        self.emit({"event": Event.LADDER, "for": f"update {version}", "fault": "update",
+                   "mode": "act" if self.act
                    else "log-only", "rung": None, "groups": [], "exit_code": None,
                    "reason": f"update {version} queued: applied at the next restart, forced "
                              f"after {self.policy.update_deadline:g}s", "t": now})
@@ -209,7 +210,8 @@ class Guard:
         d, reason = update_due(self.state, self.policy, now)
         if d is None or not self.act:
             return
-        self.emit({"event": Event.LADDER, "for": f"update {d.version}", "mode": "act",
+        self.emit({"event": Event.LADDER, "for": f"update {d.version}", "fault": "update",
+                   "mode": "act",
                    "rung": "retry", "groups": [], "exit_code": None, "reason": reason, "t": now})
         self._tried(d)
 

@@ -101,12 +101,19 @@ class Admission:
         self._recover(members, planned=True, restart=restart)
 
     def _send_state(self, members: list[int], joiners: list[int]) -> bool:
-        """Broadcast the snapshot (an all-reduce where only the source contributes) from each
-        old member in turn until every joiner verified it. False: the generation broke."""
+        """Copy the committed state from one old member to the joiners, each old member in turn
+        until every joiner verified a copy. False: the generation broke.
+
+        Point to point (``comm.send``): only the source and the joiners move the state, so an
+        admission costs the same at 4 groups as at 32; the other members only take part in
+        the one-float-per-member acknowledgement. A communicator without ``send`` gets an
+        all-reduce to which only the source contributes."""
         from unbroken.runtime.snapshot import SnapshotError
 
         gen = self.comm.generation
         olds = [u for u in members if u not in joiners]
+        send = getattr(self.comm, "send", None)
+        rank = {u: i for i, u in enumerate(members)}
         for src in olds:
             if self.uid == src:
                 self.snap.capture(self.trainer.state_tensors(), self._meta())
@@ -114,9 +121,15 @@ class Admission:
                 self.comm.store.set(state_key(gen, src), json.dumps(info))
                 payload = self.hooks.state_payload(
                     self, self.snap.payload().to(self.dev, copy=True))
-            else:
+            elif self.uid in joiners or send is None:
                 payload = torch.zeros_like(self.snap.payload(), device=self.dev)
-            if not self.comm.allreduce(payload):
+            else:
+                payload = None  # a bystander: no copy of the state passes through it
+            if send is None:
+                ok = self.comm.allreduce(payload)
+            else:
+                ok = payload is None or send(payload, rank[src], [rank[j] for j in joiners])
+            if not ok:
                 return False
             good = 1.0
             if self.uid in joiners:

@@ -58,7 +58,7 @@ import json
 import threading
 import time
 from datetime import timedelta
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -246,30 +246,68 @@ class FTComm:
         with a fresh buffer. Reducing in place saves two copies of the buffer a step.
         """
         gen = self._gen
-        # the local flag only: a peer's abort reaches us through the abort watcher or the
-        # heartbeat thread; a round trip here would sit on every step's path
-        if self._check_abort(gen):
-            self._note_detect(self._abort_reason or "abort flag")
+        if self._refused(gen):
             return False
         buf = tensor.detach()
         inplace = buf.is_contiguous()
         if not inplace:
             buf = buf.contiguous()
+        ok = self._run(gen, lambda: [dist.all_reduce(buf, op=dist.ReduceOp.SUM, async_op=True)],
+                       buf)
+        if ok and not inplace:
+            tensor.copy_(buf)
+        return ok
+
+    def send(self, tensor: torch.Tensor, src: int, to: list[int]) -> bool:
+        """Copy ``tensor`` from rank ``src`` to the ranks ``to``, point to point: only they
+        take part (every other member returns True at once and leaves ``tensor`` alone), so
+        the cost of a state copy to a joiner does not grow with the number of members.
+
+        The failure semantics of :meth:`allreduce`: False when the generation broke, with
+        ``tensor`` abandoned to the graveyard; a peer's death or abort wakes the wait.
+        """
+        gen = self._gen
+        if self._refused(gen):
+            return False
+        r = self.rank
+        if r != src and r not in to:
+            return True
+        if not tensor.is_contiguous():
+            raise ValueError("send needs a contiguous tensor (it is received in place)")
+        buf = tensor.detach()
+        if r == src:
+            return self._run(gen, lambda: [dist.isend(buf, dst=d) for d in to if d != src], buf)
+        return self._run(gen, lambda: [dist.irecv(buf, src=src)], buf)
+
+    def _refused(self, gen: int) -> bool:
+        """An op on a generation already aborted fails at once. The local flag only: a peer's
+        abort reaches us through the abort watcher or the heartbeat thread; a store round
+        trip here would sit on every step's path."""
+        if self._check_abort(gen):
+            self._note_detect(self._abort_reason or "abort flag")
+            return True
+        return False
+
+    def _run(self, gen: int, issue: Callable[[], list], buf: torch.Tensor) -> bool:
+        """Issue an op's works and sleep until they complete or ``gen`` is aborted."""
         if not self.aborted:  # _wake is set by an abort (checked below) or by this op's end
             self._wake.clear()
         try:
-            work = dist.all_reduce(buf, op=dist.ReduceOp.SUM, async_op=True)
+            works = issue()
         except RuntimeError as exc:  # broken PG: fails at once
             self._abandon(gen, None, buf, f"gloo error at issue: {_short(exc)}")
             return False
-        fut = None
-        try:  # wake the moment the op completes, instead of polling it every millisecond:
-            #   four workers on two cores spent measurable CPU in 1 kHz wake-ups
-            fut = work.get_future()
-            fut.add_done_callback(lambda _f: self._wake.set())
-            wait_s = self.poll_interval
-        except (RuntimeError, AttributeError):  # a backend without futures: poll
-            wait_s = 0.001
+        futs: list = []
+        blocking: list = []
+        for work in works:
+            try:  # wake the moment the op completes, instead of polling it every millisecond:
+                #   four workers on two cores spent measurable CPU in 1 kHz wake-ups
+                fut = work.get_future()
+                fut.add_done_callback(lambda _f: self._wake.set())
+                futs.append((work, fut))
+            except (RuntimeError, AttributeError):  # no future (gloo send/recv): such a work
+                blocking.append(work)  # completes only inside wait(), so a thread waits
+        waited = self._wait_in_thread(blocking)
         if self.on_issue is not None:
             hook, self.on_issue = self.on_issue, None
             hook()
@@ -277,14 +315,15 @@ class FTComm:
             # the future completes a moment before the work is marked finished: between the
             # two, testing is_completed() alone spun (160 wake-ups a step on a busy box);
             # a done future means wait() returns at once, in C++, without the GIL
-            if (fut is not None and fut.done()) or work.is_completed():
+            if waited[0].is_set() and all(f.done() or w.is_completed() for w, f in futs):
                 try:
-                    work.wait()
+                    if waited[1]:
+                        raise waited[1][0]
+                    for work, _f in futs:
+                        work.wait()
                 except RuntimeError as exc:
-                    self._abandon(gen, work, buf, f"gloo error: {_short(exc)}")
+                    self._abandon(gen, works, buf, f"gloo error: {_short(exc)}")
                     return False
-                if not inplace:
-                    tensor.copy_(buf)
                 self._warm = True
                 if not self.aborted:
                     self._wake.clear()  # this op's completion, not an abort
@@ -292,11 +331,32 @@ class FTComm:
             # a peer's abort arrives through this generation's abort watcher (store wait) or
             # the heartbeat thread; both set the local flag and wake us
             if self._check_abort(gen):
-                self._abandon(gen, work, buf, None)
+                self._abandon(gen, works, buf, None)
                 return False
-            self._wake.wait(wait_s)
+            self._wake.wait(self.poll_interval)
             if not self.aborted:  # woken by this op's future (tested above) or the timeout
                 self._wake.clear()
+
+    def _wait_in_thread(self, works: list) -> tuple[threading.Event, list]:
+        """``wait()`` on works that have no future, on a thread that wakes the op's caller
+        when they are done: (done, [error]). An abandoned one ends with the group's timeout."""
+        done, err = threading.Event(), []
+        if not works:
+            done.set()
+            return done, err
+
+        def wait_all() -> None:
+            try:
+                for work in works:
+                    work.wait()
+            except RuntimeError as exc:
+                err.append(exc)
+            finally:
+                done.set()
+                self._wake.set()
+
+        threading.Thread(target=wait_all, daemon=True, name=f"ftcomm-p2p-{self.uid}").start()
+        return done, err
 
     # ------------------------------------------------------------------ re-form
     def reform(self, expect: list[int] | tuple[int, ...] = (), *,

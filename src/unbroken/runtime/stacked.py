@@ -51,7 +51,9 @@ Known limits
 ------------
 * A failure in the middle of an admission is handled by the next all-reduce failing, but a
   joiner whose state copy broke exits (the launcher must send another).
-* The state copy is an all-reduce of the whole state (fine for this size, not for 10k groups).
+* The state copy goes from one old member to the joiners point to point; a bad copy moves to
+  the next old member, one at a time (a copy per joiner from different sources would spread
+  the load at many joiners).
 """
 
 from __future__ import annotations
