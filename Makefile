@@ -31,6 +31,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/sim_sweep.py
 	$(VENV)/bin/python bench/sim_vs_simpy.py
 	$(VENV)/bin/python bench/ftcomm_recovery.py
+	$(VENV)/bin/python bench/recovery_scaling.py
 	$(VENV)/bin/python bench/train_bars.py
 	$(VENV)/bin/python bench/step_breakdown.py
 	$(VENV)/bin/python bench/detect_latency.py

@@ -16,8 +16,11 @@ So survivors do not try to fix the old group. They *abandon* it and build a new 
 
 1. Every collective is issued with ``async_op=True``; the caller sleeps until the op's future
    completes or the generation is aborted, so no thread ever blocks in gloo. The abort flag is
-   a store key set once (``abort/<gen>``); a thread per generation blocks in the store's
-   ``wait`` on it (no polling: the step's critical path makes no store round trip).
+   a store key set once (``abort/<gen>``); the heartbeat thread looks for it once a period and
+   wakes the op, so the step's critical path makes no store round trip. (A thread per
+   generation blocked in the store's ``wait`` would notice sooner, but each needs a store
+   connection of its own, and 32 members opening one at every re-form stalled the libuv
+   TCPStore server for 5 s at a time here.)
 2. A heartbeat thread (own store client) bumps ``hb/<uid>`` every ``heartbeat_period`` seconds
    and watches the other members. A member whose counter has not moved for ``staleness``
    seconds (5 s until the first collective has completed: start-up is slow, not hung), or
@@ -213,7 +216,6 @@ class FTComm:
             return
         t0 = time.monotonic()
         self._init_pg(0, members)
-        self._watch_abort(0)
         self.journal.append({"event": Event.INIT, "gen": 0, "members": list(members),
                              "pg_init_s": round(time.monotonic() - t0, 4), "t": time.time()})
 
@@ -281,8 +283,8 @@ class FTComm:
 
     def _refused(self, gen: int) -> bool:
         """An op on a generation already aborted fails at once. The local flag only: a peer's
-        abort reaches us through the abort watcher or the heartbeat thread; a store round
-        trip here would sit on every step's path."""
+        abort reaches us through the heartbeat thread; a store round trip here would sit on
+        every step's path."""
         if self._check_abort(gen):
             self._note_detect(self._abort_reason or "abort flag")
             return True
@@ -328,8 +330,8 @@ class FTComm:
                 if not self.aborted:
                     self._wake.clear()  # this op's completion, not an abort
                 return True
-            # a peer's abort arrives through this generation's abort watcher (store wait) or
-            # the heartbeat thread; both set the local flag and wake us
+            # a peer's abort (the store's flag, a dead or stale member) arrives through the
+            # heartbeat thread, which sets the local flag and wakes us
             if self._check_abort(gen):
                 self._abandon(gen, works, buf, None)
                 return False
@@ -477,7 +479,6 @@ class FTComm:
             self._wake.clear()
             self._abort_reason = None
             self._detected_at = None
-        self._watch_abort(gen)
         if self._aborted_gen >= gen:  # raced: the new generation already broke
             self._wake.set()
 
@@ -558,47 +559,8 @@ class FTComm:
 
     def _check_abort(self, gen: int) -> bool:
         """The local flag: set by a gloo error here, by the heartbeat thread (a dead or stale
-        peer) or by this generation's abort watcher (a peer set the store's flag)."""
+        peer) or by the heartbeat thread finding the store's flag (a peer broke the generation)."""
         return self._aborted_gen >= gen
-
-    #: how long one blocking wait of an abort watcher lasts before it looks whether its
-    #: generation is still current (a generation that ended without an abort lets its
-    #: watcher go at the next timeout)
-    ABORT_WAIT_S = 30.0
-
-    def _watch_abort(self, gen: int) -> None:
-        """Start the thread that sleeps in the store until ``abort/<gen>`` is set, on a
-        client of its own; it marks the generation aborted and wakes the op at once."""
-        threading.Thread(target=self._await_abort, args=(gen,), daemon=True,
-                         name=f"ftcomm-abort-{self.uid}-{gen}").start()
-
-    def _await_abort(self, gen: int) -> None:
-        key = f"abort/{gen}"
-        try:
-            st = _clone(self.store)
-        except Exception:  # no coordinator: the heartbeat thread reports it
-            return
-        while not self._stop.is_set() and self._aborted_gen < gen and self._gen <= gen:
-            t0 = time.monotonic()
-            try:
-                st.wait([key], timedelta(seconds=self.ABORT_WAIT_S))
-            except Exception:  # the timeout, a hiccup, or the store is gone
-                if self.store_lost:
-                    return  # the heartbeat thread judged the store lost
-                if time.monotonic() - t0 < self.ABORT_WAIT_S / 2:  # not the timeout: wait a
-                    self._stop.wait(self.heartbeat_period)  # beat, with a fresh connection
-                    try:
-                        st = _clone(self.store)
-                    except Exception:
-                        pass
-                continue
-            with self._lock:
-                if self._aborted_gen < gen:
-                    self._aborted_gen = gen
-                    if self._abort_reason is None and self._gen == gen:
-                        self._abort_reason = "abort flag set by a peer"
-            self._wake.set()
-            return
 
     def watch(self, keys) -> None:
         """Have the heartbeat thread read these store counters every period (``watched``):
@@ -680,6 +642,13 @@ class FTComm:
                 if lost and self._aborted_gen < gen:
                     why = "declared dead" if set(lost) & all_dead else "stale heartbeat"
                     self._set_abort(gen, f"{why}: {lost}", st)
+                elif self._aborted_gen < gen and st.check([f"abort/{gen}"]):
+                    with self._lock:  # a peer broke the generation: wake our op
+                        if self._gen == gen and self._aborted_gen < gen:
+                            self._aborted_gen = gen
+                            if self._abort_reason is None:
+                                self._abort_reason = "abort flag set by a peer"
+                    self._wake.set()
                 errors = 0
             except Exception:  # store hiccup: keep beating; repeated failures show in the count
                 self.monitor_errors += 1
