@@ -36,6 +36,11 @@ class Scenario:
     jitter: float = 0.05              # compute time x N(1, jitter^2) per stack
     fail_dist: str = "weibull"
     weibull_shape: float = 0.78
+    # The SPARe authors' simulator commits a step whose failure the controller answers in its
+    # fixed phase after half an all-reduce, with no retried all-reduce (and skips a checkpoint
+    # whose writer failed). That can make failures *speed training up* when T_a is large, so it
+    # is off by default; on, the simulator reproduces the authors' accounting (sim/engine.py).
+    paper_shortcut: bool = False
 
     def __post_init__(self) -> None:
         ints = {"groups": self.groups, "gpus": self.gpus, "steps": self.steps}
