@@ -110,6 +110,18 @@ BAD = [
     (["plan", "--steps", "0"], "'0'"),
     (["plan", "--r-max", "1"], "--r-max"),
     (["plan", "--groups", "2", "--gpus", "100"], "groups 2 too small"),
+    # values no cluster has: refused, naming the flag and the value
+    (["theory", "--groups", "600", "--redundancy", "8", "--mtbf", "1e-300"], "--mtbf: mtbf 1e-300"),
+    (["theory", "--groups", "600", "--redundancy", "8", "--restart", "1e300"],
+     "--restart: t_restart 1e+300"),
+    (["simulate", "--strategy", "spare", "--groups", "600", "--redundancy", "8",
+      "--gpu-mtbf", "1s"], "--gpu-mtbf"),
+    (["simulate", "--strategy", "rep", "--groups", "600", "--redundancy", "3",
+      "--ckpt-save", "1e9"], "--ckpt-save"),
+    (["theory", "--groups", "600", "--redundancy", "8", "--weibull-shape", "1e-9"],
+     "--weibull-shape"),
+    (["plan", "--groups", "600", "--step-time", "1e12"], "--step-time"),
+    (["plan", "--png", "/etc/hostname/plan.png"], "'/etc/hostname' is a file"),
 ]
 
 
@@ -122,6 +134,39 @@ def test_bad_input_is_one_line_exit_2_no_traceback(cli, args, named):
     assert len(lines) == 1, p.stderr
     assert "Traceback" not in p.stderr
     assert named in lines[0]
+
+
+def test_plan_checks_the_figure_path_before_the_sweep(cli, tmp_path):
+    """The default sweep takes ~40 s; an unwritable --png answers long before that."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    p = cli("plan", "--png", str(blocker / "sub" / "plan.png"), timeout=20)
+    assert p.returncode == 2 and "is a file" in p.stderr and "Traceback" not in p.stderr
+    assert p.stdout == ""
+
+
+def test_plan_says_when_r_max_is_capped(cli, tmp_path):
+    p = cli("plan", "--groups", "50", "--gpus", "5000", "--r-max", "30", "--steps", "60",
+            "--seeds", "1", "--png", str(tmp_path / "p.png"), "--json")
+    assert p.returncode == 0, p.stderr
+    assert "--r-max 30 capped at r = 6 for SPARe+CKPT: N = 50 supports r <= 6" in p.stderr
+    assert "N >= 51" in p.stderr
+    plan = json.loads(p.stdout)
+    assert [row["redundancy"] for row in plan["spare"]["sweep"]] == [2, 3, 4, 5, 6]
+    assert [row["redundancy"] for row in plan["rep"]["sweep"]][-1] == 30
+    assert len(plan["notes"]) == 1 and "capped at r = 6" in plan["notes"][0]
+
+
+def test_theory_warns_when_its_answer_means_little(cli):
+    p = cli("theory", "--groups", "600", "--redundancy", "8", "--mtbf", "10s", "--mc-trials",
+            "0", "--json")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert "shorter than one failure-free step" in p.stderr
+    assert out["caveats"] and "simulate instead" in out["caveats"][0]
+    quiet = json.loads(cli("theory", "--groups", "600", "--redundancy", "8", "--mc-trials",
+                           "0", "--json").stdout)
+    assert quiet["caveats"] == []
 
 
 def test_the_planner_never_imports_torch(tmp_path):

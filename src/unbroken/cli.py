@@ -107,11 +107,30 @@ def _scenario(a: argparse.Namespace):
         raise UsageError("--weibull-shape conflicts with --fail exponential")
     mtbf = a.mtbf if a.mtbf is not None else (
         a.gpu_mtbf / a.gpus if a.gpu_mtbf is not None else 300.0)
-    return Scenario(groups=a.groups, gpus=a.gpus, steps=a.steps, t_compute=a.step_time,
-                    t_allreduce=a.allreduce, mtbf=mtbf, t_restart=a.restart, t_save=a.ckpt_save,
-                    jitter=a.jitter, fail_dist=a.fail,
-                    weibull_shape=a.weibull_shape if a.weibull_shape is not None else 0.78,
-                    paper_shortcut=a.paper_shortcut)
+    flag = "--gpu-mtbf / --gpus" if a.gpu_mtbf is not None else "--mtbf"
+    return _with_flags(Scenario, {"mtbf": flag}, groups=a.groups, gpus=a.gpus, steps=a.steps,
+                       t_compute=a.step_time, t_allreduce=a.allreduce, mtbf=mtbf,
+                       t_restart=a.restart, t_save=a.ckpt_save, jitter=a.jitter,
+                       fail_dist=a.fail, paper_shortcut=a.paper_shortcut,
+                       weibull_shape=a.weibull_shape if a.weibull_shape is not None else 0.78)
+
+
+#: Scenario fields as the flags that set them, for error lines that name what the user typed.
+_FLAGS = {"groups": "--groups", "gpus": "--gpus", "steps": "--steps",
+          "t_compute": "--step-time", "t_allreduce": "--allreduce", "t_restart": "--restart",
+          "t_save": "--ckpt-save", "jitter": "--jitter", "weibull_shape": "--weibull-shape"}
+
+
+def _with_flags(build, flags: dict, **kw):
+    """``build(**kw)``; a ScenarioError comes back as one line that starts with the flag."""
+    from unbroken.core.scenario import ScenarioError
+
+    try:
+        return build(**kw)
+    except ScenarioError as e:
+        field = str(e).split(" ", 1)[0]
+        flag = flags.get(field) or _FLAGS.get(field)
+        raise UsageError(f"{flag}: {e}" if flag else str(e)) from None
 
 
 def _job_args(p: argparse.ArgumentParser, *, steps: int, out: str) -> None:
@@ -248,8 +267,12 @@ def cmd_theory(a: argparse.Namespace) -> dict:
                 "ckpt_period_s": x.ckpt_period_s, "ckpt_every_steps": x.ckpt_every_steps,
                 "availability": x.availability, "ttt_over_t0": x.ttt_over_t0}
 
+    caveats = theory.caveats(sc, sp)
+    for line in caveats:
+        sys.stderr.write(f"unbroken: warning: {line}\n")
     out = {"groups": sc.groups, "redundancy": a.redundancy,
            **keys(sp, sp_best.redundancy, theory.r_star_closed_form(sc.groups)),
+           "caveats": caveats,
            "young_s": theory.young(sc.t_save, sp.mu * sc.mtbf),
            "daly_s": theory.daly(sc.t_save, sp.mu * sc.mtbf, sc.t_restart),
            "mc_trials": a.mc_trials,
@@ -289,14 +312,17 @@ def cmd_plan(a: argparse.Namespace) -> dict:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from unbroken.plan import PlanRequest, check, jobs_for, make_plan
-    from unbroken.plot import plan_figure
+    from unbroken.plan import PlanRequest, caps, check, jobs_for, make_plan
+    from unbroken.plot import check_writable, plan_figure
 
     req = PlanRequest(_scenario(a), seeds=a.seeds, seed=a.seed, r_max=a.r_max, workers=a.jobs,
                       ladder=a.ladder)
     if req.r_max < 2:
         raise UsageError(f"--r-max {a.r_max} leaves nothing to sweep (need at least 2)")
     check(req)
+    check_writable(a.png)  # before the sweep, not after it
+    for line in caps(req):
+        sys.stderr.write(f"unbroken: note: {line}\n")
     err = Console(stderr=True)
     with Progress("[progress.description]{task.description}", BarColumn(),
                   MofNCompleteColumn(), TimeElapsedColumn(), console=err,

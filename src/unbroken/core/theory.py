@@ -223,6 +223,20 @@ def ckpt_every(sc: Scenario, strategy: str, redundancy: int) -> int:
     return checkpoint_only(sc).ckpt_every_steps
 
 
+def caveats(sc: Scenario, th: StrategyTheory) -> list[str]:
+    """Why an answer may mean little, one line each (empty when the closed forms apply)."""
+    out = []
+    step = sc.t_compute + sc.allreduce
+    if sc.mtbf < step:
+        out.append(f"the system MTBF ({sc.mtbf:g} s) is shorter than one failure-free step "
+                   f"({step:g} s): nearly every step sees failures, which these closed forms "
+                   "(failures one at a time between steps) do not model; simulate instead")
+    if not math.isfinite(th.ttt_over_t0) or th.ttt_over_t0 > 100:
+        out.append(f"TTT/T0 = {th.ttt_over_t0:.3g} at r = {th.redundancy}: training does not "
+                   "progress in this scenario")
+    return out
+
+
 def r_star_closed_form(groups: int) -> int:
     """floor(log2 N + gamma / ln 2): where mu(N, r) reaches N/2 with S ~ 2."""
     return int(math.floor(math.log2(groups) + R_STAR_OFFSET))
