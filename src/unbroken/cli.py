@@ -200,6 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
     th.add_argument("--redundancy", type=_positive_int, required=True)
     th.add_argument("--mc-trials", type=_nonneg_int, default=8,
                     help="Monte-Carlo runs of the real controller for the overhead excess")
+    th.add_argument("--budget", type=_duration, default=10.0,
+                    help="wall time for that Monte-Carlo (10s); the closed forms are instant, "
+                         "a Monte-Carlo cut short says how far it got")
     th.add_argument("--json", action="store_true")
 
     sim = sub.add_parser("simulate", help="discrete-event simulation of one configuration")
@@ -212,6 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--seed", type=_nonneg_int, default=0, help="first seed")
     sim.add_argument("--ckpt-every", type=_ckpt_every, default=None,
                      help="checkpoint every K steps, or 'auto' (from T_c*, the default)")
+    sim.add_argument("--budget", type=_duration, default=120.0,
+                     help="wall time for all seeds together (2m); a seed that runs out stops "
+                          "with its TTT as a lower bound and says so")
     sim.add_argument("--json", action="store_true")
 
     pl = sub.add_parser("plan", help="best redundancy and checkpoint interval per strategy")
@@ -254,9 +260,24 @@ def _int(text: str) -> int:
 def cmd_theory(a: argparse.Namespace) -> dict:
     from unbroken.core import placement, theory
 
+    from unbroken.sim.montecarlo import controller_mc
+
     sc = _scenario(a)
     placement.check(sc.groups, a.redundancy)
-    sp = theory.spare(sc, a.redundancy, mc_trials=a.mc_trials)
+    mc = None
+    if a.mc_trials > 0:
+        mu = theory.mu(sc.groups, a.redundancy)
+        with _progress(f"controller Monte-Carlo, {a.mc_trials} trial(s)",
+                       int(a.mc_trials * mu)) as advance:
+            mc = controller_mc(sc.groups, a.redundancy, a.mc_trials, budget_s=a.budget,
+                               on_progress=lambda trial, k: advance(int(trial * mu) + k))
+        if not mc.complete or mc.trials < a.mc_trials:
+            sys.stderr.write(f"unbroken: warning: --budget {a.budget:g}s ended the controller "
+                             f"Monte-Carlo after {mc.trials}/{a.mc_trials} trial(s) "
+                             f"({mc.failures_seen} failures seen); the overhead excess "
+                             "averages those\n")
+    sp = theory.spare(sc, a.redundancy, excess=mc.excess_over_bound if mc else None,
+                      mc_trials=0)
     rep = theory.replication(sc, min(a.redundancy, sc.groups))
     sp_best = theory.best(theory.spare_sweep(sc))
     rep_best = theory.best(theory.replication_sweep(sc))
@@ -276,13 +297,15 @@ def cmd_theory(a: argparse.Namespace) -> dict:
            "young_s": theory.young(sc.t_save, sp.mu * sc.mtbf),
            "daly_s": theory.daly(sc.t_save, sp.mu * sc.mtbf, sc.t_restart),
            "mc_trials": a.mc_trials,
+           "mc_trials_done": mc.trials if mc else 0,
+           "mc_failures_seen": mc.failures_seen if mc else 0,
            "replication": keys(rep, rep_best.redundancy, None)}
     return out
 
 
 def cmd_simulate(a: argparse.Namespace) -> dict:
     from unbroken.sim import engine
-    from unbroken.sim.sweep import Job, run_jobs, summarize
+    from unbroken.sim.sweep import Job, run_budgeted, summarize
 
     sc = _scenario(a)
     if a.strategy == "ladder":
@@ -301,11 +324,36 @@ def cmd_simulate(a: argparse.Namespace) -> dict:
     engine.validate(sc, a.strategy, r)
     t0 = time.perf_counter()
     jobs = [Job(a.strategy, r, s, a.ckpt_every) for s in range(a.seed, a.seed + a.seeds)]
-    results = run_jobs(sc, jobs, workers=1)
+    with _progress(f"simulating {a.seeds} seed(s)", a.seeds * sc.steps) as advance:
+        results = run_budgeted(sc, jobs, a.budget,
+                               lambda i, step: advance(i * sc.steps + step))
     out = {"strategy": a.strategy, "groups": sc.groups, "redundancy": r, **summarize(results),
-           "completed": all(x.completed for x in results)}
+           "completed": all(x.completed for x in results),
+           "stopped": [x.stopped for x in results], "budget_s": a.budget}
+    for x in results:
+        if x.stopped == "budget":
+            sys.stderr.write(f"unbroken: warning: seed {x.seed} ran out of its share of --budget "
+                             f"{a.budget:g}s at {x.progress:.1%} of {sc.steps} steps: its "
+                             "TTT/T0 is a lower bound (raise --budget or lower --steps)\n")
     out["wall_s"] = time.perf_counter() - t0
     return out
+
+
+def _progress(what: str, total: int):
+    """A rich progress bar on stderr (gone when done); yields ``advance(completed)``."""
+    from contextlib import contextmanager
+
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TaskProgressColumn, TimeElapsedColumn
+
+    @contextmanager
+    def bar():
+        with Progress("[progress.description]{task.description}", BarColumn(),
+                      TaskProgressColumn(), TimeElapsedColumn(), console=Console(stderr=True),
+                      transient=True) as prog:
+            task = prog.add_task(what, total=total)
+            yield lambda done: prog.update(task, completed=done)
+    return bar()
 
 
 def cmd_plan(a: argparse.Namespace) -> dict:

@@ -32,12 +32,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Iterator
 
 import numpy as np
 from scipy.special import ndtr
 
 from unbroken.core import placement
-from unbroken.core.rectlr import Plan, decide, initial_stacks
+from unbroken.core.rectlr import Plan, TopCover, decide, initial_stacks
 from unbroken.core.scenario import Scenario
 
 R_STAR_OFFSET = 0.5772156649015329 / math.log(2)   # gamma / ln 2 = 0.8327
@@ -73,40 +74,88 @@ class ControllerMC:
 
     failures_to_wipeout: float          # mean number of failures including the fatal one
     depth_after: tuple[float, ...]      # mean depth in force after k failures (k = 0, 1, ...)
-    excess_over_bound: float            # mean of depth_after - c(k) over k < floor(mu)
-    trials: int
+    excess_over_bound: float            # mean of depth_after - c(k) over the k visited < mu
+    trials: int                         # trials that reached their wipe-out
+    failures_seen: int = 0              # decisions made, over all trials (partial included)
+    complete: bool = True               # False: a budget stopped it inside a trial
+
+
+def controller_walk(groups: int, redundancy: int, trials: int = 8,
+                    seed: int = 0) -> Iterator[tuple[int, int, int | None]]:
+    """Drive ``rectlr.decide`` through ``trials`` seeded failure sequences until wipe-out,
+    yielding ``(trial, k, depth)`` after the k-th failure (depth None: the wipe-out).
+
+    A generator, so that a caller with a clock can stop it at a budget and show progress
+    while this module stays pure. Failures that leave the survivors' top positions covering
+    every type are answered by ``rectlr.TopCover`` in O(r) (exactly what ``decide`` would
+    answer: the fixed phase, nothing changed); only the others pay for ``decide``.
+    """
+    layout = placement.make_layout(groups, redundancy)
+    rng = np.random.default_rng(seed)
+    for trial in range(trials):
+        live = np.ones(groups, dtype=bool)
+        stacks, depth = initial_stacks(layout), 1
+        cover = TopCover(stacks, live, depth)
+        for k, g in enumerate(rng.permutation(groups), start=1):
+            g = int(g)
+            if cover.survives([g]):
+                live[g] = False
+                cover.remove([g])
+                yield trial, k, depth
+                continue
+            live[g] = False
+            d = decide(layout, live, stacks, depth)
+            if not isinstance(d, Plan):
+                yield trial, k, None
+                break
+            stacks, depth = d.stacks, d.depth
+            cover = TopCover(stacks, live, depth)
+            yield trial, k, depth
+
+
+class MCSums:
+    """Running sums over ``controller_walk``'s events; ``result()`` at any point."""
+
+    def __init__(self, groups: int, redundancy: int) -> None:
+        self.groups, self.redundancy = groups, redundancy
+        self.sums = np.zeros(groups + 1)
+        self.counts = np.zeros(groups + 1)
+        self.fatal: list[int] = []
+        self.seen = 0
+        self.open = False                  # inside a trial that has not reached its wipe-out
+
+    def add(self, trial: int, k: int, depth: int | None) -> None:
+        if k == 1:
+            self.sums[0] += 1
+            self.counts[0] += 1
+        self.seen += 1
+        if depth is None:
+            self.fatal.append(k)
+            self.open = False
+            return
+        self.open = True
+        self.sums[k] += depth
+        self.counts[k] += 1
+
+    def result(self) -> ControllerMC:
+        seen = self.counts > 0
+        depth_after = self.sums[seen] / self.counts[seen] if seen.any() else np.ones(1)
+        m = min(len(depth_after), max(1, int(math.floor(mu(self.groups, self.redundancy)))))
+        bound = np.array([depth_bound(self.groups, k) for k in range(m)])
+        excess = float(np.mean(depth_after[:m] - bound))
+        fatal = float(np.mean(self.fatal)) if self.fatal else math.nan
+        return ControllerMC(fatal, tuple(float(x) for x in depth_after), excess,
+                            len(self.fatal), self.seen, not self.open)
 
 
 @lru_cache(maxsize=256)
 def controller_montecarlo(groups: int, redundancy: int, trials: int = 8,
                           seed: int = 0) -> ControllerMC:
-    """Drive ``rectlr.decide`` through ``trials`` seeded failure sequences until wipe-out."""
-    layout = placement.make_layout(groups, redundancy)
-    rng = np.random.default_rng(seed)
-    sums = np.zeros(groups + 1)
-    counts = np.zeros(groups + 1)
-    fatal = []
-    for _ in range(trials):
-        live = np.ones(groups, dtype=bool)
-        stacks, depth = initial_stacks(layout), 1
-        sums[0] += 1
-        counts[0] += 1
-        for k, g in enumerate(rng.permutation(groups), start=1):
-            live[g] = False
-            d = decide(layout, live, stacks, depth)
-            if not isinstance(d, Plan):
-                fatal.append(k)
-                break
-            stacks, depth = d.stacks, d.depth
-            sums[k] += depth
-            counts[k] += 1
-    seen = counts > 0
-    depth_after = sums[seen] / counts[seen]
-    m = min(len(depth_after), max(1, int(math.floor(mu(groups, redundancy)))))
-    bound = np.array([depth_bound(groups, k) for k in range(m)])
-    excess = float(np.mean(depth_after[:m] - bound))
-    return ControllerMC(float(np.mean(fatal)), tuple(float(x) for x in depth_after), excess,
-                        trials)
+    """Every trial of ``controller_walk`` to its wipe-out, summarised."""
+    acc = MCSums(groups, redundancy)
+    for event in controller_walk(groups, redundancy, trials, seed):
+        acc.add(*event)
+    return acc.result()
 
 
 def overhead(groups: int, redundancy: int, trials: int = 8, seed: int = 0) -> float:
@@ -191,11 +240,16 @@ def _finish(sc: Scenario, r: int, m: float, lb: float, ov: float, step: float) -
     return StrategyTheory(r, m, lb, ov, tc, max(1, int(tc // step)), a, j)
 
 
-def spare(sc: Scenario, redundancy: int, mc_trials: int = 8, seed: int = 0) -> StrategyTheory:
-    """SPARe + checkpointing at redundancy r (mc_trials = 0 skips the Monte-Carlo excess)."""
+def spare(sc: Scenario, redundancy: int, mc_trials: int = 8, seed: int = 0,
+          excess: float | None = None) -> StrategyTheory:
+    """SPARe + checkpointing at redundancy r (mc_trials = 0 skips the Monte-Carlo excess;
+    ``excess`` gives one measured elsewhere, e.g. within a budget)."""
     placement.check(sc.groups, redundancy)
     lb = overhead_lower_bound(sc.groups, redundancy)
-    ov = overhead(sc.groups, redundancy, mc_trials, seed) if mc_trials > 0 else lb
+    if excess is not None:
+        ov = lb + excess
+    else:
+        ov = overhead(sc.groups, redundancy, mc_trials, seed) if mc_trials > 0 else lb
     return _finish(sc, redundancy, mu(sc.groups, redundancy), lb, ov, step_time(sc, ov))
 
 

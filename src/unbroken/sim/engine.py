@@ -45,13 +45,15 @@ Semantics (spare.md §6–§7, and the authors' ``spare``/``dpr``/``dp`` program
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import asdict, dataclass
+from typing import Callable
 
 import numpy as np
 from scipy.special import ndtri
 
 from unbroken.core import placement, theory
-from unbroken.core.rectlr import FIXED, Plan, decide, initial_stacks
+from unbroken.core.rectlr import FIXED, Plan, TopCover, decide, initial_stacks
 from unbroken.core.scenario import Scenario
 
 STRATEGIES = ("ckpt", "rep", "spare")
@@ -75,6 +77,8 @@ class RunResult:
     committed_steps: int                 # including steps later rolled back
     completed: bool                      # False: stopped at the wall-clock cap (TTT is a floor)
     controller_phases: dict[str, int]
+    stopped: str | None = None           # "cap" (100 x T0) or "budget" (wall time) when not done
+    progress: float = 1.0                # steps reached / steps asked (rollbacks count back)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -156,17 +160,21 @@ MAX_TTT_OVER_T0 = 100.0
 
 def simulate(sc: Scenario, strategy: str, redundancy: int = 1, seed: int = 0,
              ckpt_every: int | None = None,
-             max_ttt_over_t0: float = MAX_TTT_OVER_T0) -> RunResult:
+             max_ttt_over_t0: float = MAX_TTT_OVER_T0, deadline: float | None = None,
+             on_progress: Callable[[int], None] | None = None) -> RunResult:
     """Run one seeded simulation to ``sc.steps`` committed steps and return its metrics.
 
-    A run still unfinished at ``max_ttt_over_t0`` x T0 stops there with ``completed=False``;
-    its TTT/T0 is then a lower bound.
+    A run still unfinished at ``max_ttt_over_t0`` x T0 stops there with ``completed=False``
+    and ``stopped="cap"``; one still unfinished at ``deadline`` (``time.monotonic()``) stops
+    with ``stopped="budget"``. Either way its TTT/T0 is a lower bound and ``progress`` says
+    how far it got. ``on_progress(step)`` is called about every 0.2 s of computing.
     """
     validate(sc, strategy, redundancy)
     if strategy == "ckpt":
         redundancy = 1
     k_ckpt = ckpt_every or theory.ckpt_every(sc, strategy, redundancy)
-    return _Run(sc, strategy, redundancy, seed, k_ckpt).run(max_ttt_over_t0 * sc.t0)
+    return _Run(sc, strategy, redundancy, seed, k_ckpt).run(max_ttt_over_t0 * sc.t0, deadline,
+                                                            on_progress)
 
 
 class _Run:
@@ -197,9 +205,10 @@ class _Run:
 
     # -- state helpers ---------------------------------------------------------------------
     def reset_layout(self) -> None:
+        self.depth = 1
         if self.layout is not None:
             self.stacks = initial_stacks(self.layout)
-        self.depth = 1
+            self.cover = TopCover(self.stacks, self.active, self.depth)
 
     def fail_due(self, checks: list[float]) -> list[int]:
         """Active groups whose failure time has passed by the last check point; each is noticed
@@ -301,20 +310,28 @@ class _Run:
         while failed:
             self.t = t_ar + sc.allreduce_fail_scale * sc.allreduce
             self.epoch_failures += len(failed)
-            live = self.active.copy()
-            live[failed] = False
-            d = decide(self.layout, live, self.stacks, self.depth)
-            if not isinstance(d, Plan):
-                self.phases["wipeout"] = self.phases.get("wipeout", 0) + 1
-                self.restart()
-                return False
-            self.phases[d.phase] = self.phases.get(d.phase, 0) + 1
-            self.deactivate(failed)
+            if self.cover.survives(failed):
+                # Phase 0 in O(r) per failure: exactly decide's answer (fixed, unchanged).
+                phase = FIXED
+                self.cover.remove(failed)
+                self.deactivate(failed)
+            else:
+                live = self.active.copy()
+                live[failed] = False
+                d = decide(self.layout, live, self.stacks, self.depth)
+                if not isinstance(d, Plan):
+                    self.phases["wipeout"] = self.phases.get("wipeout", 0) + 1
+                    self.restart()
+                    return False
+                phase = d.phase
+                self.deactivate(failed)
+                self.stacks, self.depth = d.stacks, d.depth
+                self.cover = TopCover(self.stacks, self.active, self.depth)
+            self.phases[phase] = self.phases.get(phase, 0) + 1
             self.masked += len(failed)
             self.shrinks += 1
             self.t += sc.t_shrink
-            self.stacks, self.depth = d.stacks, d.depth
-            if d.phase == FIXED:
+            if phase == FIXED:
                 if sc.paper_shortcut:
                     return True         # the authors' shortcut: commit with no retry
                 # Nothing to recompute, but the gradients never reached everyone: retry the
@@ -346,17 +363,33 @@ class _Run:
         self.t += self.sc.t_save
         self.last_ckpt = self.step
 
-    def run(self, t_cap: float) -> RunResult:
+    def run(self, t_cap: float, deadline: float | None = None,
+            on_progress: Callable[[int], None] | None = None) -> RunResult:
         sc = self.sc
         one_step = self.step_spare if self.strategy == "spare" else self.step_ckpt_or_rep
         depth_of = (lambda: self.depth) if self.strategy == "spare" else (lambda: self.r)
-        while self.step < sc.steps and self.t < t_cap:
+        stopped = None
+        next_report = time.monotonic() + 0.2
+        while self.step < sc.steps:
+            if self.t >= t_cap:
+                stopped = "cap"
+                break
+            if deadline is not None or on_progress is not None:
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    stopped = "budget"
+                    break
+                if on_progress is not None and now >= next_report:
+                    on_progress(self.step)
+                    next_report = now + 0.2
             d = depth_of()
             if one_step():
                 self.depth_sum += d
                 self.committed += 1
                 self.step += 1
                 self.maybe_checkpoint()
+        if on_progress is not None:
+            on_progress(self.step)
         down = self.restart_s + self.shrinks * sc.t_shrink
         mu_sim = self.fatal_failures / self.wipeouts if self.wipeouts else None
         return RunResult(
@@ -366,4 +399,5 @@ class _Run:
             mean_stack_depth=self.depth_sum / max(1, self.committed),
             failures_per_wipeout=mu_sim, wall_clock_s=self.t, restart_s=self.restart_s,
             committed_steps=self.committed, completed=self.step >= sc.steps,
-            controller_phases=dict(self.phases))
+            controller_phases=dict(self.phases), stopped=stopped,
+            progress=self.step / sc.steps)

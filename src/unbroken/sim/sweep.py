@@ -8,6 +8,8 @@ order.
 from __future__ import annotations
 
 import os
+import signal
+import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterable
@@ -29,6 +31,25 @@ class Job:
 def _run(args: tuple[Scenario, Job]) -> RunResult:
     sc, job = args
     return simulate(sc, job.strategy, job.redundancy, job.seed, job.ckpt_every)
+
+
+def run_budgeted(sc: Scenario, jobs: list[Job], budget_s: float | None,
+                 on_progress: Callable[[int, int], None] | None = None) -> list[RunResult]:
+    """Run ``jobs`` one after another within ``budget_s`` seconds of wall time in all.
+
+    Job i may run until start + budget x (i + 1) / len(jobs): an equal share each, and what
+    an early finisher leaves over goes to the next. A job that meets its deadline stops with
+    ``stopped="budget"`` (its TTT a lower bound). ``on_progress(i, step)`` reports job i's
+    step about every 0.2 s.
+    """
+    start = time.monotonic()
+    out = []
+    for i, j in enumerate(jobs):
+        deadline = None if budget_s is None else start + budget_s * (i + 1) / len(jobs)
+        report = None if on_progress is None else (lambda step, i=i: on_progress(i, step))
+        out.append(simulate(sc, j.strategy, j.redundancy, j.seed, j.ckpt_every,
+                            deadline=deadline, on_progress=report))
+    return out
 
 
 def default_workers() -> int:
