@@ -1,8 +1,11 @@
 """The command line, run as a user runs it: a real subprocess, its exit code and its output."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -208,3 +211,47 @@ def test_demo_bad_input_is_one_line_exit_2(cli, args, needle, tmp_path):
     assert r.returncode == 2, r.stderr
     assert r.stderr.count("\n") == 1 and needle in r.stderr and "Traceback" not in r.stderr
     assert not list(tmp_path.iterdir())  # nothing started, nothing written
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except FileNotFoundError:
+        return []
+
+
+@pytest.mark.timeout(90)
+def test_ctrl_c_stops_plan_and_its_pool_at_once_without_a_traceback(tmp_path):
+    """A real SIGINT to the whole process group, as a terminal's Ctrl-C sends it, while the
+    pool of the default sweep (~40 s) is simulating: out within seconds, exit 130, one line,
+    and no worker left behind."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    p = subprocess.Popen([sys.executable, "-m", "unbroken", "plan", "--jobs", "2", "--png",
+                          str(tmp_path / "p.png")], cwd=root, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while len(_children(p.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        workers = _children(p.pid)
+        assert len(workers) >= 2, "the pool never started"
+        time.sleep(1.0)                                   # the workers are simulating now
+        t0 = time.monotonic()
+        os.killpg(p.pid, signal.SIGINT)
+        out, err = p.communicate(timeout=20)
+        elapsed = time.monotonic() - t0
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 130, err
+    assert elapsed < 5, f"took {elapsed:.1f} s to stop"
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert err.strip().splitlines()[-1] == "unbroken: plan interrupted"
+    assert out == ""
+    gone = time.monotonic() + 5
+    while time.monotonic() < gone and any(os.path.exists(f"/proc/{w}") for w in workers):
+        time.sleep(0.05)
+    assert not any(os.path.exists(f"/proc/{w}") for w in workers), "a worker survived"

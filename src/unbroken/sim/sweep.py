@@ -2,7 +2,8 @@
 
 Each run is independent and deterministic given its seed, so a process pool changes the wall
 time and nothing else: results are keyed by (strategy, redundancy, seed) and reassembled in
-order.
+order. Ctrl-C stops the pool at once (its workers are terminated, not drained), and a single
+serial run of seeds can be held to a wall-clock budget (``run_budgeted``).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from concurrent.futures import ProcessPoolExecutor
+import multiprocessing
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -73,13 +74,27 @@ def run_jobs(sc: Scenario, jobs: Iterable[Job], workers: int | None = None,
     order = sorted(range(len(jobs)), key=lambda i: (jobs[i].strategy != "spare",
                                                     -jobs[i].redundancy))
     results: dict[int, RunResult] = {}
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = {i: pool.submit(_run, (sc, jobs[i])) for i in order}
+    # Workers ignore SIGINT: Ctrl-C reaches the whole foreground process group, and only the
+    # parent should decide. On any exception (KeyboardInterrupt included) the pool is
+    # terminated at once instead of draining the queued simulations.
+    pool = multiprocessing.Pool(processes=workers, initializer=_ignore_sigint)
+    try:
+        pending = {i: pool.apply_async(_run, ((sc, jobs[i]),)) for i in order}
         for i in order:
-            results[i] = futures[i].result()
+            results[i] = pending[i].get()
             if on_done:
                 on_done(results[i])
+    except BaseException:
+        pool.terminate()
+        pool.join()
+        raise
+    pool.close()
+    pool.join()
     return [results[i] for i in range(len(jobs))]
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 _MEAN_KEYS = ("ttt_over_t0", "availability", "wipeouts", "masked_failures", "mean_stack_depth")
