@@ -35,7 +35,7 @@ from functools import lru_cache
 from typing import Iterator
 
 import numpy as np
-from scipy.special import ndtr
+from scipy.special import gammainc, ndtr
 
 from unbroken.core import placement
 from unbroken.core.rectlr import Plan, TopCover, decide, initial_stacks
@@ -218,9 +218,143 @@ def step_time(sc: Scenario, stacks: float, jitter_scale: float | None = None) ->
     return sc.t_compute * (stacks + sc.jitter * sd * em) + sc.allreduce
 
 
+# -- what the paper's J leaves out ---------------------------------------------------------
+# The paper's J charges a wipe-out T_r of downtime, lets failures arrive every MTBF whatever
+# has failed already, and charges nothing for a masked failure. The simulation (and a real
+# cluster) differs in three ways, each derived below and tested against the simulator.
+
+
+def survival(groups: int, redundancy: int, k: np.ndarray | float, sets: float | None = None):
+    """P(no wipe-out after k distinct failures) ~ exp(-M (k/N)^r): M = N shard types for
+    SPARe (each lost when all r hosts are), M = N/r replica sets for replication. Its sum
+    over k is mu (the integral gives Gamma(1 + 1/r) N^(1-1/r) (N/M)^(1/r))."""
+    m = groups if sets is None else sets
+    return np.exp(-m * (np.asarray(k, dtype=float) / groups) ** redundancy)
+
+
+def time_to_wipeout(groups: int, redundancy: int, mtbf: float,
+                    sets: float | None = None) -> float:
+    """Expected wall time from a restart to the wipe-out that ends the epoch.
+
+    Masked groups stop failing, so with j groups dead failures arrive at rate (N - j) / (N m):
+    the (j+1)-th failure waits m N / (N - j) on average, and it is waited for only if the
+    epoch survived the first j (probability survival(j)). Hence
+    T_f = m * sum_j survival(j) * N / (N - j), against the paper's mu * m: the late failures
+    of a long epoch come slower, by up to ln 2 / (1/2) = 1.39x when mu ~ N/2.
+    """
+    j = np.arange(groups)
+    return float(mtbf * np.sum(survival(groups, redundancy, j, sets) * groups / (groups - j)))
+
+
+def nonfixed_decisions(groups: int, redundancy: int) -> float:
+    """Expected masked failures per epoch that the controller cannot answer in place (phase
+    free or mcmf: the step must patch-compute before its all-reduce is retried).
+
+    With j groups dead and depth S = c(j), a failed group's top S types each have S - 1 other
+    top-S holders, dead with probability ~(j/N) each, so the failure needs a reorder with
+    probability 1 - (1 - (j/N)^(S-1))^S: always at depth 1 (the first failure), ~2j/N at
+    depth 2. Summed over the failures that are masked (survival(j + 1)).
+    """
+    j = np.arange(groups - 1)
+    depth = -(-groups // (groups - j))
+    p = 1.0 - (1.0 - (j / groups) ** (depth - 1)) ** depth
+    return float(np.sum(survival(groups, redundancy, j + 1) * p))
+
+
+def restart_expected(sc: Scenario, points_per_restart: int = 400, horizon: int = 12) -> float:
+    """Expected length of a global restart (see ``_restart_expected``); infinite when the
+    slowest group is still not done after ``horizon`` T_r (failures come faster than T_r)."""
+    shape = sc.weibull_shape if sc.fail_dist == "weibull" else 1.0
+    return _restart_expected(sc.groups, sc.t_restart, sc.fail_dist, shape, sc.group_mtbf,
+                             points_per_restart, horizon)
+
+
+@lru_cache(maxsize=1024)
+def _restart_expected(groups: int, tr: float, dist: str, shape: float, group_mtbf: float,
+                      points_per_restart: int, horizon: int) -> float:
+    """Expected length of a global restart: the slowest of N groups, each of which must stay
+    failure-free for T_r and starts its T_r again whenever it fails meanwhile.
+
+    One group's completion time C: its first failure Y after the restart begins is the
+    residual life of a renewal process already running (equilibrium residual, CDF
+    F_Y(y) = (1/m_g) int_0^y (1 - F_X), for a Weibull(k, lambda) interval X that is the
+    regularised incomplete gamma P(1/k, (y/lambda)^k)); later ones are fresh intervals X.
+    C = T_r if Y >= T_r, else Y + C', where C' (fresh) solves the renewal equation
+        G(t) = P(X >= T_r) 1[t >= T_r] + int_0^T_r G(t - x) dF_X(x),
+    and F_C(t) = P(Y >= T_r) 1[t >= T_r] + int_0^T_r G(t - y) dF_Y(y). The groups are
+    independent, so E[R] = int_0^inf (1 - F_C(t)^N) dt. Solved on a grid of T_r /
+    ``points_per_restart`` up to ``horizon`` T_r. About 2 T_r at the paper's scenario: ~T_r/MTBF
+    = 12 groups fail during the first T_r, and the last of them starts its T_r late.
+    """
+    if tr <= 0:
+        return 0.0
+    n_r = points_per_restart
+    h = tr / n_r
+    x = h * np.arange(n_r + 1)
+    if dist == "weibull":
+        k = shape
+        lam = group_mtbf / math.gamma(1.0 + 1.0 / k)
+        f_x = -np.expm1(-(x / lam) ** k)
+        f_y = gammainc(1.0 / k, (x / lam) ** k)
+    else:
+        f_x = f_y = -np.expm1(-x / group_mtbf)
+    p, q = np.diff(f_x), np.diff(f_y)             # masses on ((i-1)h, ih], i = 1..n_r
+    s_x, s_y = 1.0 - f_x[-1], 1.0 - f_y[-1]
+    size = horizon * n_r + 1
+    g, fc = np.zeros(size), np.zeros(size)
+    for j in range(size):
+        past = g[max(0, j - n_r):j][::-1]          # G(t_j - h), G(t_j - 2h), ...
+        g[j] = (s_x if j >= n_r else 0.0) + float(p[:past.size] @ past)
+        fc[j] = (s_y if j >= n_r else 0.0) + float(q[:past.size] @ past)
+    all_done = np.exp(groups * np.log(np.clip(fc, 1e-300, 1.0)))
+    if all_done[-1] < 0.999:
+        return math.inf
+    return float(h * np.sum(1.0 - all_done))
+
+
+@dataclass(frozen=True)
+class Costs:
+    """The corrected epoch: wall time to the wipe-out, the restart, and what masking costs."""
+
+    t_fail: float          # restart end -> wipe-out (s)
+    restart: float         # E[R] (s)
+    masked_overhead: float # time masked failures add to an epoch (s)
+
+
+def epoch_costs(sc: Scenario, redundancy: int, step: float, strategy: str = "spare") -> Costs:
+    """``time_to_wipeout``, ``restart_expected`` and the masked failures' own cost.
+
+    A masked failure breaks the all-reduce halfway (0.5 T_a), shrinks the communicator
+    (t_shrink), patch-computes one stack when it needs a reorder (``nonfixed_decisions``),
+    and retries the all-reduce, which takes the place of the step's own. Failures noticed in
+    the same step share one such round: with rho = step / MTBF failures per step (Poisson),
+    rounds per failure are beta = (1 - e^-rho) / rho. Under ``paper_shortcut`` a round
+    answered in place commits without the retry: it then costs t_shrink - 0.5 T_a.
+    """
+    n = sc.groups
+    if strategy == "ckpt":
+        return Costs(sc.mtbf, restart_expected(sc), 0.0)
+    sets = None if strategy == "spare" else n / redundancy
+    t_fail = time_to_wipeout(n, redundancy, sc.mtbf, sets)
+    masked = max(0.0, float(np.sum(survival(n, redundancy, np.arange(n), sets))) - 1.0)
+    rho = step / sc.mtbf
+    rounds = masked * (-math.expm1(-rho) / rho if rho > 0 else 1.0)
+    reorders = min(rounds, nonfixed_decisions(n, redundancy)) if strategy == "spare" else 0.0
+    half = sc.allreduce_fail_scale * sc.allreduce
+    in_place = sc.t_shrink + (half - sc.allreduce if sc.paper_shortcut else half)
+    patch = half + sc.t_shrink + sc.t_compute
+    return Costs(t_fail, restart_expected(sc),
+                 (rounds - reorders) * in_place + reorders * patch)
+
+
 @dataclass(frozen=True)
 class StrategyTheory:
-    """Everything the closed forms say about one strategy at one redundancy."""
+    """Everything the closed forms say about one strategy at one redundancy.
+
+    ``availability`` and ``ttt_over_t0`` are the corrected model (``epoch_costs``: the
+    restart as the slowest of N groups with resets, failures slowing as groups are masked,
+    masked failures' own cost); ``*_paper`` are the paper's J with T_f = mu m and T_r as given.
+    """
 
     redundancy: int
     mu: float
@@ -230,14 +364,39 @@ class StrategyTheory:
     ckpt_every_steps: int
     availability: float
     ttt_over_t0: float
+    t_fail_s: float = 0.0            # restart end -> wipe-out, corrected (paper: mu * MTBF)
+    restart_s: float = 0.0           # expected restart, corrected (paper: T_r)
+    masked_overhead_s: float = 0.0   # masked failures' own cost per epoch
+    availability_paper: float = 0.0
+    ttt_over_t0_paper: float = 0.0
 
 
-def _finish(sc: Scenario, r: int, m: float, lb: float, ov: float, step: float) -> StrategyTheory:
+def corrected_availability(sc: Scenario, t_ckpt: float, c: Costs) -> float:
+    """(1 - T_s/T_c) (T_f - O_f) / (T_f + E[R] + 0.5 T_a + T_c/2): the paper's A with the
+    corrected epoch, the wipe-out's broken half all-reduce, and the masked failures' cost
+    taken from the up time."""
+    if t_ckpt <= sc.t_save or c.t_fail <= c.masked_overhead:
+        return 0.0
+    down = c.restart + sc.allreduce_fail_scale * sc.allreduce
+    return (1.0 - sc.t_save / t_ckpt) * (c.t_fail - c.masked_overhead) / (
+        c.t_fail + down + t_ckpt / 2.0)
+
+
+def _finish(sc: Scenario, r: int, m: float, lb: float, ov: float, step: float,
+            strategy: str) -> StrategyTheory:
+    base = sc.t_compute + sc.allreduce
     t_fail = m * sc.mtbf
-    tc = ckpt_period(sc.t_save, t_fail, sc.t_restart)
-    a = best_availability(sc.t_save, t_fail, sc.t_restart)
-    j = step / ((sc.t_compute + sc.allreduce) * a) if a > 0 else math.inf
-    return StrategyTheory(r, m, lb, ov, tc, max(1, int(tc // step)), a, j)
+    a_paper = best_availability(sc.t_save, t_fail, sc.t_restart)
+    j_paper = step / (base * a_paper) if a_paper > 0 else math.inf
+    c = epoch_costs(sc, r, step, strategy)
+    # Same form as the paper's A in T_c, so Saxena's maximiser holds with T_f + E[R] + T_a/2
+    # in place of T_f + T_r.
+    tc = ckpt_period(sc.t_save, c.t_fail,
+                     c.restart + sc.allreduce_fail_scale * sc.allreduce)
+    a = corrected_availability(sc, tc, c)
+    j = step / (base * a) if a > 0 else math.inf
+    return StrategyTheory(r, m, lb, ov, tc, max(1, int(tc // step)), a, j, c.t_fail,
+                          c.restart, c.masked_overhead, a_paper, j_paper)
 
 
 def spare(sc: Scenario, redundancy: int, mc_trials: int = 8, seed: int = 0,
@@ -250,7 +409,8 @@ def spare(sc: Scenario, redundancy: int, mc_trials: int = 8, seed: int = 0,
         ov = lb + excess
     else:
         ov = overhead(sc.groups, redundancy, mc_trials, seed) if mc_trials > 0 else lb
-    return _finish(sc, redundancy, mu(sc.groups, redundancy), lb, ov, step_time(sc, ov))
+    return _finish(sc, redundancy, mu(sc.groups, redundancy), lb, ov, step_time(sc, ov),
+                   "spare")
 
 
 def replication(sc: Scenario, redundancy: int) -> StrategyTheory:
@@ -260,12 +420,12 @@ def replication(sc: Scenario, redundancy: int) -> StrategyTheory:
             f"redundancy {redundancy} outside [1, {sc.groups}] for replication")
     r = float(redundancy)
     return _finish(sc, redundancy, mu_replication(sc.groups, redundancy), r, r,
-                   step_time(sc, r, jitter_scale=r))
+                   step_time(sc, r, jitter_scale=r), "rep")
 
 
 def checkpoint_only(sc: Scenario) -> StrategyTheory:
     """Checkpoint/restart alone: every failure is a restart (mu = 1, one stack per step)."""
-    return _finish(sc, 1, 1.0, 1.0, 1.0, step_time(sc, 1.0))
+    return _finish(sc, 1, 1.0, 1.0, 1.0, step_time(sc, 1.0), "ckpt")
 
 
 def ckpt_every(sc: Scenario, strategy: str, redundancy: int) -> int:
