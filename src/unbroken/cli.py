@@ -286,7 +286,11 @@ def cmd_theory(a: argparse.Namespace) -> dict:
         return {"mu": x.mu, "overhead_lower_bound": x.overhead_lower_bound,
                 "overhead": x.overhead, "r_star": r_star, "r_star_closed_form": closed,
                 "ckpt_period_s": x.ckpt_period_s, "ckpt_every_steps": x.ckpt_every_steps,
-                "availability": x.availability, "ttt_over_t0": x.ttt_over_t0}
+                "availability": x.availability, "ttt_over_t0": x.ttt_over_t0,
+                "t_fail_s": x.t_fail_s, "restart_s": x.restart_s,
+                "masked_overhead_s": x.masked_overhead_s,
+                "availability_paper": x.availability_paper,
+                "ttt_over_t0_paper": x.ttt_over_t0_paper}
 
     caveats = theory.caveats(sc, sp)
     for line in caveats:
