@@ -177,9 +177,14 @@ def simulate(sc: Scenario, strategy: str, redundancy: int = 1, seed: int = 0,
                                                             on_progress)
 
 
+class _OutOfBudget(Exception):
+    """The wall-clock deadline passed inside a step (a step at N = 100,000 can take seconds)."""
+
+
 class _Run:
     def __init__(self, sc: Scenario, strategy: str, r: int, seed: int, k_ckpt: int) -> None:
         self.sc, self.strategy, self.r, self.seed, self.k_ckpt = sc, strategy, r, seed, k_ckpt
+        self.deadline: float | None = None
         self.n = sc.groups
         self.draws = _Draws(sc, seed)
         self.t = 0.0
@@ -274,6 +279,7 @@ class _Run:
         t_ar = t0 + self.compute_time(r, n_act, r)
         failed = self.take_pending(self.fail_due([t0, t_ar]))
         while failed:
+            self.check_budget()
             self.t = t_ar + sc.allreduce_fail_scale * sc.allreduce
             self.epoch_failures += len(failed)
             if self.strategy != "rep" or not self.replicas_cover(failed):
@@ -289,6 +295,10 @@ class _Run:
             failed = self.fail_due([t_ar])
         self.t = t_ar + sc.allreduce
         return True
+
+    def check_budget(self) -> None:
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            raise _OutOfBudget
 
     def replicas_cover(self, failed: list[int]) -> bool:
         """Does every replica set keep a live member once ``failed`` are gone?"""
@@ -308,6 +318,7 @@ class _Run:
         checks.append(t_ar)
         failed = self.take_pending(self.fail_due(checks))
         while failed:
+            self.check_budget()
             self.t = t_ar + sc.allreduce_fail_scale * sc.allreduce
             self.epoch_failures += len(failed)
             if self.cover.survives(failed):
@@ -369,6 +380,7 @@ class _Run:
         one_step = self.step_spare if self.strategy == "spare" else self.step_ckpt_or_rep
         depth_of = (lambda: self.depth) if self.strategy == "spare" else (lambda: self.r)
         stopped = None
+        self.deadline = deadline
         next_report = time.monotonic() + 0.2
         while self.step < sc.steps:
             if self.t >= t_cap:
@@ -383,7 +395,12 @@ class _Run:
                     on_progress(self.step)
                     next_report = now + 0.2
             d = depth_of()
-            if one_step():
+            try:
+                done = one_step()
+            except _OutOfBudget:          # mid-step: the step is left uncommitted
+                stopped = "budget"
+                break
+            if done:
                 self.depth_sum += d
                 self.committed += 1
                 self.step += 1

@@ -22,13 +22,12 @@ def controller_mc(groups: int, redundancy: int, trials: int, seed: int = 0,
     acc = theory.MCSums(groups, redundancy)
     deadline = None if budget_s is None else time.monotonic() + budget_s
     next_report = time.monotonic() + 0.2
-    for i, event in enumerate(theory.controller_walk(groups, redundancy, trials, seed)):
+    for event in theory.controller_walk(groups, redundancy, trials, seed):
         acc.add(*event)
-        if i % 16 == 0:
-            now = time.monotonic()
-            if deadline is not None and now >= deadline:
-                break
-            if on_progress is not None and now >= next_report:
-                on_progress(event[0], event[1])
-                next_report = now + 0.2
+        now = time.monotonic()          # ~50 ns against >= 10 us per event: check every one
+        if deadline is not None and now >= deadline:
+            break
+        if on_progress is not None and now >= next_report:
+            on_progress(event[0], event[1])
+            next_report = now + 0.2
     return acc.result()
