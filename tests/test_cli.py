@@ -255,3 +255,45 @@ def test_ctrl_c_stops_plan_and_its_pool_at_once_without_a_traceback(tmp_path):
     while time.monotonic() < gone and any(os.path.exists(f"/proc/{w}") for w in workers):
         time.sleep(0.05)
     assert not any(os.path.exists(f"/proc/{w}") for w in workers), "a worker survived"
+
+
+def test_simulate_at_100000_groups_answers_within_its_budget_with_progress():
+    """The issue's case: no answer after 200 s before. Now the default 10,000 steps stop at
+    --budget with the progress bar on stderr (FORCE_COLOR: rich draws as on a terminal) and
+    a warning that the TTT is a lower bound."""
+    import os as _os
+
+    env = dict(_os.environ, FORCE_COLOR="1")
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "unbroken", "simulate", "--strategy", "spare",
+                        "--groups", "100000", "--redundancy", "27", "--budget", "4s",
+                        "--json"], capture_output=True, text=True, timeout=120, env=env)
+    elapsed = time.monotonic() - t0
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["stopped"] == ["budget"] and out["completed"] is False
+    assert "simulating 1 seed(s)" in p.stderr
+    assert "ran out of its share of --budget 4s" in p.stderr and "lower bound" in p.stderr
+    assert elapsed < 4 + 40          # the budget plus start-up on a loaded machine
+    assert out["wall_s"] < 4 + 2
+
+
+def test_theory_at_100000_groups_answers_within_its_budget(cli):
+    p = cli("theory", "--groups", "100000", "--redundancy", "27", "--budget", "2s", "--json")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["mc_trials_done"] < out["mc_trials"] and out["mc_failures_seen"] > 0
+    assert "--budget 2s ended the controller Monte-Carlo" in p.stderr
+    assert out["caveats"] and "shorter than one failure-free step" in out["caveats"][0]
+    assert out["r_star_closed_form"] == 17
+
+
+def test_simulate_says_failures_cost_time_at_a_long_allreduce(cli):
+    """The issue's correctness case at a size a test can afford: an all-reduce far longer than
+    the MTBF. With failures the run is slower than without; the authors' shortcut is not."""
+    base = ("simulate", "--strategy", "spare", "--groups", "2000", "--gpus", "600000",
+            "--redundancy", "20", "--steps", "30", "--allreduce", "1000", "--json")
+    with_f = json.loads(cli(*base).stdout)["ttt_over_t0"]
+    free = json.loads(cli(*base, "--mtbf", "100000d").stdout)["ttt_over_t0"]
+    short = json.loads(cli(*base, "--paper-shortcut").stdout)["ttt_over_t0"]
+    assert with_f > free > short
