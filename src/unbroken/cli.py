@@ -279,12 +279,16 @@ def cmd_theory(a: argparse.Namespace) -> dict:
     sp = theory.spare(sc, a.redundancy, excess=mc.excess_over_bound if mc else None,
                       mc_trials=0)
     rep = theory.replication(sc, min(a.redundancy, sc.groups))
-    sp_best = theory.best(theory.spare_sweep(sc))
-    rep_best = theory.best(theory.replication_sweep(sc))
+    sp_sweep, rep_sweep = theory.spare_sweep(sc), theory.replication_sweep(sc)
+    sp_best, rep_best = theory.best(sp_sweep), theory.best(rep_sweep)
 
-    def keys(x, r_star, closed):
+    def paper_r(points):
+        return min(points, key=lambda p: p.ttt_over_t0_paper).redundancy
+
+    def keys(x, r_star, closed, points):
         return {"mu": x.mu, "overhead_lower_bound": x.overhead_lower_bound,
                 "overhead": x.overhead, "r_star": r_star, "r_star_closed_form": closed,
+                "r_star_paper": paper_r(points),
                 "ckpt_period_s": x.ckpt_period_s, "ckpt_every_steps": x.ckpt_every_steps,
                 "availability": x.availability, "ttt_over_t0": x.ttt_over_t0,
                 "t_fail_s": x.t_fail_s, "restart_s": x.restart_s,
@@ -296,14 +300,14 @@ def cmd_theory(a: argparse.Namespace) -> dict:
     for line in caveats:
         sys.stderr.write(f"unbroken: warning: {line}\n")
     out = {"groups": sc.groups, "redundancy": a.redundancy,
-           **keys(sp, sp_best.redundancy, theory.r_star_closed_form(sc.groups)),
+           **keys(sp, sp_best.redundancy, theory.r_star_closed_form(sc.groups), sp_sweep),
            "caveats": caveats,
            "young_s": theory.young(sc.t_save, sp.mu * sc.mtbf),
            "daly_s": theory.daly(sc.t_save, sp.mu * sc.mtbf, sc.t_restart),
            "mc_trials": a.mc_trials,
            "mc_trials_done": mc.trials if mc else 0,
            "mc_failures_seen": mc.failures_seen if mc else 0,
-           "replication": keys(rep, rep_best.redundancy, None)}
+           "replication": keys(rep, rep_best.redundancy, None, rep_sweep)}
     return out
 
 
