@@ -385,7 +385,10 @@ def cmd_plan(a: argparse.Namespace) -> dict:
                   transient=a.json) as prog:
         task = prog.add_task("simulating", total=len(jobs_for(req)))
         plan = make_plan(req, on_done=lambda _res: prog.advance(task))
-    plan["png"] = str(plan_figure(plan, a.png))
+    try:
+        plan["png"] = str(plan_figure(plan, a.png))
+    except OSError as e:  # checked above; still possible (disk full, a race): one line
+        raise UsageError(f"--png {a.png!r} could not be written: {e.strerror or e}") from None
     return plan
 
 
