@@ -1,8 +1,11 @@
 """The command line, run as a user runs it: a real subprocess, its exit code and its output."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -19,7 +22,10 @@ def test_theory_json_has_every_key_for_both_strategies(cli):
     out = json.loads(p.stdout)
     assert THEORY_KEYS <= out.keys()
     assert THEORY_KEYS <= out["replication"].keys()
-    assert out["r_star"] == out["r_star_closed_form"] == 10
+    # the corrected J's minimiser is the simulation's best r at N = 600 (README); the paper's
+    # J and its closed form give 10
+    assert out["r_star"] == 9
+    assert out["r_star_paper"] == out["r_star_closed_form"] == 10
     assert out["mu"] == pytest.approx(254.0, abs=0.1)
 
 
@@ -110,6 +116,18 @@ BAD = [
     (["plan", "--steps", "0"], "'0'"),
     (["plan", "--r-max", "1"], "--r-max"),
     (["plan", "--groups", "2", "--gpus", "100"], "groups 2 too small"),
+    # values no cluster has: refused, naming the flag and the value
+    (["theory", "--groups", "600", "--redundancy", "8", "--mtbf", "1e-300"], "--mtbf: mtbf 1e-300"),
+    (["theory", "--groups", "600", "--redundancy", "8", "--restart", "1e300"],
+     "--restart: t_restart 1e+300"),
+    (["simulate", "--strategy", "spare", "--groups", "600", "--redundancy", "8",
+      "--gpu-mtbf", "1s"], "--gpu-mtbf"),
+    (["simulate", "--strategy", "rep", "--groups", "600", "--redundancy", "3",
+      "--ckpt-save", "1e9"], "--ckpt-save"),
+    (["theory", "--groups", "600", "--redundancy", "8", "--weibull-shape", "1e-9"],
+     "--weibull-shape"),
+    (["plan", "--groups", "600", "--step-time", "1e12"], "--step-time"),
+    (["plan", "--png", "/etc/hostname/plan.png"], "'/etc/hostname' is a file"),
 ]
 
 
@@ -122,6 +140,39 @@ def test_bad_input_is_one_line_exit_2_no_traceback(cli, args, named):
     assert len(lines) == 1, p.stderr
     assert "Traceback" not in p.stderr
     assert named in lines[0]
+
+
+def test_plan_checks_the_figure_path_before_the_sweep(cli, tmp_path):
+    """The default sweep takes ~40 s; an unwritable --png answers long before that."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    p = cli("plan", "--png", str(blocker / "sub" / "plan.png"), timeout=20)
+    assert p.returncode == 2 and "is a file" in p.stderr and "Traceback" not in p.stderr
+    assert p.stdout == ""
+
+
+def test_plan_says_when_r_max_is_capped(cli, tmp_path):
+    p = cli("plan", "--groups", "50", "--gpus", "5000", "--r-max", "30", "--steps", "60",
+            "--seeds", "1", "--png", str(tmp_path / "p.png"), "--json")
+    assert p.returncode == 0, p.stderr
+    assert "--r-max 30 capped at r = 6 for SPARe+CKPT: N = 50 supports r <= 6" in p.stderr
+    assert "N >= 51" in p.stderr
+    plan = json.loads(p.stdout)
+    assert [row["redundancy"] for row in plan["spare"]["sweep"]] == [2, 3, 4, 5, 6]
+    assert [row["redundancy"] for row in plan["rep"]["sweep"]][-1] == 30
+    assert len(plan["notes"]) == 1 and "capped at r = 6" in plan["notes"][0]
+
+
+def test_theory_warns_when_its_answer_means_little(cli):
+    p = cli("theory", "--groups", "600", "--redundancy", "8", "--mtbf", "10s", "--mc-trials",
+            "0", "--json")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert "shorter than one failure-free step" in p.stderr
+    assert out["caveats"] and "simulate instead" in out["caveats"][0]
+    quiet = json.loads(cli("theory", "--groups", "600", "--redundancy", "8", "--mc-trials",
+                           "0", "--json").stdout)
+    assert quiet["caveats"] == []
 
 
 def test_the_planner_never_imports_torch(tmp_path):
@@ -163,3 +214,89 @@ def test_demo_bad_input_is_one_line_exit_2(cli, args, needle, tmp_path):
     assert r.returncode == 2, r.stderr
     assert r.stderr.count("\n") == 1 and needle in r.stderr and "Traceback" not in r.stderr
     assert not list(tmp_path.iterdir())  # nothing started, nothing written
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except FileNotFoundError:
+        return []
+
+
+@pytest.mark.timeout(90)
+def test_ctrl_c_stops_plan_and_its_pool_at_once_without_a_traceback(tmp_path):
+    """A real SIGINT to the whole process group, as a terminal's Ctrl-C sends it, while the
+    pool of the default sweep (~40 s) is simulating: out within seconds, exit 130, one line,
+    and no worker left behind."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    p = subprocess.Popen([sys.executable, "-m", "unbroken", "plan", "--jobs", "2", "--png",
+                          str(tmp_path / "p.png")], cwd=root, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while len(_children(p.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        workers = _children(p.pid)
+        assert len(workers) >= 2, "the pool never started"
+        time.sleep(1.0)                                   # the workers are simulating now
+        t0 = time.monotonic()
+        os.killpg(p.pid, signal.SIGINT)
+        out, err = p.communicate(timeout=20)
+        elapsed = time.monotonic() - t0
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 130, err
+    assert elapsed < 5, f"took {elapsed:.1f} s to stop"
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert err.strip().splitlines()[-1] == "unbroken: plan interrupted"
+    assert out == ""
+    gone = time.monotonic() + 5
+    while time.monotonic() < gone and any(os.path.exists(f"/proc/{w}") for w in workers):
+        time.sleep(0.05)
+    assert not any(os.path.exists(f"/proc/{w}") for w in workers), "a worker survived"
+
+
+def test_simulate_at_100000_groups_answers_within_its_budget_with_progress():
+    """The issue's case: no answer after 200 s before. Now the default 10,000 steps stop at
+    --budget with the progress bar on stderr (FORCE_COLOR: rich draws as on a terminal) and
+    a warning that the TTT is a lower bound."""
+    import os as _os
+
+    env = dict(_os.environ, FORCE_COLOR="1")
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "unbroken", "simulate", "--strategy", "spare",
+                        "--groups", "100000", "--redundancy", "27", "--budget", "4s",
+                        "--json"], capture_output=True, text=True, timeout=120, env=env)
+    elapsed = time.monotonic() - t0
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["stopped"] == ["budget"] and out["completed"] is False
+    assert "simulating 1 seed(s)" in p.stderr
+    assert "ran out of its share of --budget 4s" in p.stderr and "lower bound" in p.stderr
+    assert elapsed < 4 + 40          # the budget plus start-up on a loaded machine
+    assert out["wall_s"] < 4 + 2
+
+
+def test_theory_at_100000_groups_answers_within_its_budget(cli):
+    p = cli("theory", "--groups", "100000", "--redundancy", "27", "--budget", "2s", "--json")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["mc_trials_done"] < out["mc_trials"] and out["mc_failures_seen"] > 0
+    assert "--budget 2s ended the controller Monte-Carlo" in p.stderr
+    assert out["caveats"] and "shorter than one failure-free step" in out["caveats"][0]
+    assert out["r_star_closed_form"] == 17
+
+
+def test_simulate_says_failures_cost_time_at_a_long_allreduce(cli):
+    """The issue's correctness case at a size a test can afford: an all-reduce far longer than
+    the MTBF. With failures the run is slower than without; the authors' shortcut is not."""
+    base = ("simulate", "--strategy", "spare", "--groups", "2000", "--gpus", "600000",
+            "--redundancy", "20", "--steps", "30", "--allreduce", "1000", "--json")
+    with_f = json.loads(cli(*base).stdout)["ttt_over_t0"]
+    free = json.loads(cli(*base, "--mtbf", "100000d").stdout)["ttt_over_t0"]
+    short = json.loads(cli(*base, "--paper-shortcut").stdout)["ttt_over_t0"]
+    assert with_f > free > short

@@ -91,6 +91,10 @@ def _scenario_args(p: argparse.ArgumentParser, groups_default: int | None) -> No
     g.add_argument("--weibull-shape", type=_positive_float, help="Weibull k (default 0.78)")
     g.add_argument("--jitter", type=_fraction, default=0.05,
                    help="compute jitter (std of the N(1, s^2) factor)")
+    g.add_argument("--paper-shortcut", action="store_true",
+                   help="the SPARe authors' accounting: a step masked without recompute "
+                        "commits with no retried all-reduce (reproduces the published table; "
+                        "can make failures look faster than none)")
 
 
 def _scenario(a: argparse.Namespace):
@@ -103,10 +107,30 @@ def _scenario(a: argparse.Namespace):
         raise UsageError("--weibull-shape conflicts with --fail exponential")
     mtbf = a.mtbf if a.mtbf is not None else (
         a.gpu_mtbf / a.gpus if a.gpu_mtbf is not None else 300.0)
-    return Scenario(groups=a.groups, gpus=a.gpus, steps=a.steps, t_compute=a.step_time,
-                    t_allreduce=a.allreduce, mtbf=mtbf, t_restart=a.restart, t_save=a.ckpt_save,
-                    jitter=a.jitter, fail_dist=a.fail,
-                    weibull_shape=a.weibull_shape if a.weibull_shape is not None else 0.78)
+    flag = "--gpu-mtbf / --gpus" if a.gpu_mtbf is not None else "--mtbf"
+    return _with_flags(Scenario, {"mtbf": flag}, groups=a.groups, gpus=a.gpus, steps=a.steps,
+                       t_compute=a.step_time, t_allreduce=a.allreduce, mtbf=mtbf,
+                       t_restart=a.restart, t_save=a.ckpt_save, jitter=a.jitter,
+                       fail_dist=a.fail, paper_shortcut=a.paper_shortcut,
+                       weibull_shape=a.weibull_shape if a.weibull_shape is not None else 0.78)
+
+
+#: Scenario fields as the flags that set them, for error lines that name what the user typed.
+_FLAGS = {"groups": "--groups", "gpus": "--gpus", "steps": "--steps",
+          "t_compute": "--step-time", "t_allreduce": "--allreduce", "t_restart": "--restart",
+          "t_save": "--ckpt-save", "jitter": "--jitter", "weibull_shape": "--weibull-shape"}
+
+
+def _with_flags(build, flags: dict, **kw):
+    """``build(**kw)``; a ScenarioError comes back as one line that starts with the flag."""
+    from unbroken.core.scenario import ScenarioError
+
+    try:
+        return build(**kw)
+    except ScenarioError as e:
+        field = str(e).split(" ", 1)[0]
+        flag = flags.get(field) or _FLAGS.get(field)
+        raise UsageError(f"{flag}: {e}" if flag else str(e)) from None
 
 
 def _job_args(p: argparse.ArgumentParser, *, steps: int, out: str) -> None:
@@ -176,6 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
     th.add_argument("--redundancy", type=_positive_int, required=True)
     th.add_argument("--mc-trials", type=_nonneg_int, default=8,
                     help="Monte-Carlo runs of the real controller for the overhead excess")
+    th.add_argument("--budget", type=_duration, default=10.0,
+                    help="wall time for that Monte-Carlo (10s); the closed forms are instant, "
+                         "a Monte-Carlo cut short says how far it got")
     th.add_argument("--json", action="store_true")
 
     sim = sub.add_parser("simulate", help="discrete-event simulation of one configuration")
@@ -188,6 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--seed", type=_nonneg_int, default=0, help="first seed")
     sim.add_argument("--ckpt-every", type=_ckpt_every, default=None,
                      help="checkpoint every K steps, or 'auto' (from T_c*, the default)")
+    sim.add_argument("--budget", type=_duration, default=120.0,
+                     help="wall time for all seeds together (2m); a seed that runs out stops "
+                          "with its TTT as a lower bound and says so")
     sim.add_argument("--json", action="store_true")
 
     pl = sub.add_parser("plan", help="best redundancy and checkpoint interval per strategy")
@@ -230,31 +260,60 @@ def _int(text: str) -> int:
 def cmd_theory(a: argparse.Namespace) -> dict:
     from unbroken.core import placement, theory
 
+    from unbroken.sim.montecarlo import controller_mc
+
     sc = _scenario(a)
     placement.check(sc.groups, a.redundancy)
-    sp = theory.spare(sc, a.redundancy, mc_trials=a.mc_trials)
+    mc = None
+    if a.mc_trials > 0:
+        mu = theory.mu(sc.groups, a.redundancy)
+        with _progress(f"controller Monte-Carlo, {a.mc_trials} trial(s)",
+                       int(a.mc_trials * mu)) as advance:
+            mc = controller_mc(sc.groups, a.redundancy, a.mc_trials, budget_s=a.budget,
+                               on_progress=lambda trial, k: advance(int(trial * mu) + k))
+        if not mc.complete or mc.trials < a.mc_trials:
+            sys.stderr.write(f"unbroken: warning: --budget {a.budget:g}s ended the controller "
+                             f"Monte-Carlo after {mc.trials}/{a.mc_trials} trial(s) "
+                             f"({mc.failures_seen} failures seen); the overhead excess "
+                             "averages those\n")
+    sp = theory.spare(sc, a.redundancy, excess=mc.excess_over_bound if mc else None,
+                      mc_trials=0)
     rep = theory.replication(sc, min(a.redundancy, sc.groups))
-    sp_best = theory.best(theory.spare_sweep(sc))
-    rep_best = theory.best(theory.replication_sweep(sc))
+    sp_sweep, rep_sweep = theory.spare_sweep(sc), theory.replication_sweep(sc)
+    sp_best, rep_best = theory.best(sp_sweep), theory.best(rep_sweep)
 
-    def keys(x, r_star, closed):
+    def paper_r(points):
+        return min(points, key=lambda p: p.ttt_over_t0_paper).redundancy
+
+    def keys(x, r_star, closed, points):
         return {"mu": x.mu, "overhead_lower_bound": x.overhead_lower_bound,
                 "overhead": x.overhead, "r_star": r_star, "r_star_closed_form": closed,
+                "r_star_paper": paper_r(points),
                 "ckpt_period_s": x.ckpt_period_s, "ckpt_every_steps": x.ckpt_every_steps,
-                "availability": x.availability, "ttt_over_t0": x.ttt_over_t0}
+                "availability": x.availability, "ttt_over_t0": x.ttt_over_t0,
+                "t_fail_s": x.t_fail_s, "restart_s": x.restart_s,
+                "masked_overhead_s": x.masked_overhead_s,
+                "availability_paper": x.availability_paper,
+                "ttt_over_t0_paper": x.ttt_over_t0_paper}
 
+    caveats = theory.caveats(sc, sp)
+    for line in caveats:
+        sys.stderr.write(f"unbroken: warning: {line}\n")
     out = {"groups": sc.groups, "redundancy": a.redundancy,
-           **keys(sp, sp_best.redundancy, theory.r_star_closed_form(sc.groups)),
+           **keys(sp, sp_best.redundancy, theory.r_star_closed_form(sc.groups), sp_sweep),
+           "caveats": caveats,
            "young_s": theory.young(sc.t_save, sp.mu * sc.mtbf),
            "daly_s": theory.daly(sc.t_save, sp.mu * sc.mtbf, sc.t_restart),
            "mc_trials": a.mc_trials,
-           "replication": keys(rep, rep_best.redundancy, None)}
+           "mc_trials_done": mc.trials if mc else 0,
+           "mc_failures_seen": mc.failures_seen if mc else 0,
+           "replication": keys(rep, rep_best.redundancy, None, rep_sweep)}
     return out
 
 
 def cmd_simulate(a: argparse.Namespace) -> dict:
     from unbroken.sim import engine
-    from unbroken.sim.sweep import Job, run_jobs, summarize
+    from unbroken.sim.sweep import Job, run_budgeted, summarize
 
     sc = _scenario(a)
     if a.strategy == "ladder":
@@ -273,32 +332,63 @@ def cmd_simulate(a: argparse.Namespace) -> dict:
     engine.validate(sc, a.strategy, r)
     t0 = time.perf_counter()
     jobs = [Job(a.strategy, r, s, a.ckpt_every) for s in range(a.seed, a.seed + a.seeds)]
-    results = run_jobs(sc, jobs, workers=1)
+    with _progress(f"simulating {a.seeds} seed(s)", a.seeds * sc.steps) as advance:
+        results = run_budgeted(sc, jobs, a.budget,
+                               lambda i, step: advance(i * sc.steps + step))
     out = {"strategy": a.strategy, "groups": sc.groups, "redundancy": r, **summarize(results),
-           "completed": all(x.completed for x in results)}
+           "completed": all(x.completed for x in results),
+           "stopped": [x.stopped for x in results], "budget_s": a.budget}
+    for x in results:
+        if x.stopped == "budget":
+            sys.stderr.write(f"unbroken: warning: seed {x.seed} ran out of its share of --budget "
+                             f"{a.budget:g}s at {x.progress:.1%} of {sc.steps} steps: its "
+                             "TTT/T0 is a lower bound (raise --budget or lower --steps)\n")
     out["wall_s"] = time.perf_counter() - t0
     return out
+
+
+def _progress(what: str, total: int):
+    """A rich progress bar on stderr (gone when done); yields ``advance(completed)``."""
+    from contextlib import contextmanager
+
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TaskProgressColumn, TimeElapsedColumn
+
+    @contextmanager
+    def bar():
+        with Progress("[progress.description]{task.description}", BarColumn(),
+                      TaskProgressColumn(), TimeElapsedColumn(), console=Console(stderr=True),
+                      transient=True) as prog:
+            task = prog.add_task(what, total=total)
+            yield lambda done: prog.update(task, completed=done)
+    return bar()
 
 
 def cmd_plan(a: argparse.Namespace) -> dict:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from unbroken.plan import PlanRequest, check, jobs_for, make_plan
-    from unbroken.plot import plan_figure
+    from unbroken.plan import PlanRequest, caps, check, jobs_for, make_plan
+    from unbroken.plot import check_writable, plan_figure
 
     req = PlanRequest(_scenario(a), seeds=a.seeds, seed=a.seed, r_max=a.r_max, workers=a.jobs,
                       ladder=a.ladder)
     if req.r_max < 2:
         raise UsageError(f"--r-max {a.r_max} leaves nothing to sweep (need at least 2)")
     check(req)
+    check_writable(a.png)  # before the sweep, not after it
+    for line in caps(req):
+        sys.stderr.write(f"unbroken: note: {line}\n")
     err = Console(stderr=True)
     with Progress("[progress.description]{task.description}", BarColumn(),
                   MofNCompleteColumn(), TimeElapsedColumn(), console=err,
                   transient=a.json) as prog:
         task = prog.add_task("simulating", total=len(jobs_for(req)))
         plan = make_plan(req, on_done=lambda _res: prog.advance(task))
-    plan["png"] = str(plan_figure(plan, a.png))
+    try:
+        plan["png"] = str(plan_figure(plan, a.png))
+    except OSError as e:  # checked above; still possible (disk full, a race): one line
+        raise UsageError(f"--png {a.png!r} could not be written: {e.strerror or e}") from None
     return plan
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from rich.console import Console
 from rich.table import Table
 
@@ -10,6 +12,10 @@ from unbroken.core.units import format_duration
 
 def _pct(x: float) -> str:
     return f"{100 * x:.2f}%"
+
+
+def _dur(seconds: float) -> str:
+    return format_duration(round(seconds)) if math.isfinite(seconds) else "never ends"
 
 
 def theory_table(data: dict, console: Console) -> None:
@@ -23,11 +29,18 @@ def theory_table(data: dict, console: Console) -> None:
         ("overhead lower bound (stacks/step)", f"{s['overhead_lower_bound']:.3f}",
          f"{rep['overhead_lower_bound']:.3f}"),
         ("overhead incl. controller excess", f"{s['overhead']:.3f}", f"{rep['overhead']:.3f}"),
-        ("checkpoint period T_c*", format_duration(round(s["ckpt_period_s"])),
-         format_duration(round(rep["ckpt_period_s"]))),
+        ("checkpoint period T_c*", _dur(s["ckpt_period_s"]), _dur(rep["ckpt_period_s"])),
         ("checkpoint every (steps)", str(s["ckpt_every_steps"]), str(rep["ckpt_every_steps"])),
+        ("time to wipe-out T_f (masked groups stop failing)",
+         _dur(s["t_fail_s"]), _dur(rep["t_fail_s"])),
+        ("expected restart (slowest of N, with resets)", _dur(s["restart_s"]),
+         _dur(rep["restart_s"])),
+        ("masked failures' cost per epoch", _dur(s["masked_overhead_s"]),
+         _dur(rep["masked_overhead_s"])),
         ("availability A*", _pct(s["availability"]), _pct(rep["availability"])),
         ("TTT / T0", f"{s['ttt_over_t0']:.3f}", f"{rep['ttt_over_t0']:.3f}"),
+        ("TTT / T0, the paper's J (T_f = mu MTBF, T_r)", f"{s['ttt_over_t0_paper']:.3f}",
+         f"{rep['ttt_over_t0_paper']:.3f}"),
         ("r* (exact minimiser of J)", str(s["r_star"]), str(rep["r_star"])),
         ("r* closed form floor(log2 N + 0.833)", str(s["r_star_closed_form"]), "-"),
     ]

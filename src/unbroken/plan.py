@@ -45,6 +45,27 @@ def redundancies(req: PlanRequest, strategy: str) -> list[int]:
     return list(range(2, min(req.r_max, top) + 1))
 
 
+def caps(req: PlanRequest) -> list[str]:
+    """One line per strategy whose sweep stops below ``r_max``, saying where and why (a plan
+    never truncates silently)."""
+    n = req.scenario.groups
+    out = []
+    top = placement.max_redundancy(n)
+    if req.r_max > top >= 2:
+        if top == placement.MAX_REDUNDANCY:
+            why = (f"no optimal Golomb ruler of order {top + 1} is known (r <= "
+                   f"{placement.MAX_REDUNDANCY})")
+        else:
+            why = (f"the order-{top + 1} Golomb ruler needs N >= "
+                   f"{placement.min_groups(top + 1)}")
+        out.append(f"--r-max {req.r_max} capped at r = {top} for {STRATEGY_NAMES['spare']}: "
+                   f"N = {n} supports r <= {top} ({why})")
+    if req.r_max > n:
+        out.append(f"--r-max {req.r_max} capped at r = {n} for {STRATEGY_NAMES['rep']}: a "
+                   f"replica set cannot have more members than the {n} groups")
+    return out
+
+
 def check(req: PlanRequest) -> None:
     """Raise ValueError when there is nothing to sweep for some strategy."""
     for strategy in ("spare", "rep"):
@@ -120,6 +141,7 @@ def make_plan(req: PlanRequest,
             k: cheap[k] for k in ("ettr", "ettr_std", "ttt_over_t0", "gave_up", "completed",
                                   "rung_counts")}
     out["r_star_closed_form"] = theory.r_star_closed_form(sc.groups)
+    out["notes"] = caps(req)
     out["seeds"] = req.seeds
     out["wall_s"] = time.perf_counter() - t_start
     return out

@@ -16,6 +16,26 @@ from matplotlib.ticker import MaxNLocator, ScalarFormatter  # noqa: E402
 _COLORS = {"spare": "tab:blue", "rep": "tab:orange"}
 
 
+def check_writable(path: str | os.PathLike) -> None:
+    """Raise ValueError naming ``path`` when the figure could not be written there, before a
+    sweep of many seconds is spent on it: a directory, or a nearest existing ancestor that is
+    not a writable directory (the folders in between are created on writing)."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"--png {str(path)!r} is a directory, not a file")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ValueError(f"--png {str(path)!r} cannot be written (no permission)")
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"--png {str(path)!r} cannot be written: {str(parent)!r} is a file, "
+                         "not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"--png {str(path)!r} cannot be written: no permission in "
+                         f"{str(parent)!r}")
+
+
 def plan_figure(plan: dict, path: str | os.PathLike) -> Path:
     """Write the PNG atomically (temp file, then rename) and return its path."""
     path = Path(path)

@@ -458,3 +458,36 @@ def test_live_ids_outside_the_layout_are_rejected():
         decide(layout, [0, 1, -1], stacks, 1)
     with pytest.raises(ValueError, match="7"):
         decide(layout, [0, 7], stacks, 1)
+
+
+@pytest.mark.parametrize("n,r,seed", [(200, 4, 0), (600, 8, 1), (97, 3, 2)])
+def test_top_cover_answers_phase_zero_exactly_as_decide_does(n, r, seed):
+    """The incremental phase-0 count says 'fixed' exactly when decide does, batch after
+    batch of failures until the wipe-out, and then decide's plan changes nothing."""
+    from unbroken.core.rectlr import FIXED, TopCover
+
+    layout = make_layout(n, r)
+    rng = np.random.default_rng(seed)
+    live = np.ones(n, dtype=bool)
+    stacks, depth = initial_stacks(layout), 1
+    cover = TopCover(stacks, live, depth)
+    order = list(rng.permutation(n))
+    fixed_seen = other_seen = 0
+    while order:
+        batch = [int(order.pop()) for _ in range(min(len(order), int(rng.integers(1, 4))))]
+        says_fixed = cover.survives(batch)
+        live[batch] = False
+        d = decide(layout, live, stacks, depth)
+        if not isinstance(d, Plan):
+            assert not says_fixed
+            break
+        assert says_fixed == (d.phase == FIXED)
+        if says_fixed:
+            fixed_seen += 1
+            assert d.depth == depth and np.array_equal(d.stacks, stacks)
+            cover.remove(batch)
+        else:
+            other_seen += 1
+            stacks, depth = d.stacks, d.depth
+            cover = TopCover(stacks, live, depth)
+    assert fixed_seen > 0 and other_seen > 0

@@ -94,6 +94,39 @@ def initial_stacks(layout: Layout) -> np.ndarray:
     return np.array(layout.stacks, copy=True)
 
 
+class TopCover:
+    """Phase 0 kept up to date failure by failure: how many live groups hold each type within
+    their top ``depth`` positions.
+
+    ``decide`` answers phase 0 with a count over all N x S top slots, O(N S) per call. A
+    simulator or a Monte-Carlo that feeds failures one batch at a time can ask the same
+    question in O(S) per failed group: the batch keeps every count above zero exactly when
+    the survivors' top S still cover every type, and then ``decide`` would return the
+    ``fixed`` plan with the stacks and the depth unchanged (a covered type has a live host, so
+    no wipe-out either). Anything else must go to ``decide``, after which the cover is built
+    anew from the plan's stacks and depth. Pure: arrays in, booleans out.
+    """
+
+    def __init__(self, stacks: np.ndarray, live: np.ndarray, depth: int) -> None:
+        self.stacks, self.depth = stacks, depth
+        self.counts = np.bincount(stacks[live, :depth].ravel(), minlength=stacks.shape[0])
+
+    def _lost(self, failed: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        types = self.stacks[np.asarray(failed, dtype=np.int64), :self.depth].ravel()
+        return np.unique(types, return_counts=True)
+
+    def survives(self, failed: Sequence[int]) -> bool:
+        """Would the top ``depth`` positions of the groups left after ``failed`` (all live
+        now) still cover every type? True means ``decide`` answers ``fixed``, unchanged."""
+        types, n = self._lost(failed)
+        return bool(np.all(self.counts[types] > n))
+
+    def remove(self, failed: Sequence[int]) -> None:
+        """Take ``failed`` (live until now) out of the counts."""
+        types, n = self._lost(failed)
+        self.counts[types] -= n
+
+
 def _live_mask(layout: Layout, live: Sequence[int] | np.ndarray) -> np.ndarray:
     arr = np.asarray(live)
     if arr.dtype == bool:

@@ -16,16 +16,28 @@ Semantics (spare.md §6–§7, and the authors' ``spare``/``dpr``/``dp`` program
   A failure is noticed at the next check point: before each stack's compute, at the
   all-reduce, and (leader only) at the checkpoint; the next interval is drawn from then.
 * A failed group stays inactive (and stops failing) until the next global restart.
-* A step that saw a failure pays ``allreduce_fail_scale`` x T_a for its all-reduce; a masked
-  failure costs a communicator shrink (0.1 s). For SPARe the controller is
-  ``core.rectlr.decide`` — the same function the runtime calls. Phase ``fixed`` commits the
-  step; ``free``/``mcmf`` patch-compute the reassigned shards and retry the all-reduce.
+* A step that saw a failure pays ``allreduce_fail_scale`` x T_a for the all-reduce that broke,
+  a communicator shrink (0.1 s) per masked failure, and then a retried all-reduce (T_a) on the
+  shrunk communicator. For SPARe the controller is ``core.rectlr.decide`` — the same function
+  the runtime calls. Phase ``fixed`` needs no recompute, so the all-reduce is retried at once;
+  ``free``/``mcmf`` patch-compute the reassigned shards first. A failure noticed at the retry
+  goes round the controller again. Replication masks when every replica set keeps a member,
+  then retries the same way.
+* ``Scenario.paper_shortcut`` restores the authors' accounting instead: a step answered in the
+  fixed phase (or masked by replication) commits right after the shrink, with no retried
+  all-reduce, and a checkpoint whose writer failed is skipped. A masked failure then costs
+  *less* than a failure-free all-reduce (0.5 T_a + 0.1 s against T_a), so with a long
+  all-reduce failures make training faster — physically impossible, which is why it is not
+  the default. It exists to reproduce the published table (README, fidelity).
 * A wipe-out (or any failure, for ``ckpt``; an emptied replica set, for ``rep``) starts a
   global restart: every group recovers for T_r, a failure during its recovery restarts its
   timer, the restart ends with the slowest group, and training resumes from the last
   checkpoint with the original layout and depth 1.
 * A checkpoint every k committed steps (and at the end) costs T_s; a leader failure at that
-  point skips the save and counts as a failure at the next all-reduce.
+  point counts as a failure at the next all-reduce, and the next live group (every one holds
+  the model state) writes the checkpoint.
+* Never faster than failure-free: every committed step pays at least its compute and one
+  whole all-reduce, and a restart or a rollback only adds time (tests/sim/test_properties.py).
 * Availability = 1 - (restart time + shrink time) / wall clock; rework and checkpoints count
   as up time. TTT/T0 = wall clock / (steps x (T_compute + T_a)).
 """
@@ -33,13 +45,15 @@ Semantics (spare.md §6–§7, and the authors' ``spare``/``dpr``/``dp`` program
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import asdict, dataclass
+from typing import Callable
 
 import numpy as np
 from scipy.special import ndtri
 
 from unbroken.core import placement, theory
-from unbroken.core.rectlr import FIXED, Plan, decide, initial_stacks
+from unbroken.core.rectlr import FIXED, Plan, TopCover, decide, initial_stacks
 from unbroken.core.scenario import Scenario
 
 STRATEGIES = ("ckpt", "rep", "spare")
@@ -63,16 +77,28 @@ class RunResult:
     committed_steps: int                 # including steps later rolled back
     completed: bool                      # False: stopped at the wall-clock cap (TTT is a floor)
     controller_phases: dict[str, int]
+    stopped: str | None = None           # "cap" (100 x T0) or "budget" (wall time) when not done
+    progress: float = 1.0                # steps reached / steps asked (rollbacks count back)
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
 class _Draws:
-    """Buffered random draws: failure intervals and maxima of n standard normals."""
+    """Buffered random draws: failure intervals and maxima of n standard normals.
+
+    Two independent streams spawned from the seed, one for failures and one for compute
+    jitter (common random numbers): two runs with the same seed that differ only in their
+    failures (another MTBF, no failures at all) see the same jitter sequence, and failure
+    intervals are unit draws scaled by the per-group mean, so a shorter MTBF shortens every
+    interval of the same seed in proportion. Comparisons between such runs then measure the
+    failures, not the noise.
+    """
 
     def __init__(self, sc: Scenario, seed: int) -> None:
-        self.rng = np.random.default_rng(seed)
+        fail_ss, jit_ss = np.random.SeedSequence(seed).spawn(2)
+        self.rng = np.random.default_rng(fail_ss)
+        self.rng_jit = np.random.default_rng(jit_ss)
         self.sc = sc
         self._iv = np.empty(0)
         self._iv_i = 0
@@ -84,7 +110,7 @@ class _Draws:
         if sc.fail_dist == "weibull":
             self._iv = self.rng.weibull(sc.weibull_shape, _CHUNK) * sc.weibull_scale
         else:
-            self._iv = self.rng.exponential(sc.group_mtbf, _CHUNK)
+            self._iv = self.rng.standard_exponential(_CHUNK) * sc.group_mtbf
         self._iv_i = 0
 
     def interval(self) -> float:
@@ -95,12 +121,22 @@ class _Draws:
         return float(v)
 
     def intervals(self, k: int) -> np.ndarray:
-        return np.fromiter((self.interval() for _ in range(k)), dtype=float, count=k)
+        """The next k intervals of the same sequence ``interval`` walks, in one copy."""
+        out = np.empty(k)
+        i = 0
+        while i < k:
+            if self._iv_i >= self._iv.size:
+                self._refill_intervals()
+            take = min(k - i, self._iv.size - self._iv_i)
+            out[i:i + take] = self._iv[self._iv_i:self._iv_i + take]
+            self._iv_i += take
+            i += take
+        return out
 
     def max_normal(self, n: int) -> float:
         """One draw of max(Z_1..Z_n), Z standard normal: Phi^-1(U^(1/n))."""
         if self._u_i >= self._u.size:
-            self._u = self.rng.random(_CHUNK)
+            self._u = self.rng_jit.random(_CHUNK)
             self._u_i = 0
         u = self._u[self._u_i]
         self._u_i += 1
@@ -124,22 +160,31 @@ MAX_TTT_OVER_T0 = 100.0
 
 def simulate(sc: Scenario, strategy: str, redundancy: int = 1, seed: int = 0,
              ckpt_every: int | None = None,
-             max_ttt_over_t0: float = MAX_TTT_OVER_T0) -> RunResult:
+             max_ttt_over_t0: float = MAX_TTT_OVER_T0, deadline: float | None = None,
+             on_progress: Callable[[int], None] | None = None) -> RunResult:
     """Run one seeded simulation to ``sc.steps`` committed steps and return its metrics.
 
-    A run still unfinished at ``max_ttt_over_t0`` x T0 stops there with ``completed=False``;
-    its TTT/T0 is then a lower bound.
+    A run still unfinished at ``max_ttt_over_t0`` x T0 stops there with ``completed=False``
+    and ``stopped="cap"``; one still unfinished at ``deadline`` (``time.monotonic()``) stops
+    with ``stopped="budget"``. Either way its TTT/T0 is a lower bound and ``progress`` says
+    how far it got. ``on_progress(step)`` is called about every 0.2 s of computing.
     """
     validate(sc, strategy, redundancy)
     if strategy == "ckpt":
         redundancy = 1
     k_ckpt = ckpt_every or theory.ckpt_every(sc, strategy, redundancy)
-    return _Run(sc, strategy, redundancy, seed, k_ckpt).run(max_ttt_over_t0 * sc.t0)
+    return _Run(sc, strategy, redundancy, seed, k_ckpt).run(max_ttt_over_t0 * sc.t0, deadline,
+                                                            on_progress)
+
+
+class _OutOfBudget(Exception):
+    """The wall-clock deadline passed inside a step (a step at N = 100,000 can take seconds)."""
 
 
 class _Run:
     def __init__(self, sc: Scenario, strategy: str, r: int, seed: int, k_ckpt: int) -> None:
         self.sc, self.strategy, self.r, self.seed, self.k_ckpt = sc, strategy, r, seed, k_ckpt
+        self.deadline: float | None = None
         self.n = sc.groups
         self.draws = _Draws(sc, seed)
         self.t = 0.0
@@ -165,9 +210,10 @@ class _Run:
 
     # -- state helpers ---------------------------------------------------------------------
     def reset_layout(self) -> None:
+        self.depth = 1
         if self.layout is not None:
             self.stacks = initial_stacks(self.layout)
-        self.depth = 1
+            self.cover = TopCover(self.stacks, self.active, self.depth)
 
     def fail_due(self, checks: list[float]) -> list[int]:
         """Active groups whose failure time has passed by the last check point; each is noticed
@@ -232,24 +278,35 @@ class _Run:
         t0 = self.t
         t_ar = t0 + self.compute_time(r, n_act, r)
         failed = self.take_pending(self.fail_due([t0, t_ar]))
-        if not failed:
-            self.t = t_ar + sc.allreduce
-            return True
-        self.t = t_ar + sc.allreduce_fail_scale * sc.allreduce
-        self.epoch_failures += len(failed)
-        if self.strategy == "rep":
-            live = self.active.copy()
-            live[failed] = False
-            sets = np.arange(self.n) // r
-            n_sets = -(-self.n // r)
-            if np.count_nonzero(np.bincount(sets[live], minlength=n_sets)) == n_sets:
-                self.deactivate(failed)
-                self.masked += len(failed)
-                self.shrinks += 1
-                self.t += sc.t_shrink
-                return True
-        self.restart()
-        return False
+        while failed:
+            self.check_budget()
+            self.t = t_ar + sc.allreduce_fail_scale * sc.allreduce
+            self.epoch_failures += len(failed)
+            if self.strategy != "rep" or not self.replicas_cover(failed):
+                self.restart()
+                return False
+            self.deactivate(failed)
+            self.masked += len(failed)
+            self.shrinks += 1
+            self.t += sc.t_shrink
+            if sc.paper_shortcut:
+                return True             # the authors' shortcut: commit with no retry
+            t_ar = self.t               # retry the all-reduce on the shrunk communicator
+            failed = self.fail_due([t_ar])
+        self.t = t_ar + sc.allreduce
+        return True
+
+    def check_budget(self) -> None:
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            raise _OutOfBudget
+
+    def replicas_cover(self, failed: list[int]) -> bool:
+        """Does every replica set keep a live member once ``failed`` are gone?"""
+        live = self.active.copy()
+        live[failed] = False
+        sets = np.arange(self.n) // self.r
+        n_sets = -(-self.n // self.r)
+        return np.count_nonzero(np.bincount(sets[live], minlength=n_sets)) == n_sets
 
     def step_spare(self) -> bool:
         sc = self.sc
@@ -261,23 +318,38 @@ class _Run:
         checks.append(t_ar)
         failed = self.take_pending(self.fail_due(checks))
         while failed:
+            self.check_budget()
             self.t = t_ar + sc.allreduce_fail_scale * sc.allreduce
             self.epoch_failures += len(failed)
-            live = self.active.copy()
-            live[failed] = False
-            d = decide(self.layout, live, self.stacks, self.depth)
-            if not isinstance(d, Plan):
-                self.phases["wipeout"] = self.phases.get("wipeout", 0) + 1
-                self.restart()
-                return False
-            self.phases[d.phase] = self.phases.get(d.phase, 0) + 1
-            self.deactivate(failed)
+            if self.cover.survives(failed):
+                # Phase 0 in O(r) per failure: exactly decide's answer (fixed, unchanged).
+                phase = FIXED
+                self.cover.remove(failed)
+                self.deactivate(failed)
+            else:
+                live = self.active.copy()
+                live[failed] = False
+                d = decide(self.layout, live, self.stacks, self.depth)
+                if not isinstance(d, Plan):
+                    self.phases["wipeout"] = self.phases.get("wipeout", 0) + 1
+                    self.restart()
+                    return False
+                phase = d.phase
+                self.deactivate(failed)
+                self.stacks, self.depth = d.stacks, d.depth
+                self.cover = TopCover(self.stacks, self.active, self.depth)
+            self.phases[phase] = self.phases.get(phase, 0) + 1
             self.masked += len(failed)
             self.shrinks += 1
             self.t += sc.t_shrink
-            self.stacks, self.depth = d.stacks, d.depth
-            if d.phase == FIXED:
-                break
+            if phase == FIXED:
+                if sc.paper_shortcut:
+                    return True         # the authors' shortcut: commit with no retry
+                # Nothing to recompute, but the gradients never reached everyone: retry the
+                # all-reduce on the shrunk communicator.
+                t_ar = self.t
+                failed = self.fail_due([t_ar])
+                continue
             # Patch compute, then retry the all-reduce.
             sizes = [len(v) for v in d.patch.values()]
             most = max(sizes, default=0)
@@ -285,8 +357,7 @@ class _Run:
             t1 = self.t
             t_ar = t1 + self.compute_time(most, n_most, math.sqrt(most))
             failed = self.fail_due([t1, t_ar])
-        else:
-            self.t = t_ar + sc.allreduce
+        self.t = t_ar + sc.allreduce
         return True
 
     def maybe_checkpoint(self) -> None:
@@ -297,21 +368,45 @@ class _Run:
             self.next_fail[leader] = self.t + self.draws.interval()
             self.nf_active[leader] = math.inf
             self.pending = [leader]
-            return
+            if self.sc.paper_shortcut:
+                return                  # the authors' shortcut: the save is skipped
+            # Every live group holds the model state: the next one writes the checkpoint.
         self.t += self.sc.t_save
         self.last_ckpt = self.step
 
-    def run(self, t_cap: float) -> RunResult:
+    def run(self, t_cap: float, deadline: float | None = None,
+            on_progress: Callable[[int], None] | None = None) -> RunResult:
         sc = self.sc
         one_step = self.step_spare if self.strategy == "spare" else self.step_ckpt_or_rep
         depth_of = (lambda: self.depth) if self.strategy == "spare" else (lambda: self.r)
-        while self.step < sc.steps and self.t < t_cap:
+        stopped = None
+        self.deadline = deadline
+        next_report = time.monotonic() + 0.2
+        while self.step < sc.steps:
+            if self.t >= t_cap:
+                stopped = "cap"
+                break
+            if deadline is not None or on_progress is not None:
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    stopped = "budget"
+                    break
+                if on_progress is not None and now >= next_report:
+                    on_progress(self.step)
+                    next_report = now + 0.2
             d = depth_of()
-            if one_step():
+            try:
+                done = one_step()
+            except _OutOfBudget:          # mid-step: the step is left uncommitted
+                stopped = "budget"
+                break
+            if done:
                 self.depth_sum += d
                 self.committed += 1
                 self.step += 1
                 self.maybe_checkpoint()
+        if on_progress is not None:
+            on_progress(self.step)
         down = self.restart_s + self.shrinks * sc.t_shrink
         mu_sim = self.fatal_failures / self.wipeouts if self.wipeouts else None
         return RunResult(
@@ -321,4 +416,5 @@ class _Run:
             mean_stack_depth=self.depth_sum / max(1, self.committed),
             failures_per_wipeout=mu_sim, wall_clock_s=self.t, restart_s=self.restart_s,
             committed_steps=self.committed, completed=self.step >= sc.steps,
-            controller_phases=dict(self.phases))
+            controller_phases=dict(self.phases), stopped=stopped,
+            progress=self.step / sc.steps)

@@ -2,13 +2,16 @@
 
 Each run is independent and deterministic given its seed, so a process pool changes the wall
 time and nothing else: results are keyed by (strategy, redundancy, seed) and reassembled in
-order.
+order. Ctrl-C stops the pool at once (its workers are terminated, not drained), and a single
+serial run of seeds can be held to a wall-clock budget (``run_budgeted``).
 """
 
 from __future__ import annotations
 
 import os
-from concurrent.futures import ProcessPoolExecutor
+import signal
+import time
+import multiprocessing
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -29,6 +32,25 @@ class Job:
 def _run(args: tuple[Scenario, Job]) -> RunResult:
     sc, job = args
     return simulate(sc, job.strategy, job.redundancy, job.seed, job.ckpt_every)
+
+
+def run_budgeted(sc: Scenario, jobs: list[Job], budget_s: float | None,
+                 on_progress: Callable[[int, int], None] | None = None) -> list[RunResult]:
+    """Run ``jobs`` one after another within ``budget_s`` seconds of wall time in all.
+
+    Job i may run until start + budget x (i + 1) / len(jobs): an equal share each, and what
+    an early finisher leaves over goes to the next. A job that meets its deadline stops with
+    ``stopped="budget"`` (its TTT a lower bound). ``on_progress(i, step)`` reports job i's
+    step about every 0.2 s.
+    """
+    start = time.monotonic()
+    out = []
+    for i, j in enumerate(jobs):
+        deadline = None if budget_s is None else start + budget_s * (i + 1) / len(jobs)
+        report = None if on_progress is None else (lambda step, i=i: on_progress(i, step))
+        out.append(simulate(sc, j.strategy, j.redundancy, j.seed, j.ckpt_every,
+                            deadline=deadline, on_progress=report))
+    return out
 
 
 def default_workers() -> int:
@@ -52,13 +74,27 @@ def run_jobs(sc: Scenario, jobs: Iterable[Job], workers: int | None = None,
     order = sorted(range(len(jobs)), key=lambda i: (jobs[i].strategy != "spare",
                                                     -jobs[i].redundancy))
     results: dict[int, RunResult] = {}
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = {i: pool.submit(_run, (sc, jobs[i])) for i in order}
+    # Workers ignore SIGINT: Ctrl-C reaches the whole foreground process group, and only the
+    # parent should decide. On any exception (KeyboardInterrupt included) the pool is
+    # terminated at once instead of draining the queued simulations.
+    pool = multiprocessing.Pool(processes=workers, initializer=_ignore_sigint)
+    try:
+        pending = {i: pool.apply_async(_run, ((sc, jobs[i]),)) for i in order}
         for i in order:
-            results[i] = futures[i].result()
+            results[i] = pending[i].get()
             if on_done:
                 on_done(results[i])
+    except BaseException:
+        pool.terminate()
+        pool.join()
+        raise
+    pool.close()
+    pool.join()
     return [results[i] for i in range(len(jobs))]
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 _MEAN_KEYS = ("ttt_over_t0", "availability", "wipeouts", "masked_failures", "mean_stack_depth")
