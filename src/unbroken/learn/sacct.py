@@ -23,9 +23,9 @@ from __future__ import annotations
 import calendar
 import re
 import time
-from dataclasses import dataclass, field
-
 import numpy as np
+
+from unbroken.core.history import Attempt
 
 __all__ = ["Job", "SacctError", "read_sacct", "parse_sacct", "expand_hostlist", "membership"]
 
@@ -36,19 +36,7 @@ class SacctError(ValueError):
     """The file cannot be used at all (one line naming it)."""
 
 
-@dataclass(frozen=True)
-class Job:
-    job_id: str
-    name: str
-    state: str              # COMPLETED, FAILED, NODE_FAIL, RUNNING, CANCELLED, TIMEOUT...
-    exit_code: str
-    start: float            # epoch seconds (UTC)
-    end: float | None       # None while running
-    nodes: tuple[str, ...]
-    submit: float | None = None
-    restarts: int = 0
-    retry: str = ""         # "auto", "manual" or "" (the first submission)
-    excluded: tuple[str, ...] = ()
+Job = Attempt  # one scheduler job of a session (core.history.Attempt)
 
 
 def expand_hostlist(text: str) -> list[str]:
@@ -111,7 +99,7 @@ def parse_sacct(lines: list[str], source: str = "sacct") -> tuple[list[Job], lis
                 continue
             comment = dict(kv.split("=", 1) for kv in get("Comment").split(";") if "=" in kv)
             restarts = get("Restarts", "0")
-            jobs.append(Job(job_id=jid, name=get("JobName"), state=get("State").split()[0],
+            jobs.append(Attempt(job_id=jid, name=get("JobName"), state=get("State").split()[0],
                             exit_code=get("ExitCode"), start=start, end=_time(get("End")),
                             nodes=tuple(expand_hostlist(get("NodeList"))),
                             submit=_time(get("Submit")) if "Submit" in col else None,
