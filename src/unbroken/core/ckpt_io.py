@@ -86,7 +86,9 @@ def segment(t: np.ndarray, write_Bps: np.ndarray, read_Bps: np.ndarray,
             ex = np.clip(rate - base, 0.0, None)
             core = ex[a:b + 1]
             a0, b0 = a, b
-            plateau = float(np.median(core))
+            # the plateau: the burst's full scrapes (the two lowest may be its partial edges)
+            top = np.sort(core)[::-1][:max(1, len(core) - 2)]
+            plateau = float(np.median(top))
             if plateau <= 0:
                 continue
             # a burst that does not start or end on a scrape leaves part of it in the scrape

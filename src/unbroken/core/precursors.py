@@ -277,14 +277,25 @@ def calibrate(stats: Mapping[str, PeerStats], family_of: Mapping[str, str], t: n
         raise DetectorError(f"false-alarm budget {budget_per_day}: expected >= 0 per day")
     rows = []
     days = max((float(t[-1] - t[0]) + float(t[1] - t[0])) / 86400.0, 1e-9) if len(t) > 1 else 1e-9
+    fam_names = sorted({family_of.get(n, n) for n in stats})
+    runs_by_z = {}
+    for z in zs:        # the outlier runs depend on z only; persistence is a threshold on them
+        with np.errstate(invalid="ignore"):
+            runs_by_z[z] = {n: run_lengths(st.outside & (np.abs(st.z) > z))
+                            for n, st in stats.items()}
+    merge = base.merge_gap
     for s in sorted(families):
         for k in sorted(persists):
             for z in sorted(zs):
-                pol = DetectorPolicy(z=z, persist=k, families=s, min_peers=base.min_peers,
-                                     band=base.band, rel_floor=base.rel_floor,
-                                     merge_gap=base.merge_gap)
-                n = len(episodes(detect(stats, family_of, pol).alert, pol.merge_gap))
-                rows.append(CalibrationRow(z, k, s, n / days))
+                count = np.zeros(next(iter(stats.values())).z.shape, np.int16)
+                for fam in fam_names:
+                    f = np.zeros_like(count, bool)
+                    for n, r in runs_by_z[z].items():
+                        if family_of.get(n, n) == fam:
+                            f |= r >= k
+                    count += f
+                n_ep = len(episodes(count >= s, merge))
+                rows.append(CalibrationRow(z, k, s, n_ep / days))
     ok = [r for r in rows if r.false_alarms_per_day <= budget_per_day]
     if ok:
         r = ok[0]
