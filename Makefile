@@ -6,7 +6,11 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: demo chaos plan test bench clean
+.PHONY: demo chaos plan test bench clean prometheus
+
+# the learn face's tests start a real Prometheus server over a TSDB backfilled by promtool
+# (Debian package `prometheus`); installed here when missing, else those tests are skipped
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -23,7 +27,13 @@ chaos: $(STAMP)
 plan: $(STAMP)
 	$(VENV)/bin/unbroken plan
 
-test: $(STAMP)
+prometheus:
+	@command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || \
+	  ($(SUDO) apt-get install -y -q prometheus || ($(SUDO) apt-get update -q && \
+	   $(SUDO) apt-get install -y -q prometheus)) || \
+	  echo "prometheus could not be installed: the learn server tests will be skipped"
+
+test: $(STAMP) prometheus
 	$(VENV)/bin/python -m pytest -q
 
 bench: $(STAMP)

@@ -81,8 +81,8 @@ def _scenario_args(p: argparse.ArgumentParser, groups_default: int | None) -> No
     g.add_argument("--mtbf", type=_duration, help="system MTBF (default 5m)")
     g.add_argument("--gpu-mtbf", type=_duration,
                    help="MTBF of one GPU instead of --mtbf (system MTBF = this / gpus)")
-    g.add_argument("--restart", type=_duration0, default=3600.0, help="global restart (60m)")
-    g.add_argument("--ckpt-save", type=_duration0, default=60.0, help="checkpoint save (60s)")
+    g.add_argument("--restart", type=_duration0, default=None, help="global restart (60m)")
+    g.add_argument("--ckpt-save", type=_duration0, default=None, help="checkpoint save (60s)")
     g.add_argument("--steps", type=_positive_int, default=10_000)
     g.add_argument("--step-time", type=_duration, default=64.0,
                    help="compute per stack (64s)")
@@ -104,7 +104,8 @@ def _scenario(a: argparse.Namespace):
     mtbf = a.mtbf if a.mtbf is not None else (
         a.gpu_mtbf / a.gpus if a.gpu_mtbf is not None else 300.0)
     return Scenario(groups=a.groups, gpus=a.gpus, steps=a.steps, t_compute=a.step_time,
-                    t_allreduce=a.allreduce, mtbf=mtbf, t_restart=a.restart, t_save=a.ckpt_save,
+                    t_allreduce=a.allreduce, mtbf=mtbf, t_restart=3600.0 if a.restart is None else a.restart,
+                    t_save=60.0 if a.ckpt_save is None else a.ckpt_save,
                     jitter=a.jitter, fail_dist=a.fail,
                     weibull_shape=a.weibull_shape if a.weibull_shape is not None else 0.78)
 
@@ -199,6 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--png", default="out/plan.png", help="where to write the figure")
     pl.add_argument("--ladder", action="store_true",
                     help="also report the recovery ladder's ETTR at SPARe's best r")
+    pl.add_argument("--from", dest="from_learn", metavar="LEARN.json",
+                    help="MTBF (per GPU), restart and checkpoint save measured by 'unbroken "
+                         "learn --json'; flags given explicitly win")
     pl.add_argument("--json", action="store_true")
 
     ru = sub.add_parser("run", help="train your own model through failures (the supervisor)")
@@ -327,6 +331,11 @@ def cmd_plan(a: argparse.Namespace) -> dict:
     from unbroken.plan import PlanRequest, check, jobs_for, make_plan
     from unbroken.plot import plan_figure
 
+    learned = None
+    if a.from_learn:
+        from unbroken.learn.planfrom import apply_learned
+
+        learned = apply_learned(a, a.from_learn)
     req = PlanRequest(_scenario(a), seeds=a.seeds, seed=a.seed, r_max=a.r_max, workers=a.jobs,
                       ladder=a.ladder)
     if req.r_max < 2:
@@ -339,6 +348,8 @@ def cmd_plan(a: argparse.Namespace) -> dict:
         task = prog.add_task("simulating", total=len(jobs_for(req)))
         plan = make_plan(req, on_done=lambda _res: prog.advance(task))
     plan["png"] = str(plan_figure(plan, a.png))
+    if learned is not None:
+        plan["from_learn"] = learned
     return plan
 
 
