@@ -14,7 +14,7 @@ import argparse
 import json
 import math
 
-__all__ = ["apply_learned"]
+__all__ = ["apply_learned", "read_learn_json"]
 
 
 def _positive(d: dict, key: str, path: str) -> float | None:
@@ -26,15 +26,20 @@ def _positive(d: dict, key: str, path: str) -> float | None:
     return float(v)
 
 
-def apply_learned(a: argparse.Namespace, path: str) -> dict:
+def read_learn_json(path: str, flag: str):
+    """A 'learn --json' result from ``path``; a ValueError naming ``flag`` and the path."""
     try:
         with open(path, encoding="utf-8") as fh:
-            d = json.load(fh)
+            return json.load(fh)
     except OSError as e:
-        raise ValueError(f"--from {path}: {e.strerror or e}") from None
+        raise ValueError(f"{flag} {path}: {e.strerror or e}") from None
     except ValueError:
-        raise ValueError(f"--from {path}: not JSON (expected 'unbroken learn --json' "
+        raise ValueError(f"{flag} {path}: not JSON (expected 'unbroken learn --json' "
                          f"output)") from None
+
+
+def apply_learned(a: argparse.Namespace, path: str) -> dict:
+    d = read_learn_json(path, "--from")
     if not isinstance(d, dict) or "planner" not in d:
         raise ValueError(f"--from {path}: no 'planner' object (expected 'unbroken learn "
                          f"--json' output)")

@@ -26,7 +26,6 @@ same as ``core.memrules`` and ``core.ckpt_io``.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 
 from unbroken.core.ckpt_io import CkptPolicy
@@ -185,13 +184,9 @@ def rules_yaml(policy: DetectorPolicy = DetectorPolicy(), interval_s: float = 30
 
 
 def _policy_from(path: str) -> tuple[DetectorPolicy, float, list[str] | None]:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            d = json.load(fh)
-    except OSError as e:
-        raise ValueError(f"--from-learn {path}: {e.strerror or e}") from None
-    except ValueError:
-        raise ValueError(f"--from-learn {path}: not JSON") from None
+    from unbroken.learn.planfrom import read_learn_json
+
+    d = read_learn_json(path, "--from-learn")
     det = d.get("detector") if isinstance(d, dict) else None
     if not isinstance(det, dict):
         raise ValueError(f"--from-learn {path}: no 'detector' object (expected 'unbroken "
