@@ -6,10 +6,11 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: demo chaos plan test bench clean prometheus
+.PHONY: demo chaos plan test bench clean learn-tools
 
 # the learn face's tests start a real Prometheus server over a TSDB backfilled by promtool
-# (Debian package `prometheus`); installed here when missing, else those tests are skipped
+# (Debian package `prometheus`) and open its HTML report in headless Chromium (package
+# `chromium`); installed here when missing, else those tests are skipped
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 $(STAMP): pyproject.toml requirements.lock
@@ -27,13 +28,15 @@ chaos: $(STAMP)
 plan: $(STAMP)
 	$(VENV)/bin/unbroken plan
 
-prometheus:
+learn-tools:
 	@command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || \
 	  ($(SUDO) apt-get install -y -q prometheus || ($(SUDO) apt-get update -q && \
 	   $(SUDO) apt-get install -y -q prometheus)) || \
 	  echo "prometheus could not be installed: the learn server tests will be skipped"
+	@command -v chromium >/dev/null 2>&1 || $(SUDO) apt-get install -y -q chromium || \
+	  echo "chromium could not be installed: the learn HTML browser test will be skipped"
 
-test: $(STAMP) prometheus
+test: $(STAMP) learn-tools
 	$(VENV)/bin/python -m pytest -q
 
 bench: $(STAMP)
