@@ -39,7 +39,7 @@ learn-tools:
 test: $(STAMP) learn-tools
 	$(VENV)/bin/python -m pytest -q
 
-bench: $(STAMP)
+bench: $(STAMP) learn-tools
 	$(VENV)/bin/python bench/rectlr_latency.py
 	$(VENV)/bin/python bench/sim_sweep.py
 	$(VENV)/bin/python bench/sim_vs_simpy.py
@@ -48,6 +48,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/step_breakdown.py
 	$(VENV)/bin/python bench/detect_latency.py
 	$(VENV)/bin/python bench/chaos.py
+	$(VENV)/bin/python bench/learn.py
 	$(VENV)/bin/pip install -q -c requirements.lock -e '.[baselines]'
 	$(VENV)/bin/python bench/kill_baselines.py
 
