@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from unbroken.core import ckpt_io, history, measured, memrules
-from unbroken.learn.analyze import Inputs, analyze, _cluster_io
+from unbroken.learn.analyze import Inputs, analyze
 from unbroken.learn.sacct import parse_sacct
 from unbroken.learn.synth import sacct_lines
 

@@ -31,7 +31,7 @@ Pure: arrays in, arrays and plain data out; no clock, no I/O.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -271,8 +271,9 @@ def calibrate(stats: Mapping[str, PeerStats], family_of: Mapping[str, str], t: n
     caller has masked failures out of the live mask) are within ``budget_per_day``.
 
     Sensitivity order: fewer families first (a precursor may move only two), then a shorter
-    persistence (it is the lead time), then a lower z. Returns the policy, the whole grid (for the report) and a reason line. When
-    nothing meets the budget the least noisy setting is returned and the reason says so."""
+    persistence (it is the lead time), then a lower z. Returns the policy, the whole grid (for
+    the report) and a reason line. When nothing meets the budget the least noisy setting is
+    returned and the reason says so."""
     if not budget_per_day >= 0:
         raise DetectorError(f"false-alarm budget {budget_per_day}: expected >= 0 per day")
     rows = []

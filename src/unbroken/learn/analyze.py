@@ -19,9 +19,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
-import math
-import os
 from dataclasses import asdict, dataclass, field
 
 import numpy as np

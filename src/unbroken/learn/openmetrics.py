@@ -17,16 +17,15 @@ import gzip
 import warnings as warnings_mod
 import os
 import re
-from collections.abc import Iterable
-from itertools import groupby, islice
-from operator import itemgetter
+from itertools import islice
 
 import numpy as np
 
 from unbroken.learn import names
 from unbroken.learn.frame import Frame, build_frame, reduce_labels
 
-__all__ = ["read_openmetrics", "write_openmetrics", "OpenMetricsError"]
+__all__ = ["read_openmetrics", "write_openmetrics", "OpenMetricsError", "parse_lines",
+           "merge_series"]
 
 MAX_WARNINGS = 20
 _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
@@ -208,10 +207,10 @@ def parse_lines(src, source: str = "<input>", wanted=frozenset(names.ALL),
     if p.bad > MAX_WARNINGS:
         warnings.append(f"{source}: {p.bad - MAX_WARNINGS} more malformed lines skipped")
     acc = {k: (np.concatenate(v[0]), np.concatenate(v[1])) for k, v in p.acc.items()}
-    return _merge(acc)
+    return merge_series(acc)
 
 
-def _merge(acc: dict) -> dict:
+def merge_series(acc: dict) -> dict:
     """Series that reduce to one (metric, node, label): summed (counters) or averaged."""
     groups: dict[tuple, list] = {}
     for (name, node, lab, _head), (ts, vs) in acc.items():

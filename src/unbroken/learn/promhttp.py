@@ -9,8 +9,8 @@ series).
 The range: ``--from``/``--to`` when given; otherwise the span the server holds for
 ``node_intr_total`` (or the first known metric) within ``LOOKBACK_S`` of now, found with a
 ``min_over_time(timestamp(...)[..:1h])`` subquery. The step is the scrape interval, the median
-spacing of the raw samples of the last 10 minutes, and the range is aligned to a sample's timestamp so
-that each step reads one scrape.
+spacing of the raw samples of the last 10 minutes, and the range is aligned to a sample's
+timestamp so that each step reads one scrape.
 
 Errors are one line naming the URL: a server that does not answer, an HTTP error, an API
 error (``status: error``), an empty range.
@@ -29,7 +29,7 @@ import numpy as np
 
 from unbroken.learn import names
 from unbroken.learn.frame import Frame, build_frame, reduce_labels
-from unbroken.learn.openmetrics import _merge
+from unbroken.learn.openmetrics import merge_series
 
 __all__ = ["read_prometheus", "PrometheusError"]
 
@@ -138,5 +138,6 @@ def read_prometheus(base: str, start: float | None = None, end: float | None = N
             t0 = t1 + step
     if not acc:
         raise PrometheusError(f"--prometheus {base}: no samples in the time range")
-    merged = _merge({k: (np.concatenate(v[0]), np.concatenate(v[1])) for k, v in acc.items()})
+    merged = merge_series({k: (np.concatenate(v[0]), np.concatenate(v[1]))
+                           for k, v in acc.items()})
     return build_frame(merged, dt=step, start=lo, end=hi)

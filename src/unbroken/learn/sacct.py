@@ -23,6 +23,7 @@ from __future__ import annotations
 import calendar
 import re
 import time
+
 import numpy as np
 
 from unbroken.core.history import Attempt

@@ -177,7 +177,7 @@ def _timeline(spec: SynthSpec, rng: np.random.Generator, node_names: list[str]):
             codes = FAILURE_TYPES[typ][0]
             code = int(codes[int(rng.integers(len(codes)))])
             gpu = int(rng.integers(spec.gpus))
-            lead = float(rng.uniform(360.0, 900.0)) if fi in early else float(rng.uniform(-30.0, 15.0))
+            lead = float(rng.uniform(360.0, 900.0) if fi in early else rng.uniform(-30.0, 15.0))
             if node not in members:   # the failing node must be in the session
                 members.append(node)
                 members.sort()
