@@ -104,7 +104,8 @@ def _scenario(a: argparse.Namespace):
     mtbf = a.mtbf if a.mtbf is not None else (
         a.gpu_mtbf / a.gpus if a.gpu_mtbf is not None else 300.0)
     return Scenario(groups=a.groups, gpus=a.gpus, steps=a.steps, t_compute=a.step_time,
-                    t_allreduce=a.allreduce, mtbf=mtbf, t_restart=3600.0 if a.restart is None else a.restart,
+                    t_allreduce=a.allreduce, mtbf=mtbf,
+                    t_restart=3600.0 if a.restart is None else a.restart,
                     t_save=60.0 if a.ckpt_save is None else a.ckpt_save,
                     jitter=a.jitter, fail_dist=a.fail,
                     weibull_shape=a.weibull_shape if a.weibull_shape is not None else 0.78)
