@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -137,3 +138,22 @@ def test_measured_numbers_from_the_synth(small, result):
     assert result["ckpt_save_s"] == pytest.approx(np.median(saves), rel=0.05)
     span = result["end"] - result["start"] + result["scrape_s"]
     assert result["mtbf_s"] == pytest.approx(span / len(small.truth["retry_chains"]))
+
+
+def test_journal_evictions_and_quarantines_are_exclusions(tmp_path):
+    from unbroken.learn.journal import read_journal_exclusions
+
+    lines = [{"event": "ladder", "t": 10.0, "rung": "evict", "groups": [2, 3]},
+             {"event": "ladder", "t": 20.0, "rung": "retry", "groups": [1]},
+             {"event": "quarantine", "t": 30.0, "group": 2, "slot": 0},
+             {"event": "commit", "t": 31.0, "step": 5}]
+    (tmp_path / "journal.jsonl").write_text(
+        "\n".join(json.dumps(x) for x in lines) + "\n{torn\n")
+    ex, warnings = read_journal_exclusions(str(tmp_path))
+    assert [(e.node, e.time) for e in ex] == [("group-2", 10.0), ("group-3", 10.0),
+                                              ("group-2", 30.0)]
+    assert len(warnings) == 1 and ":5:" in warnings[0]
+    s = history.exclusion_summary(ex)
+    assert s["per_node"] == {"group-2": 2, "group-3": 1} and s["top_share"] == 1.0
+    with pytest.raises(ValueError, match="journal"):
+        read_journal_exclusions(str(tmp_path / "missing"))
