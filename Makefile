@@ -6,7 +6,12 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: demo chaos plan test bench clean
+.PHONY: demo chaos plan test bench clean learn-tools
+
+# the learn face's tests start a real Prometheus server over a TSDB backfilled by promtool
+# (Debian package `prometheus`) and open its HTML report in headless Chromium (package
+# `chromium`); installed here when missing, else those tests are skipped
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -23,10 +28,18 @@ chaos: $(STAMP)
 plan: $(STAMP)
 	$(VENV)/bin/unbroken plan
 
-test: $(STAMP)
+learn-tools:
+	@command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || \
+	  ($(SUDO) apt-get install -y -q prometheus || ($(SUDO) apt-get update -q && \
+	   $(SUDO) apt-get install -y -q prometheus)) || \
+	  echo "prometheus could not be installed: the learn server tests will be skipped"
+	@command -v chromium >/dev/null 2>&1 || $(SUDO) apt-get install -y -q chromium || \
+	  echo "chromium could not be installed: the learn HTML browser test will be skipped"
+
+test: $(STAMP) learn-tools
 	$(VENV)/bin/python -m pytest -q
 
-bench: $(STAMP)
+bench: $(STAMP) learn-tools
 	$(VENV)/bin/python bench/rectlr_latency.py
 	$(VENV)/bin/python bench/sim_sweep.py
 	$(VENV)/bin/python bench/sim_vs_simpy.py
@@ -36,6 +49,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/step_breakdown.py
 	$(VENV)/bin/python bench/detect_latency.py
 	$(VENV)/bin/python bench/chaos.py
+	$(VENV)/bin/python bench/learn.py
 	$(VENV)/bin/pip install -q -c requirements.lock -e '.[baselines]'
 	$(VENV)/bin/python bench/kill_baselines.py
 

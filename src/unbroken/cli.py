@@ -81,8 +81,8 @@ def _scenario_args(p: argparse.ArgumentParser, groups_default: int | None) -> No
     g.add_argument("--mtbf", type=_duration, help="system MTBF (default 5m)")
     g.add_argument("--gpu-mtbf", type=_duration,
                    help="MTBF of one GPU instead of --mtbf (system MTBF = this / gpus)")
-    g.add_argument("--restart", type=_duration0, default=3600.0, help="global restart (60m)")
-    g.add_argument("--ckpt-save", type=_duration0, default=60.0, help="checkpoint save (60s)")
+    g.add_argument("--restart", type=_duration0, default=None, help="global restart (60m)")
+    g.add_argument("--ckpt-save", type=_duration0, default=None, help="checkpoint save (60s)")
     g.add_argument("--steps", type=_positive_int, default=10_000)
     g.add_argument("--step-time", type=_duration, default=64.0,
                    help="compute per stack (64s)")
@@ -110,7 +110,8 @@ def _scenario(a: argparse.Namespace):
     flag = "--gpu-mtbf / --gpus" if a.gpu_mtbf is not None else "--mtbf"
     return _with_flags(Scenario, {"mtbf": flag}, groups=a.groups, gpus=a.gpus, steps=a.steps,
                        t_compute=a.step_time, t_allreduce=a.allreduce, mtbf=mtbf,
-                       t_restart=a.restart, t_save=a.ckpt_save, jitter=a.jitter,
+                       t_restart=3600.0 if a.restart is None else a.restart,
+                       t_save=60.0 if a.ckpt_save is None else a.ckpt_save, jitter=a.jitter,
                        fail_dist=a.fail, paper_shortcut=a.paper_shortcut,
                        weibull_shape=a.weibull_shape if a.weibull_shape is not None else 0.78)
 
@@ -229,6 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--png", default="out/plan.png", help="where to write the figure")
     pl.add_argument("--ladder", action="store_true",
                     help="also report the recovery ladder's ETTR at SPARe's best r")
+    pl.add_argument("--from", dest="from_learn", metavar="LEARN.json",
+                    help="MTBF (per GPU), restart and checkpoint save measured by 'unbroken "
+                         "learn --json'; flags given explicitly win")
     pl.add_argument("--json", action="store_true")
 
     ru = sub.add_parser("run", help="train your own model through failures (the supervisor)")
@@ -247,7 +251,47 @@ def build_parser() -> argparse.ArgumentParser:
     de = sub.add_parser("demo", help="train a small GPT on 4 groups through real faults "
                                      "(a preset of run)")
     _job_args(de, steps=200, out="out/demo")
+
+    le = sub.add_parser("learn", help="operations analytics over a cluster's metrics and "
+                                      "history (precursors, checkpoint I/O, exclusions, "
+                                      "retry chains, numbers for plan)")
+    _learn_args(le)
     return p
+
+
+def _learn_args(le: argparse.ArgumentParser) -> None:
+    src = le.add_mutually_exclusive_group()
+    src.add_argument("--prometheus", metavar="URL", help="a Prometheus server (query_range)")
+    src.add_argument("--openmetrics", nargs="+", metavar="FILE",
+                     help="OpenMetrics text files with timestamps (plain or gzip)")
+    le.add_argument("--kernel-log", nargs="+", metavar="FILE", default=[],
+                    help="kernel logs with XID lines (syslog or dmesg --time-format iso)")
+    le.add_argument("--sacct", metavar="FILE", help="sacct --parsable2 output")
+    le.add_argument("--journal", metavar="DIR", help="an unbroken run directory (journal)")
+    le.add_argument("--from", dest="t_from", metavar="T", help="start (ISO time or epoch s)")
+    le.add_argument("--to", dest="t_to", metavar="T", help="end (ISO time or epoch s)")
+    le.add_argument("--fp-budget", type=_number(float, lambda v: v >= 0, "a number >= 0"),
+                    default=1.0, help="false alarms per day the detector may raise (1.0)")
+    le.add_argument("--detector", metavar="SPEC",
+                    help="fixed detector instead of calibrating: 'z=5,persist=3,families=2'")
+    le.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
+    le.add_argument("--json", action="store_true")
+    acts = le.add_subparsers(dest="action", parser_class=_Parser)
+    sy = acts.add_parser("synth", help="write a synthetic cluster (metrics, kern.log, sacct, "
+                                       "truth.json)")
+    sy.add_argument("--seed", type=_nonneg_int, default=0)
+    sy.add_argument("--out", required=True, metavar="DIR")
+    sy.add_argument("--nodes", type=_positive_int, default=63)
+    sy.add_argument("--days", type=_positive_float, default=3.0)
+    sy.add_argument("--gpus", type=_positive_int, default=2, help="GPUs per node (2)")
+    sy.add_argument("--failures", type=_nonneg_int, default=10)
+    sy.add_argument("--json", action="store_true")
+    ru = acts.add_parser("rules", help="the calibrated detector and the memory/thermal rules "
+                                       "as Prometheus alerting and recording rules (YAML)")
+    ru.add_argument("--from-learn", metavar="LEARN.json",
+                    help="take the calibrated detector from a 'learn --json' result")
+    ru.add_argument("--out", metavar="FILE", help="write here instead of stdout")
+    ru.add_argument("--json", action="store_true")
 
 
 def _int(text: str) -> int:
@@ -371,6 +415,11 @@ def cmd_plan(a: argparse.Namespace) -> dict:
     from unbroken.plan import PlanRequest, caps, check, jobs_for, make_plan
     from unbroken.plot import check_writable, plan_figure
 
+    learned = None
+    if a.from_learn:
+        from unbroken.learn.planfrom import apply_learned
+
+        learned = apply_learned(a, a.from_learn)
     req = PlanRequest(_scenario(a), seeds=a.seeds, seed=a.seed, r_max=a.r_max, workers=a.jobs,
                       ladder=a.ladder)
     if req.r_max < 2:
@@ -389,6 +438,8 @@ def cmd_plan(a: argparse.Namespace) -> dict:
         plan["png"] = str(plan_figure(plan, a.png))
     except OSError as e:  # checked above; still possible (disk full, a race): one line
         raise UsageError(f"--png {a.png!r} could not be written: {e.strerror or e}") from None
+    if learned is not None:
+        plan["from_learn"] = learned
     return plan
 
 
@@ -444,6 +495,12 @@ def cmd_demo(a: argparse.Namespace) -> dict:
         raise _Stopped(str(e), e.code, e.report) from None
 
 
+def cmd_learn(a: argparse.Namespace) -> dict:
+    from unbroken.learn import cli as learn_cli
+
+    return learn_cli.run(a)
+
+
 class _Stopped(Exception):
     """The run ended on purpose with a documented exit code (protocol.ExitCode)."""
 
@@ -463,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
 
     a = build_parser().parse_args(argv)
     cmds = {"theory": cmd_theory, "simulate": cmd_simulate, "plan": cmd_plan, "demo": cmd_demo,
-            "run": cmd_run}
+            "run": cmd_run, "learn": cmd_learn}
     try:
         data = cmds[a.command](a)
     except NoResumePoint as e:
@@ -489,6 +546,11 @@ def main(argv: list[str] | None = None) -> int:
     from unbroken import console as view
 
     con = Console()
+    if a.command == "learn":
+        from unbroken.learn import cli as learn_cli
+
+        learn_cli.show(con, a, data)
+        return 0
     if a.command in ("demo", "run"):
         from unbroken.demo_report import print_report
 

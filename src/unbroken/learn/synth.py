@@ -1,0 +1,561 @@
+"""A synthetic cluster in the formats operators have: ``unbroken learn synth``.
+
+Why: the analyses need a ground truth to be tuned and tested against, and the Backend.AI
+report's data (backendai.md) is not reachable. The generator reproduces the report's shapes, not
+its numbers: 63 nodes scraped every 30 s, a daily load cycle and AR(1) noise, one training
+session with checkpoint saves every 30 min and a load at every (re)start, 10 XID failures whose
+nodes carry the report's precursors (interrupt collapse and runnable processes to zero for the
+NVLink/bus faults — gpu071; page-out and NFS GETATTR latency spikes for the ECC faults — gpu096;
+uncorrectable remap steps before an XID 94 — gpu122), two of them starting minutes *before*
+their XID (F1: 2 of 10), node exclusions drawn from a skewed per-node hazard (F3), auto-retry
+chains every ~11 min with a third of them succeeding and manual recovery after a give-up (F4),
+and checkpoint traffic at the report's rates (F2: ~40 GB/s saves, ~150 GB/s loads, ~93 % of
+write latency spent queued in the client). Healthy nodes also have *hiccups*: short bursts on
+one to three metric families, the false alarms a detector has to be calibrated against.
+
+Everything comes from one ``numpy.random.Generator`` seeded by ``SynthSpec.seed``; the same
+spec gives byte-identical files. ``generate`` returns the data in memory (the tests use it
+without touching disk); ``write`` puts DIR/metrics.om.gz, DIR/kern.log, DIR/sacct.txt and the
+ground truth DIR/truth.json.
+
+Synthetic GPUs: ``gpus`` per node (default 2, not the report's 8) keeps the OpenMetrics file of
+63 nodes x 3 days near 8 M samples; the failure shapes need only one GPU per node.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+from scipy.signal import lfilter
+
+from unbroken.learn import names as M
+from unbroken.learn.frame import Frame
+
+__all__ = ["SynthSpec", "Synth", "generate", "write", "FAMILIES_OF_TYPE"]
+
+DAY = 86400.0
+#: 2026-11-01T00:00:00Z
+DEFAULT_START = 1_793_491_200
+PCI = ["0000:18:00", "0000:2a:00", "0000:3a:00", "0000:5d:00",
+       "0000:9a:00", "0000:ab:00", "0000:ba:00", "0000:db:00"]
+JOB = "pretrain-llm"
+
+# failure type -> (XID codes, detector families its precursor moves)
+FAILURE_TYPES = {
+    "nvlink": ((145, 149), ("interrupts", "processes")),
+    "bus": ((79,), ("interrupts", "processes")),
+    "gsp": ((119,), ("processes", "gpu")),
+    "ecc": ((94,), ("nfs", "memory")),
+    "memory": ((94,), ("nfs", "memory")),
+}
+FAMILIES_OF_TYPE = {k: v[1] for k, v in FAILURE_TYPES.items()}
+_TYPE_MIX = ["nvlink", "nvlink", "nvlink", "bus", "bus", "gsp", "ecc", "ecc", "memory", "memory"]
+_HICCUP_FAMILIES = ("interrupts", "processes", "memory", "nfs", "gpu")
+
+
+@dataclass(frozen=True)
+class SynthSpec:
+    seed: int = 0
+    nodes: int = 63
+    days: float = 3.0
+    gpus: int = 2
+    dt: float = 30.0
+    failures: int = 10
+    before: int = 2                    # failures whose precursor starts minutes before the XID
+    other_failures: int = 2            # job failures without an XID (NCCL timeouts)
+    hiccups_per_node_day: float = 0.15
+    start: int = DEFAULT_START
+    ckpt_bytes: float = 9e12           # one checkpoint, all nodes together
+    save_Bps: float = 40e9             # report F2: saves ~16 % of 250 GB/s
+    load_Bps: float = 150e9            # report F2: loads ~21.5 % of 700 GB/s
+    ckpt_every_s: float = 1800.0
+
+    def check(self) -> None:
+        if self.nodes < 4:
+            raise ValueError(f"--nodes {self.nodes}: need at least 4 (a node and 3 peers)")
+        if not 1 <= self.gpus <= len(PCI):
+            raise ValueError(f"--gpus {self.gpus}: expected 1..{len(PCI)}")
+        if not self.days > 0:
+            raise ValueError(f"--days {self.days}: expected a positive number")
+        if not 0 <= self.before <= self.failures:
+            raise ValueError(f"before {self.before}: expected 0..failures ({self.failures})")
+        if self.failures > self.nodes // 2:
+            raise ValueError(f"failures {self.failures}: at most nodes/2 ({self.nodes // 2})")
+
+
+@dataclass
+class Synth:
+    spec: SynthSpec
+    frame: Frame
+    kern_lines: list[str]
+    sacct_rows: list[dict]
+    truth: dict
+    healthy: np.ndarray = field(repr=False, default=None)  # (N, T) no precursor, no hiccup
+
+
+def _ar1(rng, shape, phi, sigma):
+    e = rng.standard_normal(shape) * sigma * math.sqrt(1 - phi * phi)
+    return lfilter([1.0], [1.0, -phi], e, axis=-1)
+
+
+def _overlap(t, dt, a, b):
+    """Fraction of each scrape interval (t-dt, t] covered by [a, b)."""
+    return np.clip(np.minimum(b, t) - np.maximum(a, t - dt), 0.0, dt) / dt
+
+
+def _iso(ts: float) -> str:
+    import datetime as _dt
+    return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+# -- the history: failures, retry chains, exclusions, checkpoint phases ---------------------
+
+def _timeline(spec: SynthSpec, rng: np.random.Generator, node_names: list[str]):
+    N = spec.nodes
+    t0, t_end = float(spec.start), spec.start + spec.days * DAY
+    perm = rng.permutation(N)
+    hazard = np.empty(N)
+    hazard[perm] = 1.0 / np.arange(1, N + 1) ** 1.6
+    hazard /= hazard.sum()
+
+    n_ev = spec.failures + spec.other_failures
+    kinds = ["xid"] * spec.failures + ["nccl"] * spec.other_failures
+    order = rng.permutation(n_ev)
+    kinds = [kinds[i] for i in order]
+    types = list(rng.permutation(_TYPE_MIX * (spec.failures // len(_TYPE_MIX) + 1))[:spec.failures])
+    # the failures with an early precursor: NVLink/GSP-like ones first (the report's gpu071)
+    early_rank = sorted(range(spec.failures), key=lambda i: (types[i] not in ("nvlink", "gsp"), i))
+    early = set(early_rank[:spec.before])
+    fail_nodes = list(rng.choice(N, size=spec.failures, replace=False, p=hazard))
+
+    # chains first (their length does not depend on where they are placed)
+    chains = []
+    for _ in range(n_ev):
+        success = rng.random() < 1.0 / 3.0
+        n_auto = int(rng.integers(1, 7)) if success else int(rng.integers(5, 9))
+        intervals = 600.0 + 60.0 * rng.gamma(2.0, 0.35, size=n_auto)
+        durations = rng.uniform(150.0, 420.0, size=n_auto)
+        manual = []
+        if not success:
+            delay = rng.uniform(2400.0, 5400.0)
+            for k in range(3):
+                ok = k == 2 or rng.random() < 0.3
+                manual.append((delay if k == 0 else rng.uniform(1200.0, 1800.0),
+                               rng.uniform(150.0, 420.0), ok))
+                if ok:
+                    break
+        chains.append(dict(success=success, intervals=intervals, durations=durations,
+                           manual=manual))
+    rec = [c["intervals"].sum() + c["durations"].sum() +
+           sum(m[0] + m[1] for m in c["manual"]) for c in chains]
+    first_start = t0 + 600.0
+    free = (t_end - first_start - 3600.0) - sum(rec) - (n_ev + 1) * 3600.0
+    if free < 0:
+        raise ValueError(f"--days {spec.days}: too short for {n_ev} failures and their "
+                         f"recovery (need about {(sum(rec) + (n_ev + 2) * 3600) / DAY:.1f} days)")
+    gaps = 3600.0 + rng.dirichlet(np.ones(n_ev + 1)) * free
+
+    attempts, failures, other, exclusions, chain_truth = [], [], [], [], []
+    excluded_until = np.full(N, -np.inf)
+    down = []  # (node, from, to): not reporting
+    t = first_start
+    fi = 0
+    cur_start, cur_kind = t, "initial"
+    for e in range(n_ev):
+        x = t + gaps[e] if e else first_start + gaps[0]
+        # the attempt that ran until this failure
+        members = [n for n in range(N) if excluded_until[n] <= cur_start]
+        c = chains[e]
+        if kinds[e] == "xid":
+            node = int(fail_nodes[fi])
+            typ = str(types[fi])
+            codes = FAILURE_TYPES[typ][0]
+            code = int(codes[int(rng.integers(len(codes)))])
+            gpu = int(rng.integers(spec.gpus))
+            lead = float(rng.uniform(360.0, 900.0) if fi in early else rng.uniform(-30.0, 15.0))
+            if node not in members:   # the failing node must be in the session
+                members.append(node)
+                members.sort()
+            failures.append(dict(node=node_names[node], node_index=node, gpu=gpu, xid=code,
+                                 xid_time=x, type=typ, precursor_onset=x - lead,
+                                 precursor_lead_s=lead,
+                                 families=list(FAILURE_TYPES[typ][1])))
+            blame = node
+            fi += 1
+        else:
+            other.append(dict(time=x, reason="NCCL watchdog timeout"))
+            blame = None
+        # the job notices when the collective times out (NCCL watchdog): until then the peers
+        # spin in the all-reduce, busy, while the failed node has collapsed
+        end = x + (float(rng.uniform(240.0, 600.0)) if blame is not None else 20.0)
+        attempts.append(dict(start=cur_start, end=end, members=members, kind=cur_kind,
+                             state="NODE_FAIL" if blame is not None else "FAILED",
+                             blame=blame))
+        if blame is not None:
+            excluded_until[blame] = x + rng.uniform(4 * 3600.0, 8 * 3600.0)
+            exclusions.append(dict(node=node_names[blame], time=end, reason="xid"))
+            down.append((blame, x + 1200.0, float(excluded_until[blame])))
+        # the retry chain
+        prev_end = end
+        intervals = []
+        ok_start = None
+        for k in range(len(c["intervals"])):
+            start = prev_end + c["intervals"][k]
+            intervals.append(float(c["intervals"][k]))
+            mem = [n for n in range(N) if excluded_until[n] <= start]
+            last_ok = c["success"] and k == len(c["intervals"]) - 1
+            if last_ok:
+                ok_start, ok_kind = start, "auto"
+                break
+            stop = start + c["durations"][k]
+            b = int(rng.choice(N, p=hazard))
+            while excluded_until[b] > start or b not in mem:
+                b = int(rng.choice(N, p=hazard))
+            attempts.append(dict(start=start, end=stop, members=mem, kind="auto",
+                                 state="FAILED", blame=b))
+            excluded_until[b] = stop + rng.uniform(300.0, 1200.0)
+            exclusions.append(dict(node=node_names[b], time=stop, reason="retry_failed"))
+            prev_end = stop
+        manual_n, manual_ok = 0, False
+        if ok_start is None:
+            for (delay, dur, ok) in c["manual"]:
+                start = prev_end + delay
+                manual_n += 1
+                mem = [n for n in range(N) if excluded_until[n] <= start]
+                if ok:
+                    ok_start, ok_kind, manual_ok = start, "manual", True
+                    break
+                stop = start + dur
+                attempts.append(dict(start=start, end=stop, members=mem, kind="manual",
+                                     state="FAILED", blame=None))
+                prev_end = stop
+        chain_truth.append(dict(failure_time=x, attempts=len(intervals), success=c["success"],
+                                manual_attempts=manual_n, manual_success=manual_ok,
+                                intervals_s=intervals, recovered_at=ok_start))
+        cur_start, cur_kind = ok_start, ok_kind
+        t = ok_start
+    members = [n for n in range(N) if excluded_until[n] <= cur_start]
+    attempts.append(dict(start=cur_start, end=None, members=members, kind=cur_kind,
+                         state="RUNNING", blame=None))
+    return dict(hazard=hazard, attempts=attempts, failures=failures, other=other,
+                exclusions=exclusions, chains=chain_truth, down=down, t_end=t_end)
+
+
+def _phases(spec: SynthSpec, rng, attempts, t_end):
+    """Checkpoint load at each attempt's start, saves every ckpt_every_s of training."""
+    phases = []
+    for a in attempts:
+        end = a["end"] if a["end"] is not None else t_end
+        load = spec.ckpt_bytes / (spec.load_Bps * rng.uniform(0.9, 1.1))
+        le = min(a["start"] + load, end)
+        phases.append(dict(kind="load", start=a["start"], end=le,
+                           bytes=(le - a["start"]) / load * spec.ckpt_bytes,
+                           members=len(a["members"])))
+        s = le + spec.ckpt_every_s
+        while s < end:
+            dur = spec.ckpt_bytes / (spec.save_Bps * rng.uniform(0.9, 1.1))
+            se = min(s + dur, end)
+            phases.append(dict(kind="save", start=s, end=se,
+                               bytes=(se - s) / dur * spec.ckpt_bytes,
+                               members=len(a["members"])))
+            s = se + spec.ckpt_every_s
+    return [p for p in phases if p["end"] > p["start"]]
+
+
+# -- the metrics ---------------------------------------------------------------------------
+
+def generate(spec: SynthSpec = SynthSpec()) -> Synth:
+    spec.check()
+    rng = np.random.default_rng(spec.seed)
+    N, G, dt = spec.nodes, spec.gpus, spec.dt
+    node_names = [f"gpu{i + 1:03d}" for i in range(N)]
+    T = int(round(spec.days * DAY / dt))
+    t = spec.start + dt * np.arange(1, T + 1)
+    tl = _timeline(spec, rng, node_names)
+    phases = _phases(spec, rng, tl["attempts"], tl["t_end"])
+
+    # cluster state per scrape
+    running = np.zeros(T)
+    member = np.zeros((N, T), bool)
+    for a in tl["attempts"]:
+        end = a["end"] if a["end"] is not None else tl["t_end"] + dt
+        running += _overlap(t, dt, a["start"], end)
+        live = (t >= a["start"]) & (t < end)
+        member[np.ix_(a["members"], np.flatnonzero(live))] = True
+    running = np.clip(running, 0, 1)
+    save_f = np.zeros(T)
+    load_f = np.zeros(T)
+    save_B = np.zeros(T)   # bytes per scrape, cluster-wide
+    load_B = np.zeros(T)
+    for p in phases:
+        f = _overlap(t, dt, p["start"], p["end"])
+        rate = p["bytes"] / (p["end"] - p["start"])
+        if p["kind"] == "save":
+            save_f += f
+            save_B += f * dt * rate
+        else:
+            load_f += f
+            load_B += f * dt * rate
+    save_f, load_f = np.clip(save_f, 0, 1), np.clip(load_f, 0, 1)
+    busy = np.clip(running - load_f, 0, 1)
+    a = member * busy[None, :]                               # (N, T) training activity
+    n_mem = np.maximum(member.sum(axis=0), 1)
+    diurnal = 1 + 0.1 * np.sin(2 * np.pi * (t - spec.start) / DAY + rng.uniform(0, 2 * np.pi))
+
+    def nodefac(sigma=0.03):
+        return np.exp(rng.normal(0, sigma, (N, 1)))
+
+    # multiplicative deviations: precursors and hiccups, per family
+    fam = {f: np.ones((N, T)) for f in _HICCUP_FAMILIES}
+    util_fac = np.ones((N, T))
+    hiccups = []
+    for n in range(N):
+        for _ in range(rng.poisson(spec.hiccups_per_node_day * spec.days)):
+            s = int(rng.integers(T))
+            d = int(rng.geometric(1 / 3))
+            k = int(rng.choice([1, 2, 3], p=[0.55, 0.35, 0.10]))
+            fs = [str(x) for x in rng.choice(_HICCUP_FAMILIES, size=k, replace=False)]
+            for f in fs:
+                lo_hi = {"interrupts": (0.3, 0.6), "processes": (0.1, 0.4), "memory": (4, 15),
+                         "nfs": (3, 8), "gpu": (0.3, 0.7)}[f]
+                fam[f][n, s:s + d] *= rng.uniform(*lo_hi)
+            hiccups.append(dict(node=node_names[n], time=float(t[min(s, T - 1)]),
+                                scrapes=d, families=fs))
+    healthy = np.ones((N, T), bool)
+    gone = np.zeros((N, T), bool)        # node not reporting (down for repair)
+    gpu_gone = np.zeros((N, G, T), bool)
+    xid_g = np.zeros((N, G, T))
+    uncorr = np.zeros((N, G, T))
+    pending = np.zeros((N, G, T))
+    for f in tl["failures"]:
+        n, g, x = f["node_index"], f["gpu"], f["xid_time"]
+        on = (t >= f["precursor_onset"]) & (t < x + 1200.0)
+        typ = f["type"]
+        if typ in ("nvlink", "bus"):
+            fam["interrupts"][n, on] *= rng.uniform(0.23, 0.33)
+            fam["processes"][n, on] *= 0.02
+        elif typ == "gsp":
+            fam["processes"][n, on] *= 0.03
+            fam["gpu"][n, on] *= 0.05
+        else:
+            fam["nfs"][n, on] *= rng.uniform(5, 20)
+            fam["memory"][n, on] *= rng.uniform(10, 40)
+        healthy[n, on] = False
+        after = t >= x
+        xid_g[n, g, after & (t < x + 1200.0)] = f["xid"]
+        if typ == "bus":
+            gpu_gone[n, g, after] = True
+        if typ == "memory":   # uncorrectable remaps stepping up in the hours before (gpu122)
+            for k, h in enumerate(sorted(rng.uniform(1, 12, size=3))[::-1]):
+                ts = x - h * 3600.0
+                uncorr[n, g, t >= ts] += 1
+                pending[n, g, (t >= ts) & (t < ts + 600)] = 1
+            f["remap_steps"] = 3
+    for (n, lo, hi) in tl["down"]:
+        gone[n, (t >= lo) & (t < hi)] = True
+    # a replaced GPU comes back clean
+    for f in tl["failures"]:
+        n, g = f["node_index"], f["gpu"]
+        back = t >= f["xid_time"] + 1200.0
+        uncorr[n, g, back] = 0
+        gpu_gone[n, g, back & ~gone[n]] = False
+
+    # node_exporter
+    series = {}
+
+    def put(name, label, arr):
+        series[(name, label)] = arr
+
+    intr_rate = (2000 + 8000 * a) * diurnal * nodefac() * np.exp(_ar1(rng, (N, T), 0.9, 0.05))
+    intr_rate *= fam["interrupts"]
+    put(M.INTR, "", np.cumsum(intr_rate * dt, axis=1) + rng.uniform(1e8, 1e9, (N, 1)))
+    lam = (2 + 38 * a) * diurnal * nodefac() * fam["processes"]
+    put(M.PROCS, "", rng.poisson(lam).astype(float))
+    save_node = save_B[None, :] * member / n_mem        # bytes per scrape per node
+    load_node = load_B[None, :] * member / n_mem
+    pg_rate = (20 + 80 * a) * diurnal * np.exp(_ar1(rng, (N, T), 0.8, 0.25))
+    pg_rate = pg_rate * fam["memory"] + 0.02 * save_node / 4096 / dt
+    put(M.PGPGOUT, "", np.cumsum(pg_rate * dt, axis=1) + rng.uniform(1e6, 1e7, (N, 1)))
+
+    def nfs(op, req_rate, lat, queue_share, sent_Bps=None, recv_Bps=None):
+        req = req_rate * dt
+        put(M.NFS_REQ, op, np.cumsum(req, axis=1))
+        put(M.NFS_RTT, op, np.cumsum(req * lat, axis=1))
+        put(M.NFS_QUEUE, op, np.cumsum(req * lat * queue_share, axis=1))
+        put(M.NFS_SENT, op, np.cumsum((sent_Bps if sent_Bps is not None else req_rate * 200)
+                                      * dt, axis=1))
+        put(M.NFS_RECV, op, np.cumsum((recv_Bps if recv_Bps is not None else req_rate * 300)
+                                      * dt, axis=1))
+        put(M.NFS_MAJOR_TIMEOUTS, op, np.zeros((N, T)))
+
+    nfs("GETATTR", (5 + 10 * a) * diurnal * np.exp(_ar1(rng, (N, T), 0.7, 0.1)),
+        0.010 * np.exp(_ar1(rng, (N, T), 0.8, 0.15)) * (1 + 1.5 * save_f) * fam["nfs"], 0.2)
+    w_Bps = save_node / dt + 2e6 * a
+    w_req = w_Bps / 1048576 + 1.0
+    w_lat = (0.02 + 0.5 * save_f) * np.exp(_ar1(rng, (N, T), 0.7, 0.15))
+    nfs("WRITE", w_req, w_lat, 0.2 + 0.73 * save_f * np.exp(rng.normal(0, 0.01, (N, T))),
+        sent_Bps=w_Bps + w_req * 200)
+    r_Bps = load_node / dt + 50e6 * a
+    r_req = r_Bps / 1048576 + 1.0
+    r_lat = (0.01 + 0.2 * load_f) * np.exp(_ar1(rng, (N, T), 0.7, 0.15))
+    nfs("READ", r_req, r_lat, 0.2 + 0.6 * load_f, recv_Bps=r_Bps + r_req * 300)
+
+    # dcgm-exporter
+    temp = (38 + 32 * a[:, None, :] * diurnal) + rng.normal(0, 1.5, (N, G, 1)) \
+        + _ar1(rng, (N, G, T), 0.95, 1.2)
+    util = np.clip(97 * a[:, None, :] * fam["gpu"][:, None, :]
+                   + rng.normal(0, 1.5, (N, G, T)) * a[:, None, :], 0, 100)
+    temp = temp * (0.6 + 0.4 * fam["gpu"][:, None, :])
+    clock = np.repeat(np.where(a[:, None, :] > 0.5, 0.0, 1.0), G, axis=1)
+    corr = np.broadcast_to(rng.integers(0, 3, (N, G, 1)).astype(float), (N, G, T)).copy()
+    failing = {f["node_index"] for f in tl["failures"]}
+    quiet = [n for n in rng.permutation(N) if n not in failing]
+    findings = []
+    # gpu124: correctable remaps growing without an XID
+    n = int(quiet[0])
+    for ts in np.sort(rng.uniform(t[0], t[-1], size=int(12 * spec.days))):
+        corr[n, 0, t >= ts] += 1
+    findings.append(dict(node=node_names[n], gpu=0, rule="correctable_remap_growth",
+                         per_day=12.0))
+    # a hot GPU: bouts above 85 C
+    n = int(quiet[1])
+    for ts in rng.uniform(t[0], t[-1] - 3600, size=3):
+        temp[n, 0, (t >= ts) & (t < ts + 480)] = 90 + rng.normal(0, 0.5)
+    findings.append(dict(node=node_names[n], gpu=0, rule="gpu_temp_high"))
+    # a fail-slow GPU: HW thermal slowdown for 20-minute bouts
+    n = int(quiet[2])
+    for ts in rng.uniform(t[0], t[-1] - 3600, size=2):
+        clock[n, 1 % G, (t >= ts) & (t < ts + 1200)] = 0x40
+    findings.append(dict(node=node_names[n], gpu=1 % G, rule="clock_events_slowdown"))
+    for f in tl["failures"]:
+        if f["type"] == "memory":
+            findings.append(dict(node=f["node"], gpu=f["gpu"], rule="uncorrectable_remap"))
+
+    for g in range(G):
+        gl = str(g)
+        for name, arr in ((M.GPU_TEMP, temp), (M.MEM_TEMP, temp + 8), (M.GPU_UTIL, util),
+                          (M.CLOCK_EVENTS, clock), (M.XID, xid_g), (M.REMAP_UNCORR, uncorr),
+                          (M.REMAP_CORR, corr), (M.REMAP_FAILURE, np.zeros((N, G, T))),
+                          (M.REMAP_PENDING, pending)):
+            v = np.array(arr[:, g, :], float)
+            if name in (M.GPU_TEMP, M.MEM_TEMP):
+                v = np.round(v)
+            v[gpu_gone[:, g, :]] = np.nan
+            put(name, gl, v)
+    for key, v in series.items():
+        if not key[0].startswith("DCGM"):
+            v = np.asarray(v, float)
+        v[gone] = np.nan
+        series[key] = v
+
+    frame = Frame(t=t, nodes=node_names, series=series)
+    kern = _kern_lines(spec, rng, tl, node_names, t)
+    sacct = _sacct_rows(spec, tl, node_names)
+    truth = dict(
+        spec=asdict(spec), nodes=node_names, start=float(t[0]), end=float(t[-1]), dt=dt,
+        failures=[{k: v for k, v in f.items() if k != "node_index"} for f in tl["failures"]],
+        other_failures=tl["other"],
+        checkpoint_phases=[dict(kind=p["kind"], start=p["start"], end=p["end"],
+                                bytes=p["bytes"]) for p in phases],
+        exclusions=tl["exclusions"],
+        retry_chains=tl["chains"],
+        findings=findings,
+        hiccups=hiccups,
+        hazard={node_names[i]: float(h) for i, h in enumerate(tl["hazard"])},
+    )
+    return Synth(spec=spec, frame=frame, kern_lines=kern, sacct_rows=sacct, truth=truth,
+                 healthy=healthy)
+
+
+def _kern_lines(spec, rng, tl, node_names, t):
+    lines = []
+    boot = {n: float(rng.uniform(1e5, 1e6)) for n in node_names}
+    for f in tl["failures"]:
+        info = {79: "GPU has fallen off the bus.", 94: "Contained: SM (0x1). RST: No, D-RST: No",
+                119: "Timeout after 6s of waiting for RPC response from GPU0 GSP!",
+                145: "RLW_REMAP Nonfatal XC0 i0 Link 07 (0x00000004 0x00000000)",
+                149: "NETIR_LINK_EVT Fatal XC0 i0 Link 12 (0x00000004 0x00000000)"}
+        x = f["xid_time"]
+        up = x - spec.start + boot[f["node"]]
+        lines.append((x, f"{_iso(x)}.{int((x % 1) * 1e6):06d}+00:00 {f['node']} kernel: "
+                         f"[{up:.6f}] NVRM: Xid (PCI:{PCI[f['gpu']]}): {f['xid']}, "
+                         f"pid={int(rng.integers(1000, 99999))}, name=python, {info[f['xid']]}"))
+    for _ in range(int(40 * spec.days)):
+        x = float(rng.uniform(t[0], t[-1]))
+        n = node_names[int(rng.integers(len(node_names)))]
+        msg = str(rng.choice(["mlx5_core 0000:1a:00.0: Port module event: module 0, Cable plugged",
+                              "nfs: server storage01 OK",
+                              "systemd-journald[812]: Data hash table reached maximum size",
+                              "EXT4-fs (nvme0n1p2): mounted filesystem with ordered data mode"]))
+        up = x - spec.start + boot[n]
+        lines.append((x, f"{_iso(x)}.000000+00:00 {n} kernel: [{up:.6f}] {msg}"))
+    lines.sort()
+    return [s for _, s in lines]
+
+
+def hostlist(nodes: list[str]) -> str:
+    """Slurm's compressed host list: gpu001,gpu002,gpu005 -> gpu[001-002,005]."""
+    if not nodes:
+        return "None assigned"
+    prefix = nodes[0].rstrip("0123456789")
+    width = len(nodes[0]) - len(prefix)
+    nums = sorted(int(n[len(prefix):]) for n in nodes)
+    parts, i = [], 0
+    while i < len(nums):
+        j = i
+        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
+            j += 1
+        a, b = f"{nums[i]:0{width}d}", f"{nums[j]:0{width}d}"
+        parts.append(a if i == j else f"{a}-{b}")
+        i = j + 1
+    return f"{prefix}[{','.join(parts)}]"
+
+
+def _sacct_rows(spec, tl, node_names):
+    rows = []
+    restarts = 0
+    for i, a in enumerate(tl["attempts"]):
+        comment = []
+        if a["kind"] in ("auto", "manual"):
+            comment.append(f"retry={a['kind']}")
+        if a["blame"] is not None:
+            comment.append(f"exclude={node_names[a['blame']]}")
+        restarts = restarts + 1 if a["kind"] == "auto" else 0
+        ec = "0:0" if a["state"] in ("RUNNING", "COMPLETED") else "1:0"
+        rows.append(dict(JobID=str(100000 + i), JobName=JOB, State=a["state"], ExitCode=ec,
+                         Submit=_iso(a["start"] - 5), Start=_iso(a["start"]),
+                         End=_iso(a["end"]) if a["end"] is not None else "Unknown",
+                         NodeList=hostlist([node_names[n] for n in a["members"]]),
+                         Restarts=str(restarts), Comment=";".join(comment)))
+    return rows
+
+
+SACCT_FIELDS = ("JobID", "JobName", "State", "ExitCode", "Submit", "Start", "End", "NodeList",
+                "Restarts", "Comment")
+
+
+def sacct_lines(s: Synth) -> list[str]:
+    """The synthetic job history as ``sacct --parsable2`` lines (header first)."""
+    return ["|".join(SACCT_FIELDS)] + ["|".join(r[k] for k in SACCT_FIELDS) for r in s.sacct_rows]
+
+
+# -- writing -------------------------------------------------------------------------------
+
+def write(s: Synth, out: str | os.PathLike) -> dict[str, str]:
+    """Write the four files; their paths by role."""
+    from unbroken.learn.openmetrics import write_openmetrics
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"metrics": out / "metrics.om.gz", "kernel_log": out / "kern.log",
+             "sacct": out / "sacct.txt", "truth": out / "truth.json"}
+    write_openmetrics(s.frame, paths["metrics"])
+    paths["kernel_log"].write_text("\n".join(s.kern_lines) + "\n")
+    paths["sacct"].write_text("\n".join(sacct_lines(s)) + "\n")
+    paths["truth"].write_text(json.dumps(s.truth, indent=1, default=float) + "\n")
+    return {k: str(v) for k, v in paths.items()}
