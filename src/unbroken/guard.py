@@ -344,6 +344,12 @@ class Guard:
             return  # the verdict changes only when a round closes (the supervisor's loop
             #         ticks 20 times a second: re-bucketing every sample each tick was its CPU)
         self.slow_closed = n_closed
+        # a verdict needs the last K rounds (twice that, so a streak's length still reads
+        # right): older samples go, or every round re-buckets the whole run (O(steps^2))
+        p = self.slow_policy
+        keep = self.slow_start + max(0, n_closed - 2 * p.rounds) * p.round_s
+        if self.samples and self.samples[0][0] < keep:
+            self.samples = [x for x in self.samples if x[0] >= keep]
         try:
             rounds = bucket_rounds(self.samples, self.slow_start, self.slow_policy)
             # only closed rounds: the current one is still filling
@@ -404,7 +410,10 @@ class Guard:
                 if signal not in ev:
                     continue
                 value = float(ev[signal])
-                found, reason = numeric_event(history, value, _NUMERIC[signal])
+                # the window's tail only (a few non-finite entries may sit in it): the whole
+                # history made this O(steps) per commit, O(steps^2) over a run
+                found, reason = numeric_event(history[-4 * _NUMERIC[signal].window:], value,
+                                              _NUMERIC[signal])
                 history.append(value)
                 if found is None:
                     continue

@@ -16,11 +16,12 @@ So survivors do not try to fix the old group. They *abandon* it and build a new 
 
 1. Every collective is issued with ``async_op=True``; the caller sleeps until the op's future
    completes or the generation is aborted, so no thread ever blocks in gloo. The abort flag is
-   a store key set once (``abort/<gen>``); the heartbeat thread looks for it once a period and
-   wakes the op, so the step's critical path makes no store round trip. (A thread per
-   generation blocked in the store's ``wait`` would notice sooner, but each needs a store
-   connection of its own, and 32 members opening one at every re-form stalled the libuv
-   TCPStore server for 5 s at a time here.)
+   a store counter (``abort/<gen>``) that the heartbeat thread reads once a period in the same
+   round trip as the peers' heartbeats, and wakes the op: the step's critical path makes no
+   store round trip. (A thread blocked in the store's ``wait`` on the flag would notice
+   sooner, but needs a store connection of its own: one per generation meant 32 members
+   connecting at every re-form, and a third connection per member at start-up, both of which
+   stalled the libuv TCPStore server for about 5 s here.)
 2. A heartbeat thread (own store client) bumps ``hb/<uid>`` every ``heartbeat_period`` seconds
    and watches the other members. A member whose counter has not moved for ``staleness``
    seconds (5 s until the first collective has completed: start-up is slow, not hung), or
@@ -551,8 +552,8 @@ class FTComm:
             first = self._aborted_gen < gen
             self._aborted_gen = max(self._aborted_gen, gen)
         if first:
-            try:  # set once: its existence is the flag every member's watcher waits for
-                (store or self.store).set(f"abort/{gen}", reason[:200])
+            try:  # a counter: every member's heartbeat reads it with the peers' counters
+                (store or self.store).add(f"abort/{gen}", 1)
             except Exception:  # no coordinator: peers will see the gloo error themselves
                 self.store_lost = True
         self._wake.set()
@@ -602,7 +603,8 @@ class FTComm:
                     gen, members = self._gen, list(self._members)
                 others = [m for m in members if m != me]
                 watch = list(self.watched)
-                keys = [hb_key(m) for m in others] + [DEAD_EPOCH]
+                # the generation's abort counter rides in the same round trip
+                keys = [hb_key(m) for m in others] + [f"abort/{gen}", DEAD_EPOCH]
                 if self.supervisor_staleness > 0:
                     keys.append(SUPERVISOR_HB)
                 keys += watch
@@ -619,8 +621,8 @@ class FTComm:
                     del vals[-len(watch):]
                 if self.supervisor_staleness > 0:
                     sup = vals.pop()
-                counters = dict(zip(others, vals[:-1]))
-                epoch = vals[-1]
+                counters = dict(zip(others, vals[:-2]))
+                flagged, epoch = vals[-2], vals[-1]
                 dead: set[int] = set()
                 if epoch != self._dead_epoch:
                     dead = {m for m in members if st.add(dead_key(m), 0) > 0}
@@ -642,7 +644,7 @@ class FTComm:
                 if lost and self._aborted_gen < gen:
                     why = "declared dead" if set(lost) & all_dead else "stale heartbeat"
                     self._set_abort(gen, f"{why}: {lost}", st)
-                elif self._aborted_gen < gen and st.check([f"abort/{gen}"]):
+                elif self._aborted_gen < gen and flagged > 0:
                     with self._lock:  # a peer broke the generation: wake our op
                         if self._gen == gen and self._aborted_gen < gen:
                             self._aborted_gen = gen
