@@ -47,7 +47,7 @@ PARTS = {
     "optimizer": [("runtime/trainer.py", "apply")],
     "all-reduce": [("runtime/ftcomm.py", "allreduce"), ("distributed_c10d.py", "all_reduce")],
     "pack": [("runtime/stacked.py", "_pack")],
-    "step check": [("runtime/stacked.py", "_step_check")],
+    "step check": [("runtime/incidents.py", "_step_check")],
 }
 LOOPS = [("runtime/stacked.py", "run"), ("step_breakdown.py", "loop")]
 COMMIT = ("runtime/stacked.py", "_commit")

@@ -343,10 +343,9 @@ class FTComm:
     def _wait_in_thread(self, works: list) -> tuple[threading.Event, list]:
         """``wait()`` on works that have no future, on a thread that wakes the op's caller
         when they are done: (done, [error]). An abandoned one ends with the group's timeout."""
-        done, err = threading.Event(), []
         if not works:
-            done.set()
-            return done, err
+            return _NOTHING_TO_WAIT
+        done, err = threading.Event(), []
 
         def wait_all() -> None:
             try:
@@ -657,6 +656,11 @@ class FTComm:
                 errors += 1
                 if errors >= 3:  # three periods without the coordinator: it is gone
                     self.store_lost = True
+
+
+#: ``_wait_in_thread`` of no works (a collective: every op of a step): nothing to start
+_NOTHING_TO_WAIT: tuple[threading.Event, list] = (threading.Event(), [])
+_NOTHING_TO_WAIT[0].set()
 
 
 def _short(exc: BaseException, n: int = 160) -> str:
