@@ -128,6 +128,8 @@ BAD = [
      "--weibull-shape"),
     (["plan", "--groups", "600", "--step-time", "1e12"], "--step-time"),
     (["plan", "--png", "/etc/hostname/plan.png"], "'/etc/hostname' is a file"),
+    # root passes os.access on /proc, but nothing can be created there: tried, not guessed
+    (["plan", "--png", "/proc/plan.png"], "--png '/proc/plan.png' cannot be written"),
 ]
 
 

@@ -34,6 +34,14 @@ def check_writable(path: str | os.PathLike) -> None:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ValueError(f"--png {str(path)!r} cannot be written: no permission in "
                          f"{str(parent)!r}")
+    try:  # permissions do not say it all (root may "write" to /proc): try it
+        import tempfile
+
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".unbroken-probe-"):
+            pass
+    except OSError as e:
+        raise ValueError(f"--png {str(path)!r} cannot be written: {e.strerror or e} in "
+                         f"{str(parent)!r}") from None
 
 
 def plan_figure(plan: dict, path: str | os.PathLike) -> Path:
