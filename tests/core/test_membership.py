@@ -3,10 +3,12 @@
 import pytest
 
 from unbroken.core.membership import (
+    beat_clock,
     live_members,
     next_members,
     observe,
     rendezvous_ready,
+    silent_members,
     stale_members,
 )
 
@@ -24,27 +26,56 @@ def test_stale_members_rejects_nonpositive_staleness():
 
 
 def test_observe_records_time_of_last_change_only():
-    obs = observe({}, {0: 1, 1: 1}, now=1.0)
-    assert obs == {0: (1, 1.0), 1: (1, 1.0)}
-    obs = observe(obs, {0: 2, 1: 1}, now=1.5)  # 0 moved, 1 did not
-    assert obs == {0: (2, 1.5), 1: (1, 1.0)}
-    obs = observe(obs, {0: 2}, now=3.0)  # absent peers keep their entry
-    assert obs == {0: (2, 1.5), 1: (1, 1.0)}
+    obs = observe({}, {0: 1, 1: 1}, now=1.0, beats=4.0)
+    assert obs == {0: (1, 1.0, 4.0), 1: (1, 1.0, 4.0)}
+    obs = observe(obs, {0: 2, 1: 1}, now=1.5, beats=5.0)  # 0 moved, 1 did not
+    assert obs == {0: (2, 1.5, 5.0), 1: (1, 1.0, 4.0)}
+    obs = observe(obs, {0: 2}, now=3.0, beats=9.0)  # absent peers keep their entry
+    assert obs == {0: (2, 1.5, 5.0), 1: (1, 1.0, 4.0)}
 
 
 def test_live_members_uses_observer_clock_not_peer_clock():
-    obs = {0: (5, 100.0), 1: (7, 99.5), 2: (3, 98.0)}
+    obs = {0: (5, 100.0, 0.0), 1: (7, 99.5, 0.0), 2: (3, 98.0, 0.0)}
     assert live_members([0, 1, 2], obs, now=100.2, staleness=1.0) == [0, 1]
 
 
 def test_never_started_member_is_not_stale_and_order_is_kept():
-    obs = {3: (0, 0.0), 1: (4, 50.0)}
+    obs = {3: (0, 0.0, 0.0), 1: (4, 50.0, 0.0)}
     assert live_members([3, 1, 2], obs, now=100.0, staleness=1.0) == [3, 2]
 
 
 def test_declared_dead_is_dropped_even_with_fresh_heartbeat():
-    obs = {0: (9, 10.0), 1: (9, 10.0)}
+    obs = {0: (9, 10.0, 0.0), 1: (9, 10.0, 0.0)}
     assert live_members([0, 1], obs, now=10.1, staleness=1.0, dead=[1]) == [0]
+
+
+def test_beat_clock_is_the_high_median_of_started_members_increases():
+    prev = {1: (10, 0.0, 0.0), 2: (10, 0.0, 0.0), 3: (10, 0.0, 0.0), 4: (0, 0.0, 0.0)}
+    # 3 stopped (no increase), 4 not started (no vote), 5 new (no vote): own 1, 1 and 2 beat
+    assert beat_clock(prev, {1: 11, 2: 12, 3: 10, 4: 0, 5: 7}) == 1.0
+    # the observer and one stopped peer: the high median still moves
+    assert beat_clock({1: (10, 0.0, 0.0)}, {1: 10}) == 1.0
+    # a starved machine: the peers made no beat while the observer slept
+    assert beat_clock(prev, {1: 10, 2: 10, 3: 10}) == 0.0
+    # the observer was starved itself: the peers beat three times meanwhile
+    assert beat_clock(prev, {1: 13, 2: 13, 3: 10}) == 3.0
+
+
+def test_silence_is_judged_by_the_peers_beats_not_wall_time_alone():
+    # member 2 silent since t=10 (clock 100); the others beat on
+    obs = {1: (50, 10.4, 104.0), 2: (30, 10.0, 100.0)}
+    judge = dict(staleness=0.3, min_beats=3, ceiling=0.9)
+    assert silent_members(obs, now=10.35, beats=104.0, **judge) == [2]
+    # the same wall-time silence on a starved machine (2 beats by the others): not yet
+    assert silent_members(obs, now=10.35, beats=102.0, **judge) == []
+    # not long enough in wall time, however many beats
+    assert silent_members(obs, now=10.25, beats=110.0, **judge) == []
+    # past the ceiling the clock is not asked (most members silent at once)
+    assert silent_members(obs, now=10.95, beats=100.0, **judge) == [2]
+    assert live_members([1, 2], obs, now=10.35, staleness=0.3, beats=104.0, min_beats=3,
+                        ceiling=0.9) == [1]
+    assert live_members([1, 2], obs, now=10.35, staleness=0.3, beats=101.0, min_beats=3,
+                        ceiling=0.9) == [1, 2]
 
 
 def test_rendezvous_ready_and_next_members():

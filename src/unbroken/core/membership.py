@@ -12,7 +12,12 @@ Rules
 -----
 * A peer whose counter has never moved past 0 has not started yet; it is *not* stale (start-up
   is bounded by the process-group init timeout instead, which needs every initial member).
-* A peer is stale when ``now - last_change > staleness`` (strictly greater).
+* A peer is stale when ``now - last_change > staleness`` (strictly greater) *and* the other
+  members made at least ``staleness / heartbeat_period`` beats meanwhile (the beat clock,
+  ``beat_clock``): silence is judged by what the peer could have done, not by wall time alone.
+  On a starved machine nobody beats, the clock stands still and nobody is judged; a stopped
+  peer is the one that stays silent while its peers keep beating. When the clock stands still
+  (most members silent at once), wall time alone judges after ``ceiling`` seconds.
 * A peer that a coordinator declared dead (for example a launcher that saw the process exit) is
   not live, whatever its heartbeat says: a SIGKILLed process keeps a fresh-looking heartbeat for
   up to ``staleness`` seconds, and a death notice removes that wait.
@@ -33,6 +38,8 @@ __all__ = [
     "Observation",
     "observe",
     "stale_members",
+    "beat_clock",
+    "silent_members",
     "live_members",
     "rendezvous_ready",
     "rendezvous_staleness",
@@ -42,28 +49,66 @@ __all__ = [
     "settle",
 ]
 
-#: (last counter value seen, observer's clock when that value was first seen)
-Observation = tuple[int, float]
+#: (last counter value seen, observer's clock when that value was first seen, the beat clock
+#: (``beat_clock``) at that moment)
+Observation = tuple[int, float, float]
 
 
 def observe(
     prev: Mapping[Hashable, Observation],
     counters: Mapping[Hashable, int],
     now: float,
+    beats: float = 0.0,
 ) -> dict[Hashable, Observation]:
     """Fold freshly read heartbeat counters into the observation table.
 
-    A counter that changed (or a peer seen for the first time) gets ``now`` as its last-change
-    time; an unchanged counter keeps its old time. Peers absent from ``counters`` keep their
-    previous observation.
+    A counter that changed (or a peer seen for the first time) gets ``now`` and the beat clock
+    ``beats`` as its last change; an unchanged counter keeps its old ones. Peers absent from
+    ``counters`` keep their previous observation.
     """
     out = dict(prev)
     for uid, value in counters.items():
         value = int(value)
         old = prev.get(uid)
         if old is None or old[0] != value:
-            out[uid] = (value, float(now))
+            out[uid] = (value, float(now), float(beats))
     return out
+
+
+def beat_clock(
+    prev: Mapping[Hashable, Observation],
+    counters: Mapping[Hashable, int],
+    own: int = 1,
+) -> float:
+    """How many beats a live member made since the last read: the high median of every started
+    member's counter increase, the observer's own ``own`` beat included.
+
+    Summed over reads this is the clock ``silent_members`` judges silence by. The median keeps
+    one stopped member from holding the clock back (its increase is 0) and one member's burst
+    from pushing it on; the *high* median lets the observer and one peer decide between two.
+    Members not started yet (counter 0) or seen for the first time do not vote.
+    """
+    incs = [own] + [int(v) - prev[u][0] for u, v in counters.items()
+                    if u in prev and prev[u][0] > 0]
+    incs.sort()
+    return float(max(incs[len(incs) // 2], 0))
+
+
+def silent_members(
+    observations: Mapping[Hashable, Observation],
+    now: float,
+    staleness: float,
+    beats: float,
+    min_beats: float,
+    ceiling: float,
+) -> list:
+    """Started members whose counter has not moved for more than ``staleness`` s while the beat
+    clock advanced by at least ``min_beats``, or for more than ``ceiling`` s whatever the
+    clock says (most members silent at once: the clock cannot move). Sorted."""
+    if staleness <= 0:
+        raise ValueError(f"staleness must be > 0, got {staleness}")
+    return sorted(u for u, (c, t, b) in observations.items() if c > 0 and (
+        (now - t > staleness and beats - b >= min_beats) or now - t > ceiling))
 
 
 def stale_members(
@@ -86,14 +131,21 @@ def live_members(
     now: float,
     staleness: float,
     dead: Iterable[Hashable] = (),
+    beats: float | None = None,
+    min_beats: float = 0.0,
+    ceiling: float = float("inf"),
 ) -> list:
     """Members that are live: not declared dead, and not stale (never-started counts as live).
 
-    Keeps the order of ``members``.
+    With ``beats`` (the observer's beat clock) silence is judged by ``silent_members``;
+    without it by wall time alone (``stale_members``). Keeps the order of ``members``.
     """
     dead = set(dead)
-    started = {u: t for u, (c, t) in observations.items() if c > 0}
-    stale = set(stale_members(started, now, staleness))
+    if beats is not None:
+        stale = set(silent_members(observations, now, staleness, beats, min_beats, ceiling))
+    else:
+        started = {u: o[1] for u, o in observations.items() if o[0] > 0}
+        stale = set(stale_members(started, now, staleness))
     return [u for u in members if u not in dead and u not in stale]
 
 

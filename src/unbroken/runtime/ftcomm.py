@@ -71,6 +71,7 @@ from unbroken.events import Event
 from unbroken.protocol import DEAD_EPOCH, SUPERVISOR_HB, dead_key, hb_key
 from unbroken.core.membership import (
     Observation,
+    beat_clock,
     live_members,
     next_members,
     observe,
@@ -139,7 +140,7 @@ class FTComm:
         host: str | None = None,
         port: int | None = None,
         heartbeat_period: float = 0.1,
-        staleness: float = 1.0,
+        staleness: float = 0.3,
         pg_timeout: float = 60.0,
         rendezvous_timeout: float = 10.0,
         store_timeout: float = 60.0,
@@ -180,6 +181,7 @@ class FTComm:
         self._members = members
         self._lock = threading.Lock()
         self._obs: dict[Any, Observation] = {}
+        self._beats = 0.0  # the beat clock (core.membership.beat_clock): peers' beats so far
         self._dead: set[int] = set()
         self._dead_epoch = 0
         self._aborted_gen = -1  # highest generation known to be aborted
@@ -492,9 +494,17 @@ class FTComm:
         """Current members judged live from this worker's heartbeat observations."""
         with self._lock:
             obs, dead, members = dict(self._obs), set(self._dead), list(self._members)
+            beats = self._beats
         obs.pop(self.uid, None)
-        return live_members(members, obs, time.monotonic(), staleness or self._staleness(),
-                            dead - {self.uid})
+        return self._judge(members, obs, time.monotonic(), staleness or self._staleness(),
+                           dead - {self.uid}, beats)
+
+    def _judge(self, members, obs, now, staleness, dead, beats) -> list[int]:
+        """Live members: silent for ``staleness`` s while the others beat that many periods,
+        or silent three times as long whatever the others did (``core.membership``)."""
+        return live_members(members, obs, now, staleness, dead, beats=beats,
+                            min_beats=int(staleness / self.heartbeat_period + 1e-9),
+                            ceiling=3 * staleness)
 
     def close(self) -> None:
         """Stop the heartbeat. Does not exit the process (use ``os._exit`` in entry points)."""
@@ -582,7 +592,7 @@ class FTComm:
         """The supervisor's heartbeat, judged like a peer's (a starved observer judges
         nobody); silent for ``supervisor_staleness`` s: ``supervisor_lost``."""
         self._sup_obs = (observe(self._sup_obs, {"supervisor": counter}, now) if not blind
-                         else {"supervisor": (counter, now)})
+                         else {"supervisor": (counter, now, 0.0)})
         silent = now - self._sup_obs["supervisor"][1]
         if silent > self.supervisor_staleness and not self.supervisor_lost:
             self.supervisor_lost = True
@@ -626,19 +636,19 @@ class FTComm:
                 if epoch != self._dead_epoch:
                     dead = {m for m in members if st.add(dead_key(m), 0) > 0}
                 now = time.monotonic()
-                # this thread itself was starved: peers' unchanged counters say nothing about
-                # them, so refresh the table without judging anyone this round
+                # this thread itself was starved (the supervisor's silence then says nothing);
+                # peers need no such rule: the beat clock only moves as far as they beat
                 blind = now - last > self.staleness / 2
                 last = now
                 with self._lock:
-                    self._obs = observe(self._obs, counters, now) if not blind else {
-                        m: (c, now) for m, c in counters.items()}
+                    self._beats += beat_clock(self._obs, counters)
+                    self._obs = observe(self._obs, counters, now, self._beats)
                     self._dead |= dead
                     self._dead_epoch = epoch
-                    obs, all_dead = dict(self._obs), set(self._dead)
+                    obs, all_dead, beats = dict(self._obs), set(self._dead), self._beats
                 if self.supervisor_staleness > 0:
                     self._watch_supervisor(sup, now, blind)
-                live = live_members(members, obs, now, self._staleness(), all_dead - {me})
+                live = self._judge(members, obs, now, self._staleness(), all_dead - {me}, beats)
                 lost = [m for m in members if m not in live and m != me]
                 if lost and self._aborted_gen < gen:
                     why = "declared dead" if set(lost) & all_dead else "stale heartbeat"
