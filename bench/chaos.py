@@ -30,9 +30,17 @@ finished, ETTR, exactly-once, max param diff and final loss (non-finite numbers 
 seed is computed once (the guarded run's cached ``reference-*.pt`` is copied into the baseline's
 out dir: same config, same key).
 
+Soak (``--groups 16 --chaos-faults 50 --steps 300``): each run draws K faults of every kind
+from ``unbroken.core.faults.soak_faults``; slots fail again and again (a fault hits whichever
+process holds its slot then, a replacement included). A log-only baseline cannot finish a soak
+(a stall blocks it for good), so the baseline is checkpoint-restart as torchrun's elastic agent
+would do it, modelled from the run's own measured start-up and step time (``restart_model``).
+
 Prints ONE JSON object on stdout (progress on stderr); ``--out PATH`` writes a copy.
 
-Usage: ``.venv/bin/python bench/chaos.py [--seeds 3] [--steps 200] [--out docs/bench/chaos.json]``.
+Usage: ``.venv/bin/python bench/chaos.py [--seeds 3] [--steps 200] [--out docs/bench/chaos.json]``;
+the soak: ``bench/chaos.py --seeds 1 --groups 16 --steps 300 --chaos-faults 50
+--out docs/bench/soak.json``.
 """
 
 from __future__ import annotations
@@ -143,8 +151,9 @@ def handled(events: list[dict], costs: list[dict]) -> tuple[bool, list[str]]:
     """Every scheduled fault (the ``start`` event's list) has a ``fault`` event and a ``how``
     other than "unresolved"; the problems, one line each."""
     start = next((e for e in events if e.get("event") == Event.START), {})
-    fired = {(e.get("kind"), e.get("group"), e.get("step")) for e in events
-             if e.get("event") == Event.FAULT}
+    # scheduled (kind, slot, step) -> the step it fired at (a slot's late replacement: later)
+    fired = {(e.get("kind"), e.get("group"), e.get("at", e.get("step"))): e.get("step")
+             for e in events if e.get("event") == Event.FAULT}
     how = {(c.get("kind"), c.get("group"), c.get("step")): c.get("how") for c in costs}
     problems = []
     for s in start.get("faults", []):
@@ -152,9 +161,36 @@ def handled(events: list[dict], costs: list[dict]) -> tuple[bool, list[str]]:
         name = f"{key[0]}:{key[1]}@{key[2]}"
         if key not in fired:
             problems.append(f"{name}: no fault event")
-        elif how.get(key) in (None, "unresolved"):
-            problems.append(f"{name}: how {how.get(key)!r}")
+        elif how.get((key[0], key[1], fired[key])) in (None, "unresolved"):
+            problems.append(f"{name}: how {how.get((key[0], key[1], fired[key]))!r}")
     return not problems, problems
+
+
+def _start_s(events: list[dict]) -> float | None:
+    """Launch -> the first commit: what a restart of the whole job costs before any step."""
+    t0 = next((_t(e) for e in events if e.get("event") == Event.START), None)
+    t1 = next((_t(e) for e in events if e.get("event") == Event.COMMIT), None)
+    return round(t1 - t0, 2) if t0 is not None and t1 is not None else None
+
+
+def restart_model(runs: list[dict], ckpt_every: int) -> dict:
+    """What checkpoint-restart (torchrun's elastic restart: every fault restarts the job from
+    the last checkpoint) would have lost on the same faults, modelled from these runs' own
+    measured start-up and step time: per fault one start-up plus half a checkpoint interval of
+    recomputed steps. Not a run: a soak of restarts is what the bench exists to avoid."""
+    ok = [r for r in runs if "failed" not in r and r.get("start_s") is not None]
+    if not ok:
+        return {}
+    per = [r["start_s"] + ckpt_every / 2 * r["step_s"] for r in ok]
+    lost = [p * len(r["faults"]) for p, r in zip(per, ok)]
+    ettr = [r["train_s"] / (r["train_s"] + x) for r, x in zip(ok, lost)]
+    ours = [sum(f["lost_s"] or 0.0 for f in r["faults"]) for r in ok]
+    return {"how": "modelled: per fault, this run's launch->first-commit time plus "
+                   f"{ckpt_every}/2 steps recomputed at its step time",
+            "ckpt_every": ckpt_every, "median_lost_per_fault_s": _med(per),
+            "median_lost_s": _med(lost), "median_ettr": _med(ettr),
+            "ours_median_lost_s": _med(ours),
+            "lost_ratio_restart_over_ours": _med([x / o for x, o in zip(lost, ours) if o > 0])}
 
 
 def _journal(out: Path) -> list[dict]:
@@ -191,12 +227,13 @@ def _run(req, seed: int, out: Path) -> tuple[dict | None, dict]:
                       "journal_tail": _tail(events)}
 
 
-def guarded(seed: int, steps: int, out: Path) -> dict:
+def guarded(seed: int, steps: int, out: Path, groups: int = 4, count: int | None = None) -> dict:
     from unbroken.core.faults import format_faults
     from unbroken.demo import demo_spec
     from unbroken.supervise.spec import FTConfig
 
-    req = demo_spec(chaos=seed, steps=steps, ft=FTConfig(guard="act"), out=str(out))
+    req = demo_spec(chaos=seed, steps=steps, ft=FTConfig(guard="act"), out=str(out),
+                    groups=groups, chaos_faults=count)
     spec = format_faults(req.fault_list())
     rep, failed = _run(req, seed, out)
     if rep is None:
@@ -209,7 +246,7 @@ def guarded(seed: int, steps: int, out: Path) -> dict:
     return {"seed": seed, "fault_spec": spec, "ettr": rep["ettr"],
             "exactly_once": rep["exactly_once"], "max_abs_param_diff": rep["max_abs_param_diff"],
             "final_loss": rep["final_loss"], "step_s": rep["step_s"], "train_s": rep["train_s"],
-            "restarts": rep["restarts"],
+            "restarts": rep["restarts"], "start_s": _start_s(events),
             "faults_masked": rep["faults_masked"], "wall_s": round(rep["wall_s"], 2),
             "all_handled": ok, "unhandled": problems, "faults": faults}
 
@@ -304,6 +341,11 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=3, help="chaos seeds 0..SEEDS-1 (default 3)")
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--groups", type=int, default=4)
+    ap.add_argument("--chaos-faults", type=int, default=None, metavar="K",
+                    help="a soak: K faults per run, slots failing again (core.faults."
+                         "soak_faults); the log-only baseline is replaced by a modelled "
+                         "checkpoint-restart one")
     ap.add_argument("--skip-baseline", action="store_true")
     ap.add_argument("--workdir", help="keep every run's out dir here (default: a temp dir)")
     ap.add_argument("--out", help="also write the JSON object to this file")
@@ -321,7 +363,7 @@ def main() -> None:
     try:
         for s in range(a.seeds):
             log(f"seed {s}: guard act")
-            r = guarded(s, a.steps, root / f"act-{s}")
+            r = guarded(s, a.steps, root / f"act-{s}", a.groups, a.chaos_faults)
             act.append(r)
             if "failed" in r:
                 log(f"  {r['failed'].splitlines()[0]}")
@@ -332,7 +374,7 @@ def main() -> None:
                 for f in r["faults"]:
                     log(f"    {f['kind']:6s} @{f['step']:3d}: {','.join(f['rungs']) or '-':14s}"
                         f" removed_by {f['removed_by']}, lost {f['lost_s']:.2f} s, {f['how']}")
-            if a.skip_baseline:
+            if a.skip_baseline or a.chaos_faults is not None:
                 continue
             log(f"seed {s}: baseline (guard log-only)")
             b = baseline(s, a.steps, root / f"log-{s}",
@@ -345,11 +387,14 @@ def main() -> None:
         if tmp is not None:
             tmp.cleanup()
 
-    out = {"bench": "chaos", "groups": 4, "redundancy": 2, "model": "gpt", "steps": a.steps,
+    out = {"bench": "chaos" if a.chaos_faults is None else "soak", "groups": a.groups,
+           "redundancy": 2, "model": "gpt", "steps": a.steps, "chaos_faults": a.chaos_faults,
            "seeds": a.seeds, "guard": "act", "cpus": os.cpu_count(),
            "python": platform.python_version(),
            "summary": aggregate(act), "runs": act}
-    if not a.skip_baseline:
+    if a.chaos_faults is not None:
+        out["baseline"] = restart_model(act, ckpt_every=10)
+    elif not a.skip_baseline:
         out["baseline"] = {
             "guard": "log (unguarded: nan/flip/update run without an acting guard)",
             "median_ettr": _med([b["ettr"] for b in base if "failed" not in b]),

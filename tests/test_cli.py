@@ -196,7 +196,7 @@ def test_the_planner_never_imports_torch(tmp_path):
     (["--groups", "4", "--redundancy", "3"], "redundancy 3"),
     (["--faults", "kill:1@20,boom:2@30"], "boom"),
     (["--faults", "kill:9@20"], "kill:9@20"),
-    (["--faults", "kill:1@20,hang:1@30"], "hang:1@30"),
+    (["--faults", "kill:1@20,hang:1@20"], "hang:1@20"),
     (["--steps", "abc"], "abc"),
     (["--faults", "stall:2@10"], "needs --guard act"),
     (["--faults", "nan:1@10"], "'nan:1@10' needs --guard act"),

@@ -20,7 +20,8 @@ def test_key_functions_give_the_old_strings():
     assert p.DEAD_EPOCH == "dead/epoch"
     one = {p.hb_key: "hb/7", p.dead_key: "dead/7", p.done_key: "done/7", p.error_key: "error/7",
            p.killed_key: "killed/7", p.stopped_key: "stopped/7", p.standby_key: "standby/7",
-           p.assign_key: "assign/7", p.join_key: "join/7", p.admit_key: "admit/7",
+           p.assign_key: "assign/7", p.drill_key: "drill/7", p.join_key: "join/7",
+           p.admit_key: "admit/7",
            p.wipeout_key: "wipeout/7", p.wipeout_failed_key: "wipeout_failed/7",
            p.code_key: "code/7"}
     for f, want in one.items():
@@ -34,7 +35,7 @@ def test_key_functions_give_the_old_strings():
 def test_every_key_function_is_exported_and_covered():
     names = {n for n in p.__all__ if n.endswith("_key")}
     assert names == {n for n in dir(p) if n.endswith("_key") and callable(getattr(p, n))}
-    assert len(names) == 17
+    assert len(names) == 18
 
 
 # the building blocks' private keys: ftcomm's rendezvous and the probe worker's results

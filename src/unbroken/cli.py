@@ -147,12 +147,15 @@ def _job_args(p: argparse.ArgumentParser, *, steps: int, out: str) -> None:
     p.add_argument("--chaos", type=_nonneg_int, default=None, metavar="SEED",
                    help="a seeded mix of every fault kind (kill, hang, slow, nan, bit flip, "
                         "XID, bad code update); implies --guard act")
+    p.add_argument("--chaos-faults", type=_int, default=None, metavar="K",
+                   help="with --chaos: K faults instead of one of each, slots failing again "
+                        "and again (a soak)")
     p.add_argument("--spares", type=_int, default=None,
                    help="warm standby processes (default: one per scheduled fault)")
     p.add_argument("--standby-p", type=float, default=None, metavar="P",
                    help="size the warm pool as the P99 of Binomial(groups, P), P = a group's "
                         "failure probability per refill window (instead of --spares)")
-    p.add_argument("--staleness", type=_positive_float, default=1.0,
+    p.add_argument("--staleness", type=_positive_float, default=0.3,
                    help="heartbeat silence that marks a group hung (s)")
     p.add_argument("--supervisor-staleness", type=_positive_float, default=5.0,
                    help="members stop with a checkpoint (exit 5) when the supervisor has been "
@@ -189,7 +192,7 @@ def _job_kwargs(a: argparse.Namespace) -> dict:
                   sdc_every=a.sdc_every, ladder=a.ladder,
                   guard=a.guard or ("act" if a.chaos is not None else "log"))
     return dict(groups=a.groups, steps=a.steps, seed=a.seed, faults=a.faults, chaos=a.chaos,
-                out=a.out, resume=a.resume, ft=ft)
+                chaos_faults=a.chaos_faults, out=a.out, resume=a.resume, ft=ft)
 
 
 def build_parser() -> argparse.ArgumentParser:

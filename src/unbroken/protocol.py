@@ -30,7 +30,7 @@ import enum
 
 __all__ = ["ExitCode", "SUPERVISOR_HB", "STOP_KEY", "JOIN_COUNT", "CODE_COUNT", "DEAD_EPOCH",
            "hb_key", "dead_key", "done_key", "error_key", "killed_key", "stopped_key",
-           "standby_key", "assign_key", "join_key", "admit_key", "state_key", "wipeout_key",
+           "standby_key", "assign_key", "drill_key", "join_key", "admit_key", "state_key", "wipeout_key",
            "wipeout_failed_key", "code_key", "incident_key", "verdict_key", "replay_key"]
 
 
@@ -115,6 +115,12 @@ def standby_key(uid: int) -> str:
 def assign_key(uid: int) -> str:
     """The layout slot a spare takes over: the supervisor / cluster writes it; the spare waits."""
     return f"assign/{uid}"
+
+
+def drill_key(uid: int) -> str:
+    """A fire drill's faults for a spare's slot (JSON ``[[kind, step], ...]``), written before
+    ``assign_key``: the spare injects them as the slot's next holder."""
+    return f"drill/{uid}"
 
 
 def join_key(n: int) -> str:

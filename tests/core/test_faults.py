@@ -11,6 +11,7 @@ from unbroken.core.faults import (
     FaultSpecError,
     default_faults,
     format_faults,
+    holder_faults,
     parse_faults,
 )
 
@@ -28,7 +29,7 @@ def test_parse_sorted_by_step_and_whitespace_tolerant():
     ("kill:-1@20", ["group -1", "0..3"]),
     ("hang:1@0", ["'hang:1@0'", "step 0", "1..199"]),
     ("hang:1@200", ["step 200", "1..199"]),
-    ("kill:1@20,hang:1@30", ["'hang:1@30'", "duplicate group 1", "step 20"]),
+    ("kill:1@20,hang:1@20", ["'hang:1@20'", "slot 1 already loses its process at step 20"]),
     ("kill:1-20", ["'kill:1-20'", "malformed"]),
     ("kill:1@20,", ["''", "malformed"]),
     ("none,kill:1@20", ["'none'", "malformed"]),
@@ -36,7 +37,7 @@ def test_parse_sorted_by_step_and_whitespace_tolerant():
     ("nan7:1@20", ["'nan7:1@20'", "only xid takes a number"]),
     ("update:1@20", ["'update:1@20'", "update@step"]),
     ("kill@20", ["'kill@20'", "malformed"]),
-    ("flip:1@20,slow:1@30", ["duplicate group 1"]),
+    ("flip:1@30,slow:1@30", ["slot 1 already loses"]),
 ])
 def test_parse_errors_name_the_token_and_why(spec, words):
     with pytest.raises(FaultSpecError) as ei:
@@ -46,6 +47,21 @@ def test_parse_errors_name_the_token_and_why(spec, words):
     for w in words:
         assert w in msg
     assert isinstance(ei.value, ValueError)  # the CLI's one-line exit-2 path catches ValueError
+
+
+def test_a_slot_fails_again_and_each_holder_gets_its_share():
+    faults = parse_faults("kill:1@10,nan:1@5,kill:1@30,nan:1@20,hang:1@40,xid:1@12,kill:2@7",
+                          groups=4, steps=100)
+    # the first holder: the nan at 5 and the kill at 10; the nan at 20 is the replacement's
+    first = holder_faults(faults, 1)
+    assert [f.spec for f in first] == ["nan:1@5", "kill:1@10"]
+    rest = [f for f in faults if f not in first]
+    assert [f.spec for f in holder_faults(rest, 1)] == ["nan:1@20", "kill:1@30"]
+    rest = [f for f in rest if f not in holder_faults(rest, 1)]
+    assert [f.spec for f in holder_faults(rest, 1)] == ["hang:1@40"]
+    # the xid is the launcher's, never a holder's
+    assert all(f.kind != "xid" for f in holder_faults(faults, 1) + holder_faults(rest, 1))
+    assert holder_faults(faults, 3) == []
 
 
 def test_default_for_four_groups_two_hundred_steps_is_exact():

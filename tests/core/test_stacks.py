@@ -215,6 +215,17 @@ def test_outliers_across_replicas_and_stages_map_to_job():
     assert (kind, index, ranks) == ("job", None, tuple(range(16)))
 
 
+def test_a_majority_whose_outliers_only_the_job_covers_evicts_nobody():
+    # 8 replicas of one rank: 5 wait in one place, 3 elsewhere in different replicas
+    coords = grid(8, 1, 1)
+    dumps = {r: "thread\nallreduce (ftcomm.py)" for r in coords}
+    for r in (0, 3, 6):
+        dumps[r] = f"thread\nuser_code (model.py)\nrank_{r} (x.py)"
+    v, why = aggregate(dumps, coords)
+    assert v.action == INCONCLUSIVE and v.kind == "job" and set(v.outliers) == {0, 3, 6}
+    assert "only the whole job covers them" in why
+
+
 def test_stage_smaller_than_replica_wins():
     coords = grid(2, 4, 1)  # replica: 4 ranks; stage: 2 ranks
     kind, index, ranks = covering_group([coords_rank(coords, 1, 3, 0)], coords)

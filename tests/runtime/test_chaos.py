@@ -1,5 +1,6 @@
 """The chaos run, end to end: ``unbroken demo --chaos SEED`` with every fault kind at seeded
-steps (kill, hang, slow, nan, bit flip, XID, bad code update) on 4 real worker processes.
+steps (kill, hang, slow, nan, bit flip, XID, bad code update) on 4 real worker processes, and
+its soak (``--chaos-faults K``): slots that fail again, a stall among them, on 6 processes.
 
 Every fault must be detected and answered by the rung meant for it, every sample consumed
 exactly once, and the final parameters must equal the failure-free run (every rollback here
@@ -22,6 +23,7 @@ EXPECTED = {"kill": ("replan", "restart"), "hang": ("replan", "restart"),
             "slow": ("replan", "restart"), "nan": ("retry in place",),
             "update": ("rollback v1 -> v0",), "flip": ("replay named",),
             "xid": ("restart in place", "evict")}
+SOAK = {**EXPECTED, "stall": ("replan", "restart"), "kill": ("replan", "restart")}
 
 
 @pytest.mark.timeout(420)
@@ -45,4 +47,34 @@ def test_chaos_every_fault_is_handled_by_its_rung_exactly_once(demo, tmp_path):
     rungs = {e["rung"] for e in events if e["event"] == "ladder" and e["mode"] == "act"}
     assert {"retry", "rollback", "replay", "evict"} <= rungs
     # the NaN never reached the parameters: every committed loss is finite
+    assert all(e["loss"] == e["loss"] for e in events if e["event"] == "commit")
+
+
+@pytest.mark.timeout(420)
+def test_soak_a_slot_fails_again_and_every_fault_is_answered_exactly_once(demo, tmp_path):
+    # seed 4 on 6 groups: slot 2 loses three processes (a hang, its replacement killed, the
+    # next one's XID), slot 4's replacement after a kill flips bits, a stall among them
+    rep = demo("--chaos", "4", "--chaos-faults", "10", "--groups", "6", "--steps", "80",
+               "--out", str(tmp_path), timeout=400)
+    events = read_journal(tmp_path / "journal.jsonl")
+    spec = events[0]["fault_spec"]
+    assert spec == ("slow:0@5,update@11,nan:4@18,flip:5@26,hang:2@31,kill:4@38,kill:2@45,"
+                    "stall:1@53,xid79:2@59,flip:4@66")
+    assert rep["exactly_once"] is True and rep["ledger"]["records"] == 80 * 6
+    assert rep["max_abs_param_diff"] < 1e-9, spec
+    fired = [e for e in events if e["event"] == "fault"]
+    # every scheduled fault fired once, on the process holding its slot then
+    assert sorted((e["kind"], e["group"], e.get("at")) for e in fired) == sorted(
+        (f["kind"], f["group"], f["step"]) for f in events[0]["faults"])
+    victims = {}
+    for e in fired:
+        if e["kind"] != "update":
+            victims.setdefault(e["group"], []).append(e["uid"])
+    assert len(set(victims[2])) == 3 and victims[2][0] == 2, victims  # three processes, slot 2
+    assert victims[4][-1] != 4, victims  # slot 4's flip hit the replacement of the killed one
+    lost = rep["time_lost_per_fault"]
+    assert len(lost) == 10
+    for f in lost:
+        assert f["how"].startswith(SOAK[f["kind"]]), (f, spec)
+        assert f["detect_s"] is not None, (f, spec)
     assert all(e["loss"] == e["loss"] for e in events if e["event"] == "commit")

@@ -26,7 +26,8 @@ from unbroken.runtime.ledger import DivergenceError, ledger_records  # noqa: E40
 from unbroken.runtime.stacked import StackedRunner, StopRequested  # noqa: E402
 from unbroken.runtime.trainer import reference_run  # noqa: E402
 from unbroken.runtime.stacked import StepHooks  # noqa: E402
-from unbroken.testing.faults import Faults, FaultyTrainer, GradFaults, from_flags  # noqa: E402
+from unbroken.testing.faults import (Faults, FaultyTrainer, GradFaults, SelfFaults,  # noqa: E402
+                                     from_flags)
 
 CFG = TrainConfig(groups=4, redundancy=2, steps=10, seed=3)
 UIDS = list(range(CFG.groups))
@@ -306,7 +307,8 @@ class _Fixed:
 
 def test_faulty_trainer_nan_lands_on_the_largest_element_at_its_step_only():
     told: list[tuple[str, int]] = []
-    tr = FaultyTrainer(_Fixed(), GradFaults(nan_at=2), lambda kind, step: told.append((kind, step)))
+    tr = FaultyTrainer(_Fixed(), GradFaults(nan_at=2),
+                       lambda kind, step, at: told.append((kind, step)))
     assert tr.numel == 3
     assert torch.equal(tr.grad(1, 0), _Fixed().grad(1, 0))
     g = tr.grad(2, 0)
@@ -319,13 +321,27 @@ def test_faulty_trainer_nan_lands_on_the_largest_element_at_its_step_only():
 def test_faulty_trainer_flips_one_bit_from_its_step_on_and_tells_once():
     told: list[tuple[str, int]] = []
     tr = FaultyTrainer(_Fixed(), GradFaults(flip_from=2, slow_from=3, slow_s=0.0),
-                       lambda kind, step: told.append((kind, step)))
+                       lambda kind, step, at: told.append((kind, step)))
     assert torch.equal(tr.grad(1, 0), _Fixed().grad(1, 0))
     for step in (2, 2, 3, 7):
         g = tr.grad(step, 0)
         assert g[1] != -5.0 and abs(g[1].item() + 5.0) < 0.05  # finite, moved a little
         assert (g[[0, 2]] == torch.tensor([1.0, 2.0], dtype=torch.float64)).all()
     assert told == [("flip", 2), ("slow", 3)]
+
+
+def test_a_late_holder_fires_its_slots_faults_at_its_first_step_and_names_the_schedule():
+    # a slot's replacement that joined at step 7 after its faults' steps (5, 6; NaNs at 6, 9)
+    told: list[tuple[str, int, int]] = []
+    hooks = SelfFaults()
+    assert hooks.load([("nan", 6), ("flip", 5), ("nan", 9)]) is True
+    tr = hooks.wrap_trainer(None, _Fixed())
+    tr.tell = lambda kind, step, at: told.append((kind, step, at))
+    assert hooks.wrap_trainer(None, tr) is tr  # never wrapped twice
+    assert tr.grad(7, 0).isnan().any() and not tr.grad(8, 0).isnan().any()
+    assert tr.grad(9, 0).isnan().any()
+    assert told == [("nan", 7, 6), ("flip", 7, 5), ("nan", 9, 9)]
+    assert SelfFaults().load([("kill", 12)]) is False  # a process fault: no trainer to wrap
 
 
 def test_no_fault_flags_leave_the_real_components_unwrapped():
@@ -358,7 +374,7 @@ def test_injected_nan_is_journaled_with_the_group_and_becomes_an_incident(stores
     assert job.error == {}
     (ev,) = job.events(2, "fault")
     assert (ev["kind"], ev["group"], ev["uid"], ev["step"]) == ("nan", 2, 2, 3)
-    assert list(ev) == ["event", "kind", "group", "uid", "step", "t"]
+    assert list(ev) == ["event", "kind", "group", "uid", "step", "at", "t"]
     assert [e["step"] for e in job.events(0, "incident") if e["kind"] == "implicit"][:1] == [3]
 
 

@@ -246,7 +246,9 @@ def ettr_report(events: list[dict], *, window: int = 20) -> EttrReport:
         return None
 
     for f in (e for e in evs if e.get("event") == Event.FAULT):
-        tf, g, kf = float(f["t"]), f.get("group"), f.get("step")
+        # members and detections name processes (uids); a slot's replacement has a uid of its own
+        tf, g, kf = float(f["t"]), f.get("uid", f.get("group")), f.get("step")
+
         def resolves(e, g=g) -> bool:
             # a replan/wipe-out whose members still include g answered something else (a
             # momentarily starved heartbeat, an earlier fault): skip it; so does a guard's
@@ -320,7 +322,8 @@ def ettr_report(events: list[dict], *, window: int = 20) -> EttrReport:
                                       max(k for _, k, _ in tl) < kf)):
             masked = False  # training never went past the failing step
         windows.append((i0, i1, float(res["t"]) if res is not None else None))
-        costs.append(FaultCost(f.get("kind", "?"), g if isinstance(g, int) else -1,
+        slot = f.get("group")
+        costs.append(FaultCost(f.get("kind", "?"), slot if isinstance(slot, int) else -1,
                                kf if isinstance(kf, int) else -1, 0.0, detect,
                                decide, recompute, restart_s, masked, tf - origin, how, rung))
 

@@ -17,11 +17,17 @@ or ``none`` for a failure-free run. The kinds:
             a bad one whose training step raises, so only a rollback recovers
 ==========  ======================================================================================
 
+A fault names a layout *slot* (an original group's uid is its slot): it hits whichever process
+holds the slot when training reaches its step. So a slot can fail again: ``kill:1@10,kill:1@30``
+kills group 1 at step 10 and the spare that took slot 1 over at step 30 (if that spare joins
+only after step 30, at its first step). Each process injects the faults of its slot up to and
+including the first that removes it (``holder_faults``); the rest wait for the next holder.
+
 Validation is strict, like the rest of ``unbroken.core``: a step must lie in ``1..steps-1`` (step 0
 is the time origin of the ETTR accounting and the last step has nothing left to protect), a group
-in ``0..groups-1``, and a group's process is removed by at most one fault (``kill``, ``hang``,
-``slow``, ``stall``, ``flip``: a dead group cannot die again). ``nan`` leaves the group alive and
-``xid`` names a slot, so those may repeat. Pure: no I/O.
+in ``0..groups-1``, and a slot loses at most one process per step (two of ``kill``, ``hang``,
+``slow``, ``stall``, ``flip`` on one slot and step name one process twice). ``nan`` leaves the
+process alive and ``xid`` is written by the launcher, so those may share a step. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 KINDS = ("kill", "hang", "slow", "stall", "nan", "flip", "xid", "update")
-#: kinds that end the group's process (a group may be named by one of them only)
+#: kinds that end the group's process (its slot's next faults go to the next holder)
 REMOVING = frozenset({"kill", "hang", "slow", "stall", "flip"})
 #: kinds only an acting guard can recover from (log-only would hang or poison the run)
 NEED_ACT = frozenset({"stall", "nan", "flip", "update"})
@@ -48,8 +54,7 @@ class FaultSpecError(ValueError):
 @dataclass(frozen=True)
 class Fault:
     kind: str   # one of KINDS
-    group: int  # the group's uid (the layout slot of an original group); xid: a slot;
-    #             update: -1 (job-wide)
+    group: int  # the layout slot (an original group's uid); update: -1 (job-wide)
     step: int   # the step during which it fails
     code: int | None = None  # xid: the XID number
 
@@ -70,7 +75,7 @@ def parse_faults(spec: str, groups: int, steps: int) -> list[Fault]:
         raise FaultSpecError("empty fault spec (use 'none' for a failure-free run, or e.g. "
                              "'kill:1@20,hang:3@60')")
     faults: list[Fault] = []
-    first_step: dict[int, int] = {}
+    removals: set[tuple[int, int]] = set()
     for token in text.split(","):
         m = _TOKEN.match(token)
         if not m:
@@ -93,12 +98,28 @@ def parse_faults(spec: str, groups: int, steps: int) -> list[Fault]:
         if not 1 <= step < steps:
             raise FaultSpecError(f"fault {name!r}: step {step} out of range 1..{steps - 1}")
         if kind in REMOVING:
-            if group in first_step:
-                raise FaultSpecError(f"fault {name!r}: duplicate group {group} (it already "
-                                     f"fails at step {first_step[group]}; a group can fail once)")
-            first_step[group] = step
-        faults.append(Fault(kind, group, step, code))
+            if (group, step) in removals:
+                raise FaultSpecError(f"fault {name!r}: slot {group} already loses its process "
+                                     f"at step {step} (a slot fails again at a later step)")
+            removals.add((group, step))
+        fault = Fault(kind, group, step, code)
+        if fault in faults:
+            raise FaultSpecError(f"fault {name!r}: listed twice")
+        faults.append(fault)
     return sorted(faults, key=lambda f: f.step)  # stable: ties keep the order given
+
+
+def holder_faults(pending: list[Fault], slot: int) -> list[Fault]:
+    """What the next process to hold ``slot`` injects: the slot's ``pending`` worker faults in
+    step order, up to and including the first that removes it (the ones after it belong to the
+    holder after that). ``xid`` and ``update`` are the launcher's (``supervise.drill``)."""
+    out: list[Fault] = []
+    for f in sorted((f for f in pending if f.group == slot and f.kind not in ("xid", "update")),
+                    key=lambda f: f.step):
+        out.append(f)
+        if f.kind in REMOVING:
+            break
+    return out
 
 
 def default_faults(groups: int, steps: int) -> list[Fault]:
@@ -176,4 +197,52 @@ def chaos_faults(seed: int, groups: int, steps: int) -> list[Fault]:
             out.append(Fault("xid", killed, step, int(rng.choice(CHAOS_XIDS))))
         elif kind == "update":
             out.append(Fault("update", -1, step))
+    return sorted(out, key=lambda f: f.step)
+
+
+#: the soak's mix (``soak_faults``): relative weights of the kinds after one of each
+SOAK_WEIGHTS = {"kill": 6, "hang": 4, "nan": 2, "slow": 2, "flip": 2, "stall": 1, "xid": 2,
+                "update": 1}
+#: steps a slot is left alone after a fault: a kill or hang is masked and refilled within a few
+#: steps; a straggler, a bit flip or a stall holds its slot until the guard's detector has seen
+#: enough of it
+SOAK_COOLDOWN = {"kill": 10, "hang": 10, "nan": 10, "xid": 10, "slow": 40, "flip": 40,
+                 "stall": 40}
+#: fewest steps between two faults of a soak
+SOAK_SPACING = 4
+
+
+def soak_faults(seed: int, groups: int, steps: int, count: int) -> list[Fault]:
+    """``count`` seeded faults of every kind the guard answers, for a soak: one of each kind
+    first (when ``count`` allows), the rest drawn by ``SOAK_WEIGHTS``, spread evenly over
+    5 %..90 % of the run with a seeded offset. Slots fail again and again: each fault goes to a
+    slot left alone for ``SOAK_COOLDOWN`` steps (the least recently hit one when none is), so
+    a slot's replacement is hit as its original was. Same seed, same schedule; raises
+    FaultSpecError when the run is too short for ``count`` faults."""
+    if count < 1:
+        raise FaultSpecError(f"--chaos-faults {count}: must be at least 1")
+    lo, hi = max(1, steps * 5 // 100), steps * 90 // 100
+    if hi - lo < count * SOAK_SPACING:
+        raise FaultSpecError(f"--chaos-faults {count}: needs at least "
+                             f"{(count * SOAK_SPACING + 1) * 100 // 85 + 1} steps "
+                             f"(--steps {steps})")
+    rng = np.random.default_rng([int(seed), int(count), 0x50A4])
+    names = list(SOAK_WEIGHTS)
+    weights = np.array([SOAK_WEIGHTS[k] for k in names], dtype=float)
+    kinds = names[:count] + [str(k) for k in rng.choice(
+        names, size=max(0, count - len(names)), p=weights / weights.sum())]
+    kinds = [str(k) for k in rng.permutation(kinds)]
+    width = (hi - lo) / count
+    at = [lo + int(i * width) + int(rng.integers(0, max(1, int(width) - SOAK_SPACING + 1)))
+          for i in range(count)]
+    free = {g: 0 for g in range(groups)}  # slot -> first step it may be hit again
+    out: list[Fault] = []
+    for kind, step in zip(kinds, at):
+        if kind == "update":
+            out.append(Fault("update", -1, step))
+            continue
+        ready = [g for g in range(groups) if free[g] <= step]
+        g = int(rng.choice(ready)) if ready else min(free, key=lambda s: (free[s], s))
+        free[g] = step + SOAK_COOLDOWN[kind]
+        out.append(Fault(kind, g, step, int(rng.choice(CHAOS_XIDS)) if kind == "xid" else None))
     return sorted(out, key=lambda f: f.step)

@@ -37,7 +37,8 @@ Decision (:func:`aggregate`)
   a hang where every rank waits at the same place; the caller goes on to stop-time diagnosis.
 * **A strict majority cluster** (more than half of the ranks): those ranks are healthy, every
   other rank is an outlier, and the decision is ``evict`` of the smallest group that covers
-  all outliers.
+  all outliers; when that group is the whole job, ``inconclusive`` instead (an eviction of
+  every rank is a restart: the ladder's business, not the localiser's).
 * **No strict majority** (a tie between the two largest clusters, or all stacks different):
   ``inconclusive`` with the whole job as the suspect group. We do not guess which half is
   healthy; evicting the wrong half evicts the healthy machines and keeps the bad one. The
@@ -277,6 +278,13 @@ def aggregate(
         )
     outliers = tuple(r for r in every if r not in set(top))
     kind, index, members = covering_group(outliers, coords)
+    if len(members) == n:  # dropping every rank is a restart, not an eviction: the majority
+        #                    says who is healthy, but no group short of the job isolates the rest
+        return (
+            StackVerdict(INCONCLUSIVE, "job", None, every, outliers, top, clusters),
+            f"{len(top)}/{n} stacks agree, but the outliers {list(outliers)} span several "
+            f"replicas and stages: only the whole job covers them -> stop-time diagnosis",
+        )
     where = "the whole job" if kind == "job" else f"{kind} group {index}"
     return (
         StackVerdict(EVICT, kind, index, members, outliers, top, clusters),

@@ -156,8 +156,11 @@ class Admission:
                 return True
         raise DivergenceError("every member's snapshot failed its checksum at the joiner")
 
-    def join_and_run(self, slot: int, timeout: float = 120.0) -> torch.Tensor:
-        """Spare: ask to take over ``slot``, wait to be admitted, receive the state, train."""
+    def join(self, slot: int, timeout: float = 120.0) -> None:
+        """Spare: ask to take over ``slot``, wait to be admitted, receive the state; ``run``
+        trains from there (called by the worker as for an original member, so a joiner's
+        stacks show the same frames as its peers' and stack aggregation compares like with
+        like)."""
         st = self.comm.store
         n = st.add(JOIN_COUNT, 1)
         st.set(join_key(n), json.dumps({"uid": self.uid, "slot": slot}))
@@ -169,4 +172,3 @@ class Admission:
         self._recover(members)  # the settle names this joiner and copies the state to it
         self.journal({"event": Event.JOINED, "step": self.step, "gen": self.comm.generation,
                       "slot": slot, "t": time.time()})
-        return self.run()

@@ -37,8 +37,8 @@ from datetime import timedelta
 
 from unbroken.events import Event
 from unbroken.spawn import pdeathsig
-from unbroken.protocol import (ExitCode, assign_key, killed_key, standby_key, stopped_key,
-                               wipeout_failed_key)
+from unbroken.protocol import (ExitCode, assign_key, drill_key, killed_key, standby_key,
+                               stopped_key, wipeout_failed_key)
 from unbroken.runtime.ftcomm_worker import LocalCluster, finish, hard_exit, report_error
 
 
@@ -55,6 +55,9 @@ def worker_main(argv: list[str] | None = None) -> None:
     ap.add_argument("--journal", required=True, help="directory for group-<uid>.jsonl")
     ap.add_argument("--standby", action="store_true",
                     help="a warm spare: wait for assign/<uid> = slot, then join")
+    ap.add_argument("--drill", default=None, metavar="JSON",
+                    help="the slot's scheduled faults this process injects: [[kind, step], ...] "
+                         "(core.faults.holder_faults); a spare gets its own with the assignment")
     ap.add_argument("--die-at", type=int, default=None)
     ap.add_argument("--stop-at", type=int, default=None)
     ap.add_argument("--die-after-replan", action="store_true")
@@ -74,7 +77,7 @@ def worker_main(argv: list[str] | None = None) -> None:
     ap.add_argument("--verdicts", action="store_true",
                     help="on a bad step check, wait for the guard's verdict/<step>/<n>")
     ap.add_argument("--heartbeat", type=float, default=0.1)
-    ap.add_argument("--staleness", type=float, default=1.0)
+    ap.add_argument("--staleness", type=float, default=0.3)
     ap.add_argument("--pg-timeout", type=float, default=30.0)
     ap.add_argument("--wipeout-wait", type=float, default=60.0,
                     help="how long wipe-out survivors wait for replacements (s)")
@@ -156,11 +159,14 @@ def worker_main(argv: list[str] | None = None) -> None:
         if a.standby:
             comm.store.set(standby_key(a.uid), "ready")  # warm: imports done, model built
             comm.store.wait([assign_key(a.uid)], timedelta(hours=24))
+            if comm.store.check([drill_key(a.uid)]):  # the slot's next scheduled faults
+                if faults.hooks.load(json.loads(comm.store.get(drill_key(a.uid))), a.slow_s):
+                    runner.trainer = faults.hooks.wrap_trainer(runner, runner.trainer)
             start_health()
-            params = runner.join_and_run(int(comm.store.get(assign_key(a.uid))))
+            runner.join(int(comm.store.get(assign_key(a.uid))))
         else:
             start_health()
-            params = _profiled(runner.run, a.uid)
+        params = _profiled(runner.run, a.uid)
         finish(comm, a.uid, {"params": params.tolist(), "steps": runner.step,
                              "journal": comm.journal})
     except GuardStopError as exc:
@@ -210,10 +216,12 @@ class StackedCluster(LocalCluster):
 
     ``die_at`` / ``stop_at`` / ``drop_commit_at``: uid -> step; ``die_after_replan``,
     ``die_in_patch``, ``die_in_retry``, ``corrupt_snapshot``, ``drop_commit_on_join``: uids
-    (see ``unbroken.testing.faults``).
+    (see ``unbroken.testing.faults``); ``drill``: uid -> its slot's scheduled faults
+    ``[(kind, step), ...]`` (``core.faults.holder_faults``; the supervisor's route).
     """
 
     def __init__(self, cfg, journal_dir: str, *, die_at: dict[int, int] | None = None,
+                 drill: dict[int, list[tuple[str, int]]] | None = None,
                  stop_at: dict[int, int] | None = None,
                  drop_commit_at: dict[int, int] | None = None,
                  slow_from: dict[int, int] | None = None,
@@ -222,7 +230,7 @@ class StackedCluster(LocalCluster):
                  flip_from: dict[int, int] | None = None, verdicts: bool = False,
                  die_after_replan=(), die_in_patch=(), die_in_retry=(), corrupt_snapshot=(),
                  drop_commit_on_join=(),
-                 spares: int = 0, heartbeat: float = 0.1, staleness: float = 1.0,
+                 spares: int = 0, heartbeat: float = 0.1, staleness: float = 0.3,
                  pg_timeout: float = 30.0, wipeout_wait: float = 60.0,
                  ckpt_dir: str | None = None, ckpt_every: int = 50, resume: bool = False,
                  store_port: int | None = None, store_process: bool = False,
@@ -270,6 +278,8 @@ class StackedCluster(LocalCluster):
                  "--flip-from": flip_from or {}}
         for u in range(cfg.groups + spares):
             extra = [f for f, us in flags.items() if u in us]
+            if drill and drill.get(u):
+                extra += ["--drill", json.dumps([list(f) for f in drill[u]])]
             for f, m in steps.items():
                 if u in m:
                     extra += [f, str(m[u])]
@@ -286,9 +296,12 @@ class StackedCluster(LocalCluster):
         if standby and uid not in self.spares:
             self.spares.append(uid)
 
-    def assign(self, spare: int, slot: int) -> None:
+    def assign(self, spare: int, slot: int, drill: list[tuple[str, int]] = ()) -> None:
         """Send a warm spare to take over layout ``slot`` (it joins at the next step boundary,
-        or at once when the survivors are waiting for it after a wipe-out)."""
+        or at once when the survivors are waiting for it after a wipe-out); ``drill``: the
+        slot's next scheduled faults, which it injects."""
+        if drill:
+            self.store.set(drill_key(spare), json.dumps([list(f) for f in drill]))
         self.store.set(assign_key(spare), str(slot))
 
     def close(self) -> None:

@@ -43,8 +43,8 @@ class LauncherDrill:
             if f.kind == "update":
                 model = BAD_UPDATE.get(self.model, BAD_UPDATE["mlp"])
                 self.emit({"event": Event.FAULT, "kind": "update", "group": -1, "step": f.step,
-                           "version": "v1", "model": model, "t": now})
-                self.fired.add(("update", -1))
+                           "at": f.step, "version": "v1", "model": model, "t": now})
+                self.fired.add(f)
                 self.guard.queue_update("v1", model, now)
                 continue
             held = holder(f.group)
@@ -57,7 +57,7 @@ class LauncherDrill:
             line = (f"[{time.monotonic():12.6f}] NVRM: Xid (PCI:{bus}): {f.code}, pid={pid}, "
                     f"name=python, {_XID_TEXT.get(f.code, 'injected')}\n")
             self.emit({"event": Event.FAULT, "kind": "xid", "group": f.group, "uid": uid,
-                       "step": f.step, "code": f.code, "t": now})
-            self.fired.add(("xid", f.group))
+                       "step": f.step, "at": f.step, "code": f.code, "t": now})
+            self.fired.add(f)
             with open(self.xid_log, "a") as log:
                 log.write(line)

@@ -19,7 +19,8 @@ import importlib
 import json
 from dataclasses import dataclass, field
 
-from unbroken.core.faults import NEED_ACT, REMOVING, Fault, chaos_faults, parse_faults
+from unbroken.core.faults import (NEED_ACT, REMOVING, Fault, chaos_faults, parse_faults,
+                                  soak_faults)
 from unbroken.core.placement import check as check_placement
 
 __all__ = ["JobSpec", "FTConfig", "TrainerError", "check", "spares_for", "train_config",
@@ -49,7 +50,7 @@ class FTConfig:
     standby_p: float | None = None
     #: seconds a silent member (no heartbeat) is tolerated before it is removed: the detection
     #: budget for a killed or hung process
-    staleness: float = 1.0
+    staleness: float = 0.3
     #: seconds between a member's heartbeats (must be below ``staleness``)
     heartbeat: float = 0.1
     #: members stop with a checkpoint (exit 5) when the supervisor is this many seconds silent
@@ -124,11 +125,14 @@ class JobSpec:
     fresh: bool = False           # start over in an out dir that holds a run (it is kept aside)
     faults: str | None = None     # a fire drill: "kind:group@step,..." or "none"
     chaos: int | None = None      # a seeded mix of every fault kind (needs guard "act")
+    chaos_faults: int | None = None  # ... of this many faults, slots failing again (a soak)
     timeout: float = 600.0
     unguarded: bool = False       # bench only: faults that need an acting guard, log-only
     ft: FTConfig = field(default_factory=FTConfig)
 
     def fault_list(self) -> list[Fault]:
+        if self.chaos is not None and self.chaos_faults is not None:
+            return soak_faults(self.chaos, self.groups, self.steps, self.chaos_faults)
         if self.chaos is not None:
             return chaos_faults(self.chaos, self.groups, self.steps)
         if self.faults is None:
@@ -164,6 +168,8 @@ def check(spec: JobSpec) -> list[Fault]:
     if spec.chaos is not None and (spec.chaos < 0 or spec.faults is not None):
         raise ValueError(f"--chaos {spec.chaos}: needs a seed >= 0 and no --faults"
                          if spec.chaos < 0 else "--chaos and --faults exclude each other")
+    if spec.chaos_faults is not None and spec.chaos is None:
+        raise ValueError(f"--chaos-faults {spec.chaos_faults}: needs --chaos SEED")
     if spec.resume and spec.fresh:
         raise ValueError("--resume and --fresh exclude each other")
     needy = [f for f in spec.fault_list() if f.kind in NEED_ACT]
@@ -194,7 +200,10 @@ def spares_for(spec: JobSpec, faults: list[Fault]) -> int:
         from unbroken.core.standby import standby_size
 
         return standby_size(spec.groups, spec.ft.standby_p)
-    return max(1, sum(1 for f in faults if f.kind in REMOVING or f.kind == "xid"))
+    need = max(1, sum(1 for f in faults if f.kind in REMOVING or f.kind == "xid"))
+    if spec.chaos_faults is not None:  # a soak: a few warm, the rest started as they go (a
+        return min(need, max(2, spec.groups // 4))  # process each at once would not fit)
+    return need
 
 
 def train_config(spec: JobSpec, sdc_every: int = 0):

@@ -26,7 +26,8 @@ Failure semantics (each tested in ``tests/supervise``):
   Ctrl-C does not reach them.
 
 Latency budget at the default settings: a kill is noticed from the exit (~0.1 s), a hang from
-heartbeats (``staleness``, 1 s), a silent supervisor in ``supervisor_staleness`` (5 s).
+heartbeats (``staleness``, 0.3 s, once the peers beat three times meanwhile: a starved machine
+waits longer, ``core.membership``), a silent supervisor in ``supervisor_staleness`` (5 s).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from unbroken.core.actions import (
     StopJob,
 )
 from unbroken.core.anomaly import stall_suspected
-from unbroken.core.faults import Fault, format_faults
+from unbroken.core.faults import Fault, format_faults, holder_faults
 from unbroken.core.membership import left_behind
 from unbroken.core.placement import make_layout, uncovered, wiped_out
 from unbroken.core.standby import refill
@@ -258,10 +259,10 @@ class Supervisor:
         guard = Guard(self.emit, xid_log=xid_log, act=spec.ft.guard == "act",
                       base_model=cfg.model, uid_of_pid=holders.get,
                       ckpt_every=spec.ckpt_interval(), policy=spec.ft.policy())
-        fired: set[tuple[str, int]] = set()
+        fired: set[Fault] = set()  # the schedule's faults that fired (kind, slot, step named)
         attempt, done, ended, backoff = 0, None, None, 0.0
         while done is None and ended is None:
-            pending = [f for f in faults if (f.kind, f.group) not in fired]
+            pending = [f for f in faults if f not in fired]
             c = _cluster(cfg, jdir, spares, spec, out / "ckpt",
                          resume=attempt > 0 or spec.resume, pending=pending)
             beat = _Heartbeat(c.store, spec.ft.heartbeat)
@@ -347,17 +348,16 @@ class _Heartbeat:
 def _cluster(cfg, jdir: Path, spares: int, spec: JobSpec, ckdir: Path, *, resume: bool,
              pending: list[Fault]):
     """The cluster for one attempt; the victims inject ``pending`` faults (the ones not
-    injected by an earlier attempt) themselves."""
+    injected by an earlier attempt) themselves, each process its slot's share
+    (``core.faults.holder_faults``; a spare gets its share when assigned)."""
     from unbroken.runtime.stacked_worker import StackedCluster
 
-    def by(kind: str) -> dict[int, int]:
-        return {f.group: f.step for f in pending if f.kind == kind}
-
+    drill = {g: holder_faults(pending, g) for g in range(cfg.groups)}
     return StackedCluster(cfg, str(jdir), spares=spares, heartbeat=spec.ft.heartbeat,
                           staleness=spec.ft.staleness, ckpt_dir=str(ckdir),
                           ckpt_every=spec.ckpt_interval(), resume=resume,
-                          die_at=by("kill"), stop_at=by("hang"), slow_from=by("slow"),
-                          stall_at=by("stall"), nan_at=by("nan"), flip_from=by("flip"),
+                          drill={g: [(f.kind, f.step) for f in fs] for g, fs in drill.items()
+                                 if fs},
                           verdicts=spec.ft.guard == "act", store_process=True,
                           supervisor_staleness=spec.ft.supervisor_staleness)
 
@@ -377,6 +377,8 @@ class _Attempt:
                  skip_old: bool) -> None:
         self.sup, self.c, self.spec, self.emit = sup, c, sup.spec, sup.emit
         self.fired, self.guard, self.holders = fired, guard, holders
+        self.pending = pending
+        self.victims: set[int] = set()  # uids a scheduled fault hit (not real failures)
         self.restarting, self.skip_old = restarting, skip_old
         self.t_decided = time.time()
         self.tails: dict[int, _Tail] = {}
@@ -493,7 +495,8 @@ class _Attempt:
     def _on_event(self, u: int, ev: dict) -> None:
         name, emit = ev.get("event"), self.emit
         if name == Event.FAULT:
-            self.fired.add((ev["kind"], ev.get("uid", ev["group"])))
+            self.victims.add(ev.get("uid", ev["group"]))
+            self.fired.add(Fault(ev["kind"], ev["group"], ev.get("at", ev["step"])))
         if name in (Event.STOPPED, Event.COORDINATOR_LOST) and ev.get("checkpoint"):
             self.checkpoint = ev["checkpoint"]
         if name == Event.RESTORE and self.restarting and not self.restored \
@@ -550,7 +553,7 @@ class _Attempt:
         for ev in self._tail(uid).read():  # its own last lines first: an injected fault says so
             self._on_event(uid, ev)
         now = time.time()
-        if not any(u == uid for _kind, u in self.fired):  # a real failure, not a fire drill:
+        if uid not in self.victims:  # a real failure, not a fire drill:
             self.emit({"event": Event.FAULT, "kind": "death" if how == "exit" else "hang",
                        "group": self.slot_of[uid], "uid": uid, "step": self.top + 1,
                        "external": True, "t": now})  # accounted like an injected one
@@ -622,7 +625,9 @@ class _Attempt:
         self.slot_of[spare] = slot
         self.holder[slot] = spare
         self.members.add(spare)
-        self.c.assign(spare, slot)
+        # the slot's next scheduled faults (the old holder's unfired ones included: it is gone)
+        drill = holder_faults([f for f in self.pending if f not in self.fired], slot)
+        self.c.assign(spare, slot, [(f.kind, f.step) for f in drill])
         self.emit({"event": Event.ASSIGN, "uid": spare, "slot": slot,
                    **({"fresh": True} if fresh else {})})
         for _ in range(refill(len(self.pool))):  # keep one warm for the next fault (its

@@ -18,6 +18,7 @@ Every fault journals a ``fault`` event (kind, group, uid, step); a process fault
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -36,10 +37,18 @@ __all__ = ["TrainerProxy", "GradFaults", "FaultyTrainer", "DropCommit", "SelfFau
            "fault_event"]
 
 
-def fault_event(runner: Any, kind: str, step: int | None = None) -> dict:
-    """The journal's ``fault`` event for this group (at the runner's step unless given)."""
+def fault_event(runner: Any, kind: str, step: int | None = None, at: int | None = None) -> dict:
+    """The journal's ``fault`` event for this group (at the runner's step unless given); ``at``:
+    the step the schedule named, when it fires later (a replacement that joined after it)."""
+    step = runner.step if step is None else step
     return {"event": Event.FAULT, "kind": kind, "group": runner.my_slot, "uid": runner.uid,
-            "step": runner.step if step is None else step, "t": time.time()}
+            "step": step, "at": step if at is None else at, "t": time.time()}
+
+
+def due(at: int | None, step: int) -> bool:
+    """A scheduled fault fires at its step, or at the first step its process runs after it (a
+    slot's replacement that joined late)."""
+    return at is not None and step >= at
 
 
 @dataclass
@@ -47,12 +56,16 @@ class GradFaults:
     """Numeric and straggler faults of a group's gradients, with what has fired (shared by the
     wrappers of successive trainers: a hot update does not reset them)."""
 
-    nan_at: int | None = None     # one NaN in the first gradient of step K, once
+    nan_at: int | None = None     # one NaN in the first gradient of step K (or the first
+    #                               step after it), once
     flip_from: int | None = None  # from step K on, one flipped mantissa bit in every gradient
-    slow_from: int | None = None  # from step K on, every gradient takes slow_s longer
+    slow_from: int | None = None  # from step K on, every gradient takes twice as long, and
+    #                               at least slow_s longer
     slow_s: float = 0.06
     told: set[tuple[str, int]] = field(default_factory=set)
     slow_told: bool = False
+    flip_told: bool = False
+    nan_next: list[int] = field(default_factory=list)  # a slot's further NaNs, in step order
 
     def any(self) -> bool:
         return not (self.nan_at is None and self.flip_from is None and self.slow_from is None)
@@ -93,37 +106,41 @@ class FaultyTrainer(TrainerProxy):
     ``tell(kind, step)`` journals the fault (the caller knows the group's slot and uid)."""
 
     def __init__(self, inner: TrainerLike, faults: GradFaults,
-                 tell: Callable[[str, int], None]) -> None:
+                 tell: Callable[[str, int, int], None]) -> None:
         super().__init__(inner)
         self.faults, self.tell = faults, tell
 
-    def _told(self, kind: str, step: int) -> None:
+    def _told(self, kind: str, step: int, at: int) -> None:
         if (kind, step) not in self.faults.told:
             self.faults.told.add((kind, step))
-            self.tell(kind, step)
+            self.tell(kind, step, at)
 
     def grad(self, step: int, shard_type: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        t0 = time.perf_counter()
         g = grad_into(self.inner, step, shard_type, out)
         f = self.faults
         if f.nan_at is not None or f.flip_from is not None:
             i = int(g.abs().argmax())  # the largest element: a parameter the data really uses
-            if f.nan_at == step:
-                f.nan_at = None
-                self._told("nan", step)
+            if due(f.nan_at, step):
+                at, f.nan_at = f.nan_at, (f.nan_next.pop(0) if f.nan_next else None)
+                self._told("nan", step, at)
                 g = g.clone()
                 g[i] = float("nan")
-            if f.flip_from is not None and step >= f.flip_from:
-                if step == f.flip_from:
-                    self._told("flip", step)
+            if due(f.flip_from, step):
+                if not f.flip_told:
+                    f.flip_told = True
+                    self._told("flip", step, f.flip_from)
                 g = g.clone()
                 bits = g[i:i + 1].view(torch.int64)
                 bits ^= 1 << 44  # a mantissa bit: the value moves by ~0.4 %, finite, and the
                 #                  loss does not show it
-        if f.slow_from is not None and step >= f.slow_from:
-            if step == f.slow_from and not f.slow_told:
+        if due(f.slow_from, step):
+            if not f.slow_told:
                 f.slow_told = True
-                self.tell("slow", step)
-            time.sleep(f.slow_s)  # a straggler's slower compute
+                self.tell("slow", step, f.slow_from)
+            # a straggler's slower compute: a fixed delay would vanish in the step of a big
+            # job on a shared machine (the fail-slow rule compares with the peers' median)
+            time.sleep(max(f.slow_s, time.perf_counter() - t0))
         return g
 
 
@@ -185,16 +202,33 @@ class SelfFaults(StepHooks):
     def wrap_trainer(self, runner: Any, trainer: TrainerLike) -> TrainerLike:
         if self.grads is None or not self.grads.any():
             return trainer
-        return FaultyTrainer(trainer, self.grads,
-                             lambda kind, step: runner.journal(fault_event(runner, kind, step)))
+        if isinstance(trainer, FaultyTrainer):
+            return trainer
+        return FaultyTrainer(trainer, self.grads, lambda kind, step, at: runner.journal(
+            fault_event(runner, kind, step, at)))
+
+    def load(self, drill: list[tuple[str, int]], slow_s: float = 0.06) -> bool:
+        """Take on a slot's scheduled faults (``core.faults.holder_faults``: kind, step): a
+        worker from its ``--drill`` flag, a spare when it is assigned the slot. True when they
+        include gradient faults (a trainer built before must be wrapped: ``wrap_trainer``)."""
+        at = {kind: int(step) for kind, step in reversed(drill)}  # the earliest of a kind
+        self.die_at, self.stop_at, self.stall_at = at.get("kill"), at.get("hang"), at.get("stall")
+        if {"nan", "flip", "slow"} & set(at):
+            g = self.grads = self.grads or GradFaults(slow_s=slow_s)
+            g.flip_from, g.slow_from = at.get("flip"), at.get("slow")
+            nans = sorted(int(step) for kind, step in drill if kind == "nan")
+            g.nan_at, g.nan_next = (nans[0], nans[1:]) if nans else (None, [])
+            return True
+        return False
 
     def step_ready(self, runner: Any) -> None:
-        if self.die_at == runner.step:
-            self.fault(runner, "kill")
-        if self.stop_at == runner.step:
-            self.fault(runner, "hang")
-        if self.stall_at == runner.step:
-            runner.journal(fault_event(runner, "stall"))
+        step = runner.step
+        if due(self.die_at, step):
+            self.fault(runner, "kill", self.die_at)
+        if due(self.stop_at, step):
+            self.fault(runner, "hang", self.stop_at)
+        if due(self.stall_at, step):
+            runner.journal(fault_event(runner, "stall", at=self.stall_at))
             stuck_in_user_code()
 
     def before_allreduce(self, runner: Any) -> None:
@@ -223,12 +257,12 @@ class SelfFaults(StepHooks):
         return payload
 
     # ------------------------------------------------------------------ process faults
-    def announce(self, runner: Any, kind: str) -> None:
-        runner.journal(fault_event(runner, kind))
+    def announce(self, runner: Any, kind: str, at: int | None = None) -> None:
+        runner.journal(fault_event(runner, kind, at=at))
         self.on_fault(kind)
 
-    def fault(self, runner: Any, kind: str) -> None:
-        self.announce(runner, kind)
+    def fault(self, runner: Any, kind: str, at: int | None = None) -> None:
+        self.announce(runner, kind, at)
         os.kill(os.getpid(), signal.SIGSTOP if kind == "hang" else signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)  # continued after a hang: leave, we were evicted
 
@@ -256,6 +290,8 @@ def from_flags(a: Any, on_fault: Callable[[str], None]) -> Faults:
                        die_in_patch=a.die_in_patch, die_after_replan=a.die_after_replan,
                        die_in_retry=a.die_in_retry, corrupt_snapshot=a.corrupt_snapshot,
                        grads=grads if grads.any() else None, on_fault=on_fault)
+    if getattr(a, "drill", None):
+        hooks.load(json.loads(a.drill), a.slow_s)
 
     def comm(real: Any) -> Any:
         if not drops:
