@@ -46,8 +46,8 @@ cluster no member waits for another more than 10 % of a step -- half the 20 % st
 ``auto`` (:func:`decide`): a group is flagged when it is predicted more than 20 % slower than the
 fastest group; the mode is re-decided only when the flagged set changes, and ``sync`` comes back
 when none is flagged. Hysteresis against flapping: a flagged group stays flagged until it is
-within 10 % of the fastest (a Schmitt trigger), and a new flagged set must be predicted on
-``confirm`` consecutive decisions before the mode changes.
+within 10 % of the fastest (a Schmitt trigger), and the flagged set must differ from the one
+the mode was chosen for on ``confirm`` consecutive decisions before the mode is re-chosen.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ from unbroken.core import placement, rectlr
 
 __all__ = ["MODES", "Mode", "parse_mode", "CostModel", "ModeEstimate", "Selection",
            "ksync_gap", "GapEstimate", "cluster_times", "star_k_scan", "select",
-           "flag_stragglers", "AutoState", "AutoDecision", "decide", "noise_scale_terms",
+           "flag_stragglers", "tta_of", "estimates", "AutoState", "AutoDecision", "decide", "noise_scale_terms",
            "NoiseScale"]
 
 MODES = ("sync", "mask", "ksync", "groups", "async", "auto")
@@ -358,23 +358,42 @@ def select(times: Sequence[float], cm: CostModel,
     return Selection(chosen, est, f"{chosen}: {why}; predicted s/step: {listing}")
 
 
-def _star_code_choice(times: Sequence[float], cm: CostModel) -> str:
-    """STAR's released selector *with* its quirks (star.md section 4), kept only so tests can
-    show where the intended logic differs: the gap for i workers stays 1/sum(1/t), T_dyn uses
-    the slowest member's *index* as its time, and k-sync is chosen when T_dyn < T_k."""
+def tta_of(mode: str, times: Sequence[float], cm: CostModel) -> float:
+    """The TTA (s per sync-equivalent step) of any concrete mode string under ``cm``, also a
+    ``ksync:K`` whose K is not the one STAR's scan would pick."""
+    est = estimates(times, cm)
+    for e in est.values():
+        if e.mode == mode:
+            return e.tta
+    m = parse_mode(mode, len(times))
+    if m.name != "ksync":
+        raise ValueError(f"mode {mode!r} has no estimate")
+    n, b = len(times), cm.shard_batch
+    g = ksync_gap(times, m.k, cm.mc_updates, cm.seed)
+    return g.gap * cm.iters(m.k * b) / cm.iters(n * b) * (1 + cm.staleness_cost * g.staleness)
+
+
+def _star_code_k(times: Sequence[float], cm: CostModel) -> tuple[int, float]:
+    """STAR's released k scan, quirk included: the gap for i workers stays 1/sum(1/t)."""
     t = np.sort(_times(times))
     n, b = t.size, cm.shard_batch
     t_max, t_async = float(t[-1]), float(1.0 / np.sum(1.0 / t))
     span = t_max - float(t[0])
-    k, t_k = n, cm.iters(n * b) * t_max
     for i in range(1, n):
         gap_next = t_max if span <= 0 else t_async + (t_max - t_async) * (t[i] - t[0]) / span
         if t_async * cm.iters(i * b) < gap_next * cm.iters((i + 1) * b):
-            k, t_k = i, t_async * cm.iters(i * b)
-            break
+            return i, t_async * cm.iters(i * b)
+    return n, cm.iters(n * b) * t_max
+
+
+def _star_code_choice(times: Sequence[float], cm: CostModel) -> str:
+    """STAR's released selector *with* its quirks (star.md section 4), kept only so tests can
+    show where the intended logic differs: the gap for i workers stays 1/sum(1/t), T_dyn uses
+    the slowest member's *index* as its time, and k-sync is chosen when T_dyn < T_k."""
+    k, t_k = _star_code_k(times, cm)
     clusters = cluster_times(times, cm.cluster_fraction)
     worker_id = [float(c[-1]) for c in clusters]  # itm[-1][0]: the slowest member's id
-    t_dyn = 1.0 / sum(1.0 / (cm.iters(len(c) * b) * max(w, 1e-9))
+    t_dyn = 1.0 / sum(1.0 / (cm.iters(len(c) * cm.shard_batch) * max(w, 1e-9))
                       for c, w in zip(clusters, worker_id))
     return f"ksync:{k}" if t_dyn < t_k else "groups"
 
@@ -408,8 +427,9 @@ def flag_stragglers(times: Sequence[float], ratio: float = 1.2,
 class AutoState:
     """What ``auto`` remembers between decisions.
 
-    ``mode``: the mode in force; ``flagged``: the straggler set it was chosen for; ``pending``
-    and ``seen``: a different flagged set predicted on ``seen`` consecutive decisions so far."""
+    ``mode``: the mode in force; ``flagged``: the straggler set it was chosen for; ``seen``:
+    on how many consecutive decisions so far a flagged set different from it was predicted
+    (``pending``: the latest such set)."""
 
     mode: str = "sync"
     flagged: tuple[int, ...] = ()
@@ -435,9 +455,12 @@ def decide(state: AutoState, times: Sequence[float] | np.ndarray, cm: CostModel,
 
     ``times``: (N,) predicted step time per group, or (H, N) predictions for the next H steps
     (their mean per group is used). The flagged set is re-derived with hysteresis
-    (:func:`flag_stragglers`); when it differs from the state's and has been predicted on
-    ``confirm`` consecutive calls, the mode is re-chosen: ``sync`` when nothing is flagged,
-    else :func:`select`'s choice. Otherwise the mode in force stays.
+    (:func:`flag_stragglers`); when it has differed from the state's on ``confirm``
+    consecutive calls (not necessarily the same set each time: churning stragglers still get
+    a decision), the mode is re-chosen for the latest set: ``sync`` when nothing is flagged,
+    else :func:`select`'s choice. Otherwise the mode in force stays. Call it as often as
+    predictions arrive; ``confirm`` counts calls, so at a call per 30-step window (the
+    planner) 1 is enough.
     """
     t = _times(times)
     mean = t.mean(axis=0) if t.ndim == 2 else t
@@ -446,11 +469,12 @@ def decide(state: AutoState, times: Sequence[float] | np.ndarray, cm: CostModel,
         return AutoDecision(state.mode, f"{state.mode}: straggler set "
                             f"{list(flagged) or 'empty'} unchanged", replace(
                                 state, pending=None, seen=0), False)
-    seen = state.seen + 1 if flagged == state.pending else 1
+    seen = state.seen + 1
     if seen < confirm:
         return AutoDecision(state.mode, f"{state.mode}: stragglers {list(flagged) or 'none'} "
-                            f"predicted {seen}/{confirm} times, waiting",
-                            replace(state, pending=flagged, seen=seen), False)
+                            f"differ from {list(state.flagged) or 'none'} on {seen}/{confirm} "
+                            f"predictions, waiting", replace(state, pending=flagged, seen=seen),
+                            False)
     if not flagged:
         new = AutoState("sync", ())
         return AutoDecision("sync", "sync: no straggler predicted any more", new,

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from unbroken.core.sync import CostModel, ksync_gap, select
+from unbroken.core.sync import CostModel, select
+from unbroken.core.sync import tta_of as core_tta_of
 from unbroken.core.sync_trace import slowdowns
 
 __all__ = ["classes_for", "features", "simulate_profiles", "label", "train_selector",
@@ -71,16 +72,8 @@ def label(times: np.ndarray, phi: float, cm: CostModel) -> str:
 
 
 def tta_of(mode: str, times: np.ndarray, phi: float, cm: CostModel) -> float:
-    """The cost model's TTA (s per sync-equivalent step) of any concrete mode."""
-    cm = replace(cm, noise_scale=phi)
-    sel = select(times, cm)
-    for e in sel.estimates.values():
-        if e.mode == mode:
-            return e.tta
-    k = int(mode.split(":")[1])
-    n, b = len(times), cm.shard_batch
-    g = ksync_gap(times, k, cm.mc_updates, cm.seed)
-    return g.gap * cm.iters(k * b) / cm.iters(n * b) * (1 + cm.staleness_cost * g.staleness)
+    """The cost model's TTA (s per sync-equivalent step) of ``mode`` at noise scale ``phi``."""
+    return core_tta_of(mode, times, replace(cm, noise_scale=phi))
 
 
 def _mlp(n_in: int, n_out: int):
