@@ -99,34 +99,31 @@ def show_plan(con, data: dict) -> None:
     con.print("\n".join(plan_lines(data)), highlight=False)
 
 
+def _load(path: str, kind: str, cls):
+    from unbroken.sync import modelfile
+
+    state, meta = modelfile.load(path, kind)
+    obj = cls(state, meta)
+    try:
+        obj.model()
+    except (RuntimeError, KeyError) as e:
+        raise modelfile.ModelFileError(f"model file {path!r}: weights do not fit the {kind} "
+                                       f"({type(e).__name__})") from None
+    return obj
+
+
 def load_predictor(path: str):
     """The predictor saved in ``path``; ModelFileError (a ValueError) naming the file."""
-    from unbroken.sync import modelfile
     from unbroken.sync.predictor import Predictor
 
-    state, meta = modelfile.load(path, "predictor")
-    p = Predictor(state, meta)
-    try:
-        p.model()
-    except (RuntimeError, KeyError) as e:
-        raise modelfile.ModelFileError(f"model file {path!r}: weights do not fit the "
-                                       f"predictor ({type(e).__name__})") from None
-    return p
+    return _load(path, "predictor", Predictor)
 
 
 def load_selector(path: str):
     """The ML selector saved in ``path``; ModelFileError naming the file."""
-    from unbroken.sync import modelfile
     from unbroken.sync.selector import MLSelector
 
-    state, meta = modelfile.load(path, "selector")
-    s = MLSelector(state, meta)
-    try:
-        s.model()
-    except (RuntimeError, KeyError) as e:
-        raise modelfile.ModelFileError(f"model file {path!r}: weights do not fit the "
-                                       f"selector ({type(e).__name__})") from None
-    return s
+    return _load(path, "selector", MLSelector)
 
 
 def _runs(journals, synthetic: int, seed: int):

@@ -60,8 +60,6 @@ def save(path: str, kind: str, state: dict, meta: dict) -> str:
 
 def load(path: str, kind: str) -> tuple[dict, dict]:
     """(state, meta) of the ``kind`` model in ``path``; ModelFileError naming the file."""
-    import torch
-
     try:
         with open(path, "rb") as f:
             raw = f.read()
@@ -79,6 +77,8 @@ def load(path: str, kind: str) -> tuple[dict, dict]:
         raise ModelFileError(f"model file {path!r}: holds a {got_kind}, not a {kind}")
     if hashlib.sha256(payload).hexdigest() != digest:
         raise ModelFileError(f"model file {path!r}: checksum mismatch (corrupt or truncated)")
+    import torch  # only for a file that passed its checksum
+
     try:
         doc = torch.load(io.BytesIO(payload), weights_only=True)
         return doc["state"], doc["meta"]
