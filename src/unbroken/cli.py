@@ -237,6 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="MTBF (per GPU), restart and checkpoint save measured by 'unbroken "
                          "learn --json'; flags given explicitly win")
     pl.add_argument("--json", action="store_true")
+    from unbroken.sync import cli as sync_cli
+
+    sync_cli.add_plan_args(pl)
 
     ru = sub.add_parser("run", help="train your own model through failures (the supervisor)")
     ru.add_argument("--trainer", required=True, metavar="PKG.MOD:FACTORY",
@@ -259,6 +262,9 @@ def build_parser() -> argparse.ArgumentParser:
                                       "history (precursors, checkpoint I/O, exclusions, "
                                       "retry chains, numbers for plan)")
     _learn_args(le)
+    sy = sub.add_parser("sync", help="straggler-tolerant sync modes (STAR): train and evaluate "
+                                     "the straggler predictor and the ML mode selector")
+    sync_cli.add_args(sy)
     return p
 
 
@@ -418,6 +424,10 @@ def cmd_plan(a: argparse.Namespace) -> dict:
     from unbroken.plan import PlanRequest, caps, check, jobs_for, make_plan
     from unbroken.plot import check_writable, plan_figure
 
+    if a.stragglers:  # the sync modes' plan for a straggler profile, not the redundancy sweep
+        from unbroken.sync import cli as sync_cli
+
+        return sync_cli.plan(a, _scenario(a))
     learned = None
     if a.from_learn:
         from unbroken.learn.planfrom import apply_learned
@@ -498,6 +508,12 @@ def cmd_demo(a: argparse.Namespace) -> dict:
         raise _Stopped(str(e), e.code, e.report) from None
 
 
+def cmd_sync(a: argparse.Namespace) -> dict:
+    from unbroken.sync import cli as sync_cli
+
+    return sync_cli.run(a)
+
+
 def cmd_learn(a: argparse.Namespace) -> dict:
     from unbroken.learn import cli as learn_cli
 
@@ -523,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
 
     a = build_parser().parse_args(argv)
     cmds = {"theory": cmd_theory, "simulate": cmd_simulate, "plan": cmd_plan, "demo": cmd_demo,
-            "run": cmd_run, "learn": cmd_learn}
+            "run": cmd_run, "learn": cmd_learn, "sync": cmd_sync}
     try:
         data = cmds[a.command](a)
     except NoResumePoint as e:
@@ -553,6 +569,14 @@ def main(argv: list[str] | None = None) -> int:
         from unbroken.learn import cli as learn_cli
 
         learn_cli.show(con, a, data)
+        return 0
+    if a.command == "sync" or (a.command == "plan" and "stragglers" in data):
+        from unbroken.sync import cli as sync_cli
+
+        if a.command == "sync":
+            sync_cli.show(con, a, data)
+        else:
+            sync_cli.show_plan(con, data)
         return 0
     if a.command in ("demo", "run"):
         from unbroken.demo_report import print_report

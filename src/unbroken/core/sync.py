@@ -1,0 +1,536 @@
+"""Sync modes under stragglers: the update gap, the time-to-accuracy model and the selector.
+
+Why choose a mode at all
+------------------------
+A synchronous step waits for its slowest group. STAR (Zhang & Shen 2025; notes in
+shared/reference/star.md) found stragglers common even on identical GPUs and showed that the
+usual escape, asynchronous SGD, often reaches a given accuracy *later*: each update carries a
+smaller batch, so more updates are needed, and they are stale. Which mode wins depends on two
+numbers that change during a run -- the predicted per-group step times and the gradient noise
+scale -- so the mode is chosen online by a time-to-accuracy (TTA) model. Everything here is a
+decision or a model: pure functions on plain data, no torch, no I/O, no clock; the runtime, the
+planner and the simulator call the same ones.
+
+The TTA model
+-------------
+TTA(mode) = update gap x iters(batch per update) x staleness factor, reported per *sync-
+equivalent step* (divided by iters(N B)), so sync's TTA is simply its step time, max_i t_i.
+
+* iters(B) = 1 + phi / B (McCandlish et al. 2018; STAR's statistical efficiency), phi the
+  gradient noise scale in samples, B the samples behind one update.
+* Update gap: ``sync`` max t; ``async`` 1 / sum(1/t); ``ksync:K`` STAR's 1,000-update
+  Monte-Carlo (the closed forms at K = N and K = 1); ``groups`` 1 / sum over clusters of
+  1 / (slowest member of the cluster).
+* Staleness (our model; STAR has none): an update built on parameters tau updates old is worth
+  1 / (1 + lambda tau) of a fresh one, so TTA is multiplied by (1 + lambda mean tau), lambda =
+  ``CostModel.staleness_cost`` (0.1 by default: an update 10 versions old is worth half). Mean
+  tau is N - 1 for async (exact: between a worker's read and write the others make
+  sum_{j != i} t_i / t_j updates; weighted by update rate that averages to N - 1), C - 1 for
+  C asynchronous clusters, and measured in the Monte-Carlo for ksync.
+* ``mask`` (SPARe's redundancy turned on stragglers, not in STAR): the flagged groups leave the
+  step like failed ones, ``core.rectlr.decide`` gives the surviving hosts their types, and the
+  step costs max over survivors of (types it computes x its per-type compute) + the all-reduce.
+  The gradient is exactly the synchronous one, so iters = iters(N B) and no staleness.
+
+The heuristic is the *intended* logic of star.md section 4 -- the scan for k in which the gap
+for i workers is carried from one iteration to the next (the code never updates it), the
+dynamic-groups TTA on the slowest member's time (the code indexes the worker id), and the
+smaller TTA wins (the code's comparison is inverted) -- extended to choose among all modes.
+
+Clustering for ``groups``: complete-linkage agglomerative clustering (scipy) with the distance
+threshold a fraction (``cluster_fraction``, 10 %) of the fastest predicted step, not STAR's fixed
+50 ms: what matters is a relative spread (50 ms is everything at a 20 ms step and nothing at a
+60 s one), and complete linkage bounds every cluster's spread by the threshold, so inside a
+cluster no member waits for another more than 10 % of a step -- half the 20 % straggler bar.
+
+``auto`` (:func:`decide`): a group is flagged when it is predicted more than 20 % slower than the
+fastest group; the mode is re-decided only when the flagged set changes, and ``sync`` comes back
+when none is flagged. Hysteresis against flapping: a flagged group stays flagged until it is
+within 10 % of the fastest (a Schmitt trigger), and the flagged set must differ from the one
+the mode was chosen for on ``confirm`` consecutive decisions before the mode is re-chosen.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Sequence
+
+import numpy as np
+from scipy.cluster.hierarchy import fcluster, linkage
+
+from unbroken.core import placement, rectlr
+
+__all__ = ["MODES", "Mode", "parse_mode", "CostModel", "ModeEstimate", "Selection",
+           "ksync_gap", "GapEstimate", "cluster_times", "star_k_scan", "select",
+           "flag_stragglers", "tta_of", "estimates", "AutoState", "AutoDecision", "decide", "noise_scale_terms",
+           "NoiseScale"]
+
+MODES = ("sync", "mask", "ksync", "groups", "async", "auto")
+#: the order ties are broken in: the safest (most synchronous) mode first
+_PREFERENCE = ("sync", "mask", "ksync", "groups", "async")
+
+
+@dataclass(frozen=True)
+class Mode:
+    """A sync mode: ``name`` one of MODES, ``k`` set for ksync only."""
+
+    name: str
+    k: int | None = None
+
+    def __str__(self) -> str:
+        return f"ksync:{self.k}" if self.name == "ksync" else self.name
+
+
+def parse_mode(text: str, groups: int) -> Mode:
+    """``sync``, ``mask``, ``ksync:K`` (1 <= K <= groups), ``groups``, ``async`` or ``auto``;
+    ValueError naming the bad value otherwise."""
+    name, colon, arg = text.partition(":")
+    if name == "ksync":
+        if not colon:
+            raise ValueError(f"sync mode {text!r}: ksync needs K, as ksync:K")
+        try:
+            k = int(arg)
+        except ValueError:
+            raise ValueError(f"sync mode {text!r}: K {arg!r} is not an integer") from None
+        if not 1 <= k <= groups:
+            raise ValueError(f"sync mode {text!r}: K {k} outside [1, {groups}] (the number of "
+                             f"groups)")
+        return Mode("ksync", k)
+    if name in MODES and not colon:
+        return Mode(name)
+    raise ValueError(f"unknown sync mode {text!r} (expected sync, mask, ksync:K, groups, "
+                     f"async or auto)")
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """What the TTA model needs besides the predicted step times.
+
+    Attributes:
+        shard_batch: B, samples per group per step.
+        noise_scale: phi, the gradient noise scale in samples (see :class:`NoiseScale`).
+        comm_s: the all-reduce part of every group's step time (the rest is compute).
+        redundancy: SPARe's r (each group hosts r shard types); ``mask`` needs r >= 2.
+        staleness_cost: lambda, the TTA penalty per update of mean staleness.
+        cluster_fraction: the ``groups`` linkage threshold as a share of the fastest step.
+        straggler_ratio: a group slower than this x the fastest is a straggler (STAR: 1.2).
+        min_gain: a mode other than sync must beat sync's TTA by this share to be chosen.
+        mc_updates: updates in the ksync Monte-Carlo (STAR: 1,000).
+        seed: seeds the Monte-Carlo's tie-breaking.
+    """
+
+    shard_batch: int = 8
+    noise_scale: float = 0.0
+    comm_s: float = 0.0
+    redundancy: int = 1
+    staleness_cost: float = 0.1
+    cluster_fraction: float = 0.1
+    straggler_ratio: float = 1.2
+    min_gain: float = 0.02
+    mc_updates: int = 1000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.shard_batch < 1:
+            raise ValueError(f"shard batch {self.shard_batch} must be at least 1")
+        for name in ("noise_scale", "comm_s", "staleness_cost", "min_gain"):
+            v = getattr(self, name)
+            if not (v >= 0 and math.isfinite(v)):
+                raise ValueError(f"{name} {v!r} must be a finite number >= 0")
+        if not self.cluster_fraction > 0:
+            raise ValueError(f"cluster_fraction {self.cluster_fraction!r} must be > 0")
+        if not self.straggler_ratio > 1:
+            raise ValueError(f"straggler_ratio {self.straggler_ratio!r} must be > 1")
+        if self.redundancy < 1 or self.mc_updates < 1:
+            raise ValueError(f"redundancy {self.redundancy} and mc_updates "
+                             f"{self.mc_updates} must be at least 1")
+
+    def iters(self, batch: float) -> float:
+        """Relative iterations to the same progress at ``batch`` samples per update."""
+        return 1.0 + self.noise_scale / batch
+
+
+# ----------------------------------------------------------------------------- update gap
+
+@dataclass(frozen=True)
+class GapEstimate:
+    """Mean time between updates and mean staleness (in updates) of the gradients used."""
+
+    gap: float
+    staleness: float
+
+
+def _times(times: Sequence[float] | np.ndarray) -> np.ndarray:
+    t = np.asarray(times, dtype=float)
+    if t.ndim not in (1, 2) or t.size == 0:
+        raise ValueError(f"step times must be a non-empty vector or (steps, groups) array, got "
+                         f"shape {t.shape}")
+    if not np.all(np.isfinite(t)) or np.any(t <= 0):
+        raise ValueError("step times must be finite and positive")
+    return t
+
+
+def ksync_gap(times: Sequence[float] | np.ndarray, k: int, updates: int = 1000,
+              seed: int = 0, closed_form: bool = True) -> GapEstimate:
+    """STAR's update gap of k-sync: an update fires when any ``k`` gradients have arrived.
+
+    ``times`` is (N,) per-group iteration times or (S, N): group i's j-th iteration takes
+    ``times[j % S, i]`` (trace-driven). For a vector, K = N is max t (staleness 0) and K = 1 is
+    1 / sum(1/t) (staleness N - 1) when ``closed_form``; otherwise the 1,000-update Monte-Carlo
+    of STAR's ``static_x_mode.py``: groups ordered by remaining time (ties broken at random,
+    seeded), the k-th smallest fixes the interval, the first k restart, the others continue
+    with their remaining time reduced. Their gradients are used by a later update, and the
+    number of updates in between is their staleness.
+    """
+    t = _times(times)
+    mat = t if t.ndim == 2 else t[None, :]
+    n = mat.shape[1]
+    if not 1 <= k <= n:
+        raise ValueError(f"k {k} outside [1, {n}]")
+    if t.ndim == 1 and closed_form and k in (n, 1):
+        return GapEstimate(float(t.max()), 0.0) if k == n else \
+            GapEstimate(float(1.0 / np.sum(1.0 / t)), float(n - 1))
+    rng = np.random.default_rng(seed)
+    it = np.zeros(n, dtype=np.int64)                 # iterations started by each group
+    rem = mat[0].copy()
+    started = np.zeros(n, dtype=np.int64)            # the version each group read
+    total, stale = 0.0, 0
+    for v in range(updates):
+        order = np.lexsort((rng.random(n), rem))
+        first = order[:k]
+        dt = rem[order[k - 1]]
+        total += dt
+        stale += int(np.sum(v - started[first]))
+        rem -= dt
+        it[first] += 1
+        rem[first] = mat[it[first] % mat.shape[0], first]
+        started[first] = v + 1
+    return GapEstimate(total / updates, stale / (updates * k))
+
+
+def cluster_times(times: Sequence[float], fraction: float = 0.1) -> list[list[int]]:
+    """Groups clustered by predicted step time: complete linkage, threshold ``fraction`` x the
+    fastest time, so each cluster's spread is at most that. Clusters sorted fastest first."""
+    t = _times(times)
+    if t.ndim != 1:
+        raise ValueError("cluster_times takes one time per group")
+    if t.size == 1:
+        return [[0]]
+    z = linkage(t[:, None], method="complete")
+    labels = fcluster(z, fraction * float(t.min()), criterion="distance")
+    clusters: dict[int, list[int]] = {}
+    for i in np.argsort(t, kind="stable"):
+        clusters.setdefault(int(labels[i]), []).append(int(i))
+    return sorted(clusters.values(), key=lambda c: (t[c].max(), c[0]))
+
+
+# ----------------------------------------------------------------------------- the TTA model
+
+@dataclass(frozen=True)
+class ModeEstimate:
+    """One mode's predicted cost.
+
+    ``tta`` is seconds per sync-equivalent step (inf when the mode cannot run); ``gap`` the
+    time between updates; ``batch`` samples per update; ``staleness`` the mean staleness in
+    updates; ``note`` what the estimate rests on (clusters, dropped groups, why unavailable)."""
+
+    mode: str
+    tta: float
+    gap: float
+    batch: float
+    staleness: float
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The heuristic's answer: the chosen mode, every mode's estimate and a one-line reason."""
+
+    mode: str
+    estimates: dict[str, ModeEstimate]
+    reason: str
+
+    def tta(self) -> dict[str, float]:
+        return {m: e.tta for m, e in self.estimates.items()}
+
+
+def star_k_scan(times: Sequence[float], cm: CostModel) -> tuple[int, float]:
+    """STAR's scan for k (star.md section 4, the intended logic): add workers fastest first
+    while the next one still lowers gap x iters; the gap for i workers is interpolated between
+    1/sum(1/t) (i = 1) and max t (i = N) by the i-th fastest time. Returns (k, its TTA in raw
+    seconds, not yet per sync-equivalent step)."""
+    t = np.sort(_times(times))
+    n, b = t.size, cm.shard_batch
+    t_max, t_async = float(t[-1]), float(1.0 / np.sum(1.0 / t))
+    span = t_max - float(t[0])
+    prev = t_async                                   # gap with i workers, i = 1
+    for i in range(1, n):
+        gap_next = t_max if span <= 0 else t_async + (t_max - t_async) * (t[i] - t[0]) / span
+        if prev * cm.iters(i * b) < gap_next * cm.iters((i + 1) * b):
+            return i, prev * cm.iters(i * b)
+        prev = gap_next                              # STAR's code never updates this (t_0)
+    return n, cm.iters(n * b) * t_max
+
+
+def _mask_estimate(t: np.ndarray, flagged: Sequence[int], cm: CostModel) -> ModeEstimate:
+    n = t.size
+    if not flagged:
+        return ModeEstimate("mask", float(t.max()), float(t.max()), n * cm.shard_batch, 0.0,
+                            "no straggler to leave out: the sync step")
+    if cm.redundancy < 2:
+        return ModeEstimate("mask", math.inf, math.inf, n * cm.shard_batch, 0.0,
+                            "needs redundancy >= 2")
+    try:
+        layout = placement.make_layout(n, cm.redundancy)
+    except placement.PlacementError as e:
+        return ModeEstimate("mask", math.inf, math.inf, n * cm.shard_batch, 0.0, str(e))
+    live = np.ones(n, dtype=bool)
+    live[list(flagged)] = False
+    d = rectlr.decide(layout, live, rectlr.initial_stacks(layout), 1)
+    if isinstance(d, rectlr.WipeOut):
+        return ModeEstimate("mask", math.inf, math.inf, n * cm.shard_batch, 0.0,
+                            f"leaving out {len(flagged)} group(s) is a {d.reason}")
+    compute = np.maximum(t - cm.comm_s, 0.0)
+    depth = {w: len(ts) for w, ts in d.contributions().items()}
+    gap = max(depth[w] * compute[w] for w in depth) + cm.comm_s
+    deepest = max(depth.values())
+    return ModeEstimate("mask", gap, gap, n * cm.shard_batch, 0.0,
+                        f"leaves out {sorted(int(g) for g in flagged)}, survivors' stacks up to "
+                        f"{deepest} deep ({d.phase})")
+
+
+def estimates(times: Sequence[float], cm: CostModel,
+              flagged: Sequence[int] | None = None) -> dict[str, ModeEstimate]:
+    """Every mode's estimate for per-group predicted step times ``times`` (one per group).
+    ``flagged``: the groups mask leaves out (default: those over the straggler ratio)."""
+    t = _times(times)
+    if t.ndim != 1:
+        raise ValueError("estimates take one predicted time per group")
+    n, b = t.size, cm.shard_batch
+    lam = cm.staleness_cost
+    ref = cm.iters(n * b)
+    if flagged is None:
+        flagged = flag_stragglers(t, cm.straggler_ratio)
+    out = {"sync": ModeEstimate("sync", float(t.max()), float(t.max()), n * b, 0.0)}
+    out["mask"] = _mask_estimate(t, flagged, cm)
+    k, _ = star_k_scan(t, cm)
+    g = ksync_gap(t, k, cm.mc_updates, cm.seed)
+    tta_k = g.gap * cm.iters(k * b) / ref * (1 + lam * g.staleness)
+    out["ksync"] = ModeEstimate(f"ksync:{k}", tta_k, g.gap, k * b, g.staleness,
+                                "k from STAR's scan")
+    clusters = cluster_times(t, cm.cluster_fraction)
+    slowest = [float(t[c].max()) for c in clusters]
+    rate = sum(1.0 / (cm.iters(len(c) * b) * s) for c, s in zip(clusters, slowest))
+    gap_groups = 1.0 / sum(1.0 / s for s in slowest)
+    out["groups"] = ModeEstimate(
+        "groups", (1.0 / rate) / ref * (1 + lam * (len(clusters) - 1)), gap_groups,
+        n * b / len(clusters), float(len(clusters) - 1),
+        f"{len(clusters)} cluster(s) of sizes {[len(c) for c in clusters]}")
+    t_async = float(1.0 / np.sum(1.0 / t))
+    out["async"] = ModeEstimate("async", t_async * cm.iters(b) / ref * (1 + lam * (n - 1)),
+                                t_async, b, float(n - 1))
+    return out
+
+
+def select(times: Sequence[float], cm: CostModel,
+           flagged: Sequence[int] | None = None) -> Selection:
+    """The heuristic: ``sync`` when no group is flagged (``flagged``, default: over the
+    straggler ratio); else the mode with the lowest predicted TTA, where a mode other than sync
+    must beat sync by ``cm.min_gain`` and ties go to the more synchronous mode."""
+    est = estimates(times, cm, flagged)
+    if flagged is None:
+        flagged = flag_stragglers(times, cm.straggler_ratio)
+    listing = ", ".join(f"{e.mode} {e.tta:.4g}" for e in est.values())
+    if not flagged:  # STAR: stragglers trigger a decision; without one it is synchronous SGD
+        return Selection("sync", est, f"sync: no straggler predicted; predicted s/step: "
+                                      f"{listing}")
+    sync = est["sync"].tta
+    ok = [m for m in _PREFERENCE if m == "sync" or est[m].tta < sync * (1 - cm.min_gain)]
+    best = min(ok, key=lambda m: (est[m].tta, _PREFERENCE.index(m)))
+    chosen = est[best].mode
+    if best == "sync":
+        why = "no mode beats sync by " + f"{cm.min_gain:.0%}"
+    else:
+        why = f"{chosen} {1 - est[best].tta / sync:.0%} below sync"
+        if est[best].note:
+            why += f" ({est[best].note})"
+    return Selection(chosen, est, f"{chosen}: {why}; predicted s/step: {listing}")
+
+
+def tta_of(mode: str, times: Sequence[float], cm: CostModel) -> float:
+    """The TTA (s per sync-equivalent step) of any concrete mode string under ``cm``, also a
+    ``ksync:K`` whose K is not the one STAR's scan would pick."""
+    est = estimates(times, cm)
+    for e in est.values():
+        if e.mode == mode:
+            return e.tta
+    m = parse_mode(mode, len(times))
+    if m.name != "ksync":
+        raise ValueError(f"mode {mode!r} has no estimate")
+    n, b = len(times), cm.shard_batch
+    g = ksync_gap(times, m.k, cm.mc_updates, cm.seed)
+    return g.gap * cm.iters(m.k * b) / cm.iters(n * b) * (1 + cm.staleness_cost * g.staleness)
+
+
+def _star_code_k(times: Sequence[float], cm: CostModel) -> tuple[int, float]:
+    """STAR's released k scan, quirk included: the gap for i workers stays 1/sum(1/t)."""
+    t = np.sort(_times(times))
+    n, b = t.size, cm.shard_batch
+    t_max, t_async = float(t[-1]), float(1.0 / np.sum(1.0 / t))
+    span = t_max - float(t[0])
+    for i in range(1, n):
+        gap_next = t_max if span <= 0 else t_async + (t_max - t_async) * (t[i] - t[0]) / span
+        if t_async * cm.iters(i * b) < gap_next * cm.iters((i + 1) * b):
+            return i, t_async * cm.iters(i * b)
+    return n, cm.iters(n * b) * t_max
+
+
+def _star_code_choice(times: Sequence[float], cm: CostModel) -> str:
+    """STAR's released selector *with* its quirks (star.md section 4), kept only so tests can
+    show where the intended logic differs: the gap for i workers stays 1/sum(1/t), T_dyn uses
+    the slowest member's *index* as its time, and k-sync is chosen when T_dyn < T_k."""
+    k, t_k = _star_code_k(times, cm)
+    clusters = cluster_times(times, cm.cluster_fraction)
+    worker_id = [float(c[-1]) for c in clusters]  # itm[-1][0]: the slowest member's id
+    t_dyn = 1.0 / sum(1.0 / (cm.iters(len(c) * cm.shard_batch) * max(w, 1e-9))
+                      for c, w in zip(clusters, worker_id))
+    return f"ksync:{k}" if t_dyn < t_k else "groups"
+
+
+def _star_intended_choice(times: Sequence[float], cm: CostModel) -> str:
+    """STAR's two-way choice (k-sync vs dynamic groups) with the intended logic."""
+    t = _times(times)
+    k, t_k = star_k_scan(t, cm)
+    clusters = cluster_times(t, cm.cluster_fraction)
+    t_dyn = 1.0 / sum(1.0 / (cm.iters(len(c) * cm.shard_batch) * float(t[c].max()))
+                      for c in clusters)
+    return f"ksync:{k}" if t_k <= t_dyn else "groups"
+
+
+# ----------------------------------------------------------------------------- auto
+
+def flag_stragglers(times: Sequence[float], ratio: float = 1.2,
+                    already: Sequence[int] = (), release: float | None = None) -> tuple[int, ...]:
+    """Groups predicted more than ``ratio`` x slower than the fastest. A group in ``already``
+    stays flagged until it is within ``release`` x the fastest (default: half the margin,
+    1.1 for 1.2): the Schmitt trigger of :func:`decide`."""
+    t = _times(times)
+    fast = float(t.min())
+    rel = 1 + (ratio - 1) / 2 if release is None else release
+    prev = set(int(g) for g in already)
+    return tuple(int(i) for i in range(t.size)
+                 if t[i] > ratio * fast or (i in prev and t[i] > rel * fast))
+
+
+@dataclass(frozen=True)
+class AutoState:
+    """What ``auto`` remembers between decisions.
+
+    ``mode``: the mode in force; ``flagged``: the straggler set it was chosen for; ``seen``:
+    on how many consecutive decisions so far a flagged set different from it was predicted
+    (``pending``: the latest such set)."""
+
+    mode: str = "sync"
+    flagged: tuple[int, ...] = ()
+    pending: tuple[int, ...] | None = None
+    seen: int = 0
+
+
+@dataclass(frozen=True)
+class AutoDecision:
+    """``auto``'s answer: the mode for the next steps, the reason (the journal line), the new
+    state, whether the mode changed, and the heuristic's selection when it ran."""
+
+    mode: str
+    reason: str
+    state: AutoState
+    switched: bool
+    selection: Selection | None = None
+
+
+def decide(state: AutoState, times: Sequence[float] | np.ndarray, cm: CostModel,
+           confirm: int = 2) -> AutoDecision:
+    """One ``auto`` decision from the predicted per-group step times.
+
+    ``times``: (N,) predicted step time per group, or (H, N) predictions for the next H steps
+    (their mean per group is used). The flagged set is re-derived with hysteresis
+    (:func:`flag_stragglers`); when it has differed from the state's on ``confirm``
+    consecutive calls (not necessarily the same set each time: churning stragglers still get
+    a decision), the mode is re-chosen for the latest set: ``sync`` when nothing is flagged,
+    else :func:`select`'s choice. Otherwise the mode in force stays. Call it as often as
+    predictions arrive; ``confirm`` counts calls, so at a call per 30-step window (the
+    planner) 1 is enough.
+    """
+    t = _times(times)
+    mean = t.mean(axis=0) if t.ndim == 2 else t
+    flagged = flag_stragglers(mean, cm.straggler_ratio, state.flagged)
+    if flagged == state.flagged:
+        return AutoDecision(state.mode, f"{state.mode}: straggler set "
+                            f"{list(flagged) or 'empty'} unchanged", replace(
+                                state, pending=None, seen=0), False)
+    seen = state.seen + 1
+    if seen < confirm:
+        return AutoDecision(state.mode, f"{state.mode}: stragglers {list(flagged) or 'none'} "
+                            f"differ from {list(state.flagged) or 'none'} on {seen}/{confirm} "
+                            f"predictions, waiting", replace(state, pending=flagged, seen=seen),
+                            False)
+    if not flagged:
+        new = AutoState("sync", ())
+        return AutoDecision("sync", "sync: no straggler predicted any more", new,
+                            state.mode != "sync")
+    sel = select(mean, cm, flagged)
+    new = AutoState(sel.mode, flagged)
+    return AutoDecision(sel.mode, f"stragglers {list(flagged)}: {sel.reason}", new,
+                        sel.mode != state.mode, sel)
+
+
+# ----------------------------------------------------------------------------- noise scale
+
+def noise_scale_terms(small_sq: float, b_small: float, big_sq: float,
+                      b_big: float) -> tuple[float, float]:
+    """Unbiased estimates of |G|^2 and tr(Sigma) from two gradient norms (McCandlish et al.
+    2018, appendix A). ``small_sq``: |g|^2 of a gradient averaged over ``b_small`` samples
+    (one group's shard; average several groups' values for less variance); ``big_sq``: |g|^2
+    of the reduced gradient over ``b_big`` samples. Gradients are means over their samples,
+    so E|g_B|^2 = |G|^2 + tr(Sigma) / B. Returns (|G|^2, tr(Sigma)); either may be negative on
+    one step (they are unbiased, not positive): average before dividing."""
+    if not 0 < b_small < b_big:
+        raise ValueError(f"need 0 < b_small < b_big, got {b_small} and {b_big}")
+    g2 = (b_big * big_sq - b_small * small_sq) / (b_big - b_small)
+    s = (small_sq - big_sq) / (1.0 / b_small - 1.0 / b_big)
+    return float(g2), float(s)
+
+
+@dataclass
+class NoiseScale:
+    """phi = tr(Sigma) / |G|^2, with an exponential moving average of the numerator and of the
+    denominator separately (the ratio of two noisy unbiased estimates is biased and can blow
+    up when |G|^2 is near 0 on one step; the ratio of their averages converges).
+
+    ``update(small_sq, b_small, big_sq, b_big)``: ``small_sq`` one group's |g_small|^2 or a
+    sequence of every group's (averaged). ``phi`` is None until the first update, and while the
+    averaged |G|^2 is not positive."""
+
+    beta: float = 0.95
+    g2: float = field(default=0.0, init=False)
+    s: float = field(default=0.0, init=False)
+    n: int = field(default=0, init=False)
+
+    def update(self, small_sq: float | Sequence[float], b_small: float, big_sq: float,
+               b_big: float) -> float | None:
+        small = float(np.mean(np.asarray(small_sq, dtype=float)))
+        g2, s = noise_scale_terms(small, b_small, big_sq, b_big)
+        self.n += 1
+        # bias-corrected EMA (Adam-style), so early values are not pulled towards 0
+        self.g2 = self.beta * self.g2 + (1 - self.beta) * g2
+        self.s = self.beta * self.s + (1 - self.beta) * s
+        return self.phi
+
+    @property
+    def phi(self) -> float | None:
+        if self.n == 0:
+            return None
+        corr = 1 - self.beta ** self.n
+        g2, s = self.g2 / corr, self.s / corr
+        return s / g2 if g2 > 0 else None

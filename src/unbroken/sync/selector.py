@@ -1,0 +1,180 @@
+"""STAR's ML mode selector: a small network from (predicted step times, noise scale) to a mode.
+
+Why and how it is trained here
+------------------------------
+STAR trains its selector on logged (features -> best mode) decisions so a decision costs one
+forward pass instead of the cost model's Monte-Carlo. Its features were the predicted worker
+times (and, for its SSGD/ASGD classifier, the straggling degree, a model one-hot, learning rate
+and step). Ours: the **sorted predicted per-group step times divided by the fastest**, the noise
+scale as log(1 + phi / B), and N. A model is trained for one N (the feature vector has N times).
+
+Labels: the mode the **heuristic's own cost model** (``core.sync.select``) chooses on
+**simulated** straggler profiles (a quiet cluster, one or two persistent stragglers, a bursty
+window, rotating slow groups, at a noise scale drawn log-uniformly) -- not measured runs: the
+bench's runs are too few to train on. So the network learns to imitate the heuristic; what it
+buys is decision time, and :func:`compare` measures what it costs on held-out profiles: the
+share of profiles where it picks the heuristic's mode and the TTA regret of its pick under the
+same cost model (and both against the best mode in hindsight).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from unbroken.core.sync import CostModel, select
+from unbroken.core.sync import tta_of as core_tta_of
+from unbroken.core.sync_trace import slowdowns
+
+__all__ = ["classes_for", "features", "simulate_profiles", "label", "train_selector",
+           "MLSelector", "compare", "tta_of"]
+
+
+def classes_for(groups: int) -> list[str]:
+    return ["sync", "mask", "groups", "async"] + [f"ksync:{k}" for k in range(1, groups)]
+
+
+def features(times: np.ndarray, phi: float, shard_batch: int) -> np.ndarray:
+    """The selector's input for one decision: sorted times / fastest, log(1 + phi/B), N."""
+    t = np.sort(np.asarray(times, dtype=float))
+    return np.concatenate([t / t[0], [math.log1p(phi / shard_batch), float(t.size)]])
+
+
+def simulate_profiles(n: int, groups: int, seed: int, base_s: float = 1.0
+                      ) -> list[tuple[np.ndarray, float]]:
+    """``n`` (predicted step times, phi) pairs from simulated straggler profiles."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        kind = i % 5
+        if kind == 0:
+            slow = np.ones(groups)
+        elif kind in (1, 2):
+            slow = np.ones(groups)
+            who = rng.choice(groups, size=kind, replace=False)
+            slow[who] = rng.uniform(1.1, 3.5, size=kind)
+        elif kind == 3:
+            slow = slowdowns(f"bursty:{int(rng.integers(1 << 30))}", groups, 60)[30:].mean(0)
+        else:
+            slow = slowdowns(f"rotating:{rng.uniform(0.2, 0.9):.3f}", groups, 30,
+                             seed=int(rng.integers(1 << 30))).mean(0)
+        t = base_s * slow * (1 + np.abs(rng.normal(0, 0.02, groups)))
+        phi = float(np.exp(rng.uniform(np.log(1.0), np.log(4096.0))))
+        out.append((t, phi))
+    return out
+
+
+def label(times: np.ndarray, phi: float, cm: CostModel) -> str:
+    return select(times, replace(cm, noise_scale=phi)).mode
+
+
+def tta_of(mode: str, times: np.ndarray, phi: float, cm: CostModel) -> float:
+    """The cost model's TTA (s per sync-equivalent step) of ``mode`` at noise scale ``phi``."""
+    return core_tta_of(mode, times, replace(cm, noise_scale=phi))
+
+
+def _mlp(n_in: int, n_out: int):
+    from torch import nn
+
+    return nn.Sequential(nn.Linear(n_in, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+                         nn.Linear(64, n_out))
+
+
+@dataclass
+class MLSelector:
+    """A trained selector. ``choose(times, phi)`` -> (mode, reason)."""
+
+    state: dict
+    meta: dict
+    _model: object = field(default=None, repr=False, compare=False)
+
+    def model(self):
+        if self._model is None:
+            m = _mlp(self.meta["groups"] + 2, len(self.meta["classes"]))
+            m.load_state_dict(self.state)
+            m.eval()
+            self._model = m
+        return self._model
+
+    def choose(self, times, phi: float) -> tuple[str, str]:
+        import torch
+
+        t = np.asarray(times, dtype=float)
+        if t.shape != (self.meta["groups"],):
+            raise ValueError(f"this selector was trained for {self.meta['groups']} groups, got "
+                             f"{t.size} step times")
+        x = (features(t, phi, self.meta["shard_batch"]) - self.meta["mean"]) / self.meta["std"]
+        with torch.no_grad():
+            p = torch.softmax(self.model()(torch.tensor(x, dtype=torch.float32)[None]), -1)[0]
+        i = int(p.argmax())
+        mode = self.meta["classes"][i]
+        return mode, f"{mode}: ML selector ({float(p[i]):.0%} confident)"
+
+
+def train_selector(groups: int = 8, n: int = 2000, seed: int = 0, cm: CostModel | None = None,
+                   epochs: int = 300) -> MLSelector:
+    """Label ``n`` simulated profiles with the heuristic and fit the MLP (full batch, Adam,
+    cross-entropy), seeded."""
+    import torch
+
+    cm = cm or CostModel(redundancy=2, comm_s=0.1, mc_updates=200, seed=seed)
+    classes = classes_for(groups)
+    t0 = time.perf_counter()
+    prof = simulate_profiles(n, groups, seed)
+    x = np.stack([features(t, phi, cm.shard_batch) for t, phi in prof])
+    y = np.array([classes.index(label(t, phi, cm)) for t, phi in prof])
+    label_s = time.perf_counter() - t0
+    mean, std = x.mean(0), x.std(0)
+    std = np.where(std > 0, std, 1.0)
+    torch.manual_seed(seed)
+    net = _mlp(x.shape[1], len(classes))
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    xt = torch.tensor((x - mean) / std, dtype=torch.float32)
+    yt = torch.tensor(y)
+    for _ in range(epochs):
+        loss = torch.nn.functional.cross_entropy(net(xt), yt)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    net.eval()
+    counts = {c: int(np.sum(y == i)) for i, c in enumerate(classes) if np.any(y == i)}
+    meta = {"kind": "selector", "groups": groups, "classes": classes,
+            "shard_batch": cm.shard_batch, "mean": mean.tolist(), "std": std.tolist(),
+            "cost_model": {"comm_s": cm.comm_s, "redundancy": cm.redundancy,
+                           "staleness_cost": cm.staleness_cost, "mc_updates": cm.mc_updates},
+            "labels": "heuristic on simulated profiles", "examples": n, "label_counts": counts,
+            "train_loss": loss.item(), "seed": seed, "label_s": round(label_s, 3),
+            "train_s": round(time.perf_counter() - t0 - label_s, 3)}
+    return MLSelector({k: v.detach().clone() for k, v in net.state_dict().items()}, meta, net)
+
+
+def compare(sel: MLSelector, n: int = 500, seed: int = 1, cm: CostModel | None = None) -> dict:
+    """The ML selector against the heuristic on ``n`` held-out simulated profiles (another seed
+    than training): ``agreement`` (share of profiles where both pick the same mode),
+    ``regret_mean`` / ``regret_max`` (TTA of the ML pick over the heuristic's pick, minus 1)
+    and each one's mean regret against the best mode in hindsight."""
+    meta = sel.meta
+    cm = cm or CostModel(redundancy=meta["cost_model"]["redundancy"],
+                         comm_s=meta["cost_model"]["comm_s"],
+                         staleness_cost=meta["cost_model"]["staleness_cost"],
+                         mc_updates=meta["cost_model"]["mc_updates"],
+                         shard_batch=meta["shard_batch"], seed=seed)
+    agree, regret, h_oracle, m_oracle = 0, [], [], []
+    t0 = time.perf_counter()
+    for t, phi in simulate_profiles(n, meta["groups"], seed):
+        h = label(t, phi, cm)
+        m, _ = sel.choose(t, phi)
+        agree += m == h
+        th, tm = tta_of(h, t, phi, cm), tta_of(m, t, phi, cm)
+        best = min(tta_of(c, t, phi, cm) for c in meta["classes"])
+        regret.append(tm / th - 1)
+        h_oracle.append(th / best - 1)
+        m_oracle.append(tm / best - 1)
+    return {"profiles": n, "agreement": agree / n, "regret_mean": float(np.mean(regret)),
+            "regret_max": float(np.max(regret)),
+            "heuristic_vs_hindsight": float(np.mean(h_oracle)),
+            "ml_vs_hindsight": float(np.mean(m_oracle)),
+            "wall_s": round(time.perf_counter() - t0, 3)}

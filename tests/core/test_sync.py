@@ -1,0 +1,215 @@
+"""core.sync and core.sync_trace: the update gap, the TTA heuristic, auto, the noise scale."""
+
+import math
+
+import numpy as np
+import pytest
+
+from unbroken.core import placement, rectlr
+from unbroken.core.sync import (AutoState, CostModel, NoiseScale, _star_code_choice, _star_code_k,
+                                _star_intended_choice, cluster_times, decide, estimates,
+                                flag_stragglers, ksync_gap, noise_scale_terms, parse_mode,
+                                select, star_k_scan, tta_of)
+from unbroken.core.sync_trace import parse_spec, slowdowns, straggler_frequency
+
+
+def test_parse_mode_names_and_bad_values():
+    assert str(parse_mode("ksync:3", 4)) == "ksync:3"
+    assert parse_mode("auto", 4).name == "auto"
+    for bad, word in (("ksync:5", r"outside \[1, 4\]"), ("ksync:0", "outside"),
+                      ("ksync", "needs K"), ("ksync:x", "not an integer"),
+                      ("fast", "unknown sync mode 'fast'")):
+        with pytest.raises(ValueError, match=word) as e:
+            parse_mode(bad, 4)
+        assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("t", [[1.0, 1.0, 1.0, 2.0], [0.3, 0.5, 0.9, 1.7, 2.2]])
+def test_ksync_closed_forms_match_the_monte_carlo(t):
+    n = len(t)
+    for k in (1, n):
+        closed = ksync_gap(t, k)
+        mc = ksync_gap(t, k, updates=4000, closed_form=False)
+        assert mc.gap == pytest.approx(closed.gap, rel=0.01)
+        assert mc.staleness == pytest.approx(closed.staleness, abs=0.05 * n)
+    assert ksync_gap(t, n).gap == max(t)
+    assert ksync_gap(t, 1).gap == pytest.approx(1 / sum(1 / x for x in t))
+    # the gap grows with k: waiting for more gradients never shortens the interval
+    gaps = [ksync_gap(t, k).gap for k in range(1, n + 1)]
+    assert gaps == sorted(gaps)
+
+
+def test_ksync_gap_is_seeded_and_trace_driven():
+    t = [1.0, 1.0, 1.0, 1.0]  # all ties: the tie-break is random
+    assert ksync_gap(t, 2, seed=3) == ksync_gap(t, 2, seed=3)
+    # a trace where group 3 is slow on every other iteration: between its 1x and 2x
+    trace = np.ones((2, 4))
+    trace[1, 3] = 3.0
+    g = ksync_gap(trace, 4).gap
+    assert g == pytest.approx(2.0, rel=0.01)
+
+
+def test_clustering_threshold_scales_with_the_step():
+    for scale in (0.02, 60.0):  # STAR's fixed 50 ms would lump the first and split the second
+        t = np.array([1.0, 1.02, 1.05, 2.0, 2.05]) * scale
+        assert cluster_times(t) == [[0, 1, 2], [3, 4]]
+        assert cluster_times(t, fraction=0.01) != [[0, 1, 2], [3, 4]]
+
+
+def test_heuristic_keeps_sync_without_stragglers_and_leaves_it_with_one():
+    cm = CostModel(shard_batch=8, noise_scale=256, comm_s=0.1, redundancy=2)
+    assert select([1.0] * 8, cm).mode == "sync"
+    assert select([1.0, 1.05, 1.0, 1.1, 1.0, 1.0, 1.0, 1.0], cm).mode == "sync"
+    s = select([1.0] * 7 + [2.0], cm)
+    assert s.mode != "sync"
+    assert s.estimates[s.mode.split(":")[0]].tta < 0.98 * s.estimates["sync"].tta
+    assert set(s.estimates) == {"sync", "mask", "ksync", "groups", "async"}
+    assert s.reason.startswith(s.mode)
+
+
+def test_async_loses_at_a_large_noise_scale():
+    # LLM-like regime (phi >> global batch): small async updates are nearly worthless
+    cm = CostModel(shard_batch=8, noise_scale=1e5, redundancy=2)
+    est = estimates([1.0] * 7 + [3.0], cm)
+    assert est["async"].tta > max(est["groups"].tta, est["ksync"].tta)
+    assert est["async"].staleness == 7
+    quiet = estimates([1.0] * 8, cm)
+    assert quiet["async"].tta > 1.5 * quiet["sync"].tta
+
+
+def test_mask_cost_comes_from_rectlr_stack_depths():
+    n, r = 8, 3
+    t = np.array([1.0] * n)
+    t[[2, 5]] = 4.0
+    cm = CostModel(shard_batch=8, noise_scale=64, comm_s=0.2, redundancy=r)
+    est = estimates(t, cm)["mask"]
+    layout = placement.make_layout(n, r)
+    live = np.ones(n, dtype=bool)
+    live[[2, 5]] = False
+    plan = rectlr.decide(layout, live, rectlr.initial_stacks(layout), 1)
+    depth = max(len(ts) for ts in plan.contributions().values())
+    assert depth >= 2
+    assert est.gap == pytest.approx(depth * 0.8 + 0.2)
+    assert est.batch == n * 8 and est.staleness == 0  # the synchronous gradient
+    # a straggler slower than the extra stack: mask beats sync; a mild one: it does not
+    assert est.tta < estimates(t, cm)["sync"].tta
+    mild = np.array([1.0] * n)
+    mild[2] = 1.5
+    assert estimates(mild, cm)["mask"].tta >= estimates(mild, cm)["sync"].tta
+    # no redundancy, or two adjacent stragglers that wipe out a type at r = 2: not available
+    assert math.isinf(estimates(t, CostModel(redundancy=1))["mask"].tta)
+    lay2 = placement.make_layout(n, 2)
+    t2 = np.array([1.0] * n)
+    t2[[0, 1]] = 4.0
+    assert isinstance(rectlr.decide(lay2, [2, 3, 4, 5, 6, 7], rectlr.initial_stacks(lay2), 1),
+                      rectlr.WipeOut)
+    assert math.isinf(estimates(t2, CostModel(redundancy=2))["mask"].tta)
+
+
+def test_star_scan_carries_the_gap_the_code_forgets():
+    # the code compares every candidate against 1/sum(1/t) and stops too early; the intended
+    # scan carries the gap for i workers and adds two more workers, lower on STAR's own
+    # objective (interpolated gap x iters). The Monte-Carlo gap with staleness disagrees here:
+    # the scan is a greedy approximation, which is why every mode's TTA is also reported.
+    t = [2.24, 2.38, 2.49, 2.59, 3.27, 3.36]
+    cm = CostModel(shard_batch=1, noise_scale=64.0)
+    k, _ = star_k_scan(t, cm)
+    k_code, _ = _star_code_k(t, cm)
+    assert (k, k_code) == (4, 2)
+    ta, tm = 1 / sum(1 / x for x in t), max(t)
+
+    def star_objective(i):  # gap for i workers, interpolated as in star.md section 4
+        return (ta + (tm - ta) * (t[i - 1] - t[0]) / (tm - t[0])) * cm.iters(i)
+    assert star_objective(k) < star_objective(k_code)
+    assert tta_of(f"ksync:{k}", t, cm) > tta_of(f"ksync:{k_code}", t, cm)
+
+
+def test_star_code_quirks_choose_the_slower_mode():
+    # one persistent 4x straggler: the intended rule picks the lower TTA; the code's inverted
+    # comparison (and worker-id times) picks the other one
+    cm = CostModel(shard_batch=8, noise_scale=64)
+    t = [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 4.0]
+    intended, code = _star_intended_choice(t, cm), _star_code_choice(t, cm)
+    assert intended != code
+    est = estimates(t, cm)
+    fam = {"groups": est["groups"].tta, est["ksync"].mode: est["ksync"].tta}
+    assert fam[intended] <= min(fam.values()) * 1.05
+
+
+def test_flags_have_hysteresis():
+    t = [1.0, 1.15, 1.3]
+    assert flag_stragglers(t) == (2,)
+    assert flag_stragglers(t, already=(1, 2)) == (1, 2)       # 1.15 > 1.1: stays flagged
+    assert flag_stragglers([1.0, 1.05, 1.3], already=(1, 2)) == (2,)
+
+
+def test_auto_switches_on_a_confirmed_straggler_and_returns_to_sync():
+    cm = CostModel(shard_batch=8, noise_scale=256, comm_s=0.1, redundancy=2)
+    quiet, slow = [1.0] * 8, [1.0] * 7 + [2.5]
+    s = AutoState()
+    d = decide(s, quiet, cm)
+    assert (d.mode, d.switched) == ("sync", False)
+    d = decide(d.state, slow, cm)                 # first sighting: wait (confirm = 2)
+    assert d.mode == "sync" and "1/2" in d.reason
+    d = decide(d.state, quiet, cm)                # a blip: back to nothing pending
+    d = decide(d.state, slow, cm)
+    d = decide(d.state, np.array([slow, slow]), cm)  # an (H, N) prediction is averaged
+    assert d.switched and d.mode != "sync" and d.selection is not None
+    mode = d.mode
+    d = decide(d.state, [1.0] * 7 + [1.15], cm)   # within the release band: no flap
+    assert d.mode == mode and not d.switched
+    d = decide(decide(d.state, quiet, cm).state, quiet, cm)
+    assert (d.mode, d.switched) == ("sync", True)
+
+
+def test_noise_scale_recovers_a_known_phi():
+    rng = np.random.default_rng(0)
+    dim, b_small, groups = 50, 4, 8
+    g_true = rng.normal(0, 1, dim) * 0.3
+    sd = rng.uniform(0.5, 1.5, dim)
+    phi_true = float(np.sum(sd ** 2) / np.sum(g_true ** 2))
+    est = NoiseScale(beta=0.995)
+    for _ in range(2000):
+        per = g_true + rng.normal(0, 1, (groups, b_small, dim)) * sd  # per-sample gradients
+        small = per.mean(axis=1)                                      # each group's shard
+        big = small.mean(axis=0)                                      # the reduced gradient
+        est.update(np.sum(small ** 2, axis=1), b_small, float(np.sum(big ** 2)),
+                   b_small * groups)
+    assert est.phi == pytest.approx(phi_true, rel=0.05)
+    g2, s = noise_scale_terms(2.0, 1, 1.0, 3)
+    assert (g2, s) == pytest.approx((0.5, 1.5))
+    with pytest.raises(ValueError):
+        noise_scale_terms(1.0, 4, 1.0, 4)
+
+
+def test_straggler_specs():
+    m = slowdowns("persistent:1@2,3@1.5", 4, 10)
+    assert m.shape == (10, 4) and np.all(m[:, 1] == 2) and np.all(m[:, 3] == 1.5)
+    assert np.all(m[:, [0, 2]] == 1)
+    b1, b2 = slowdowns("bursty:7", 8, 200), slowdowns("bursty:7", 8, 200)
+    assert np.array_equal(b1, b2) and b1.min() >= 1 and b1.max() > 2
+    r = slowdowns("rotating:0.5", 8, 1000, seed=1)
+    assert 0.4 < np.mean(r.max(axis=1) > 1) < 0.6
+    assert straggler_frequency(r) == pytest.approx(np.mean(r.max(axis=1) > 1))
+    for bad, word in (("persistent:1@0.5", "below 1.0"), ("rotating:2", "outside"),
+                      ("persistent:x@2", "not an integer"), ("bursty:", "not persistent")):
+        with pytest.raises(ValueError, match=word):
+            parse_spec(bad)
+    with pytest.raises(ValueError, match="group 4 outside"):
+        slowdowns("persistent:4@2", 4, 10)
+
+
+def test_straggler_csv(tmp_path):
+    p = tmp_path / "s.csv"
+    p.write_text("step,group,slowdown\n0,1,2.0\n5,1,1.0\n3,0,1.5\n")
+    m = slowdowns(str(p), 2, 8)
+    assert m[:, 1].tolist() == [2.0] * 5 + [1.0] * 3
+    assert m[:, 0].tolist() == [1.0] * 3 + [1.5] * 5
+    for body, word in (("0,1,0.5\n", "below 1.0"), ("0,1\n", "expected step,group"),
+                       ("a,1,2\n", "bad row")):
+        p.write_text(body)
+        with pytest.raises(ValueError, match=word):
+            parse_spec(str(p))
+    p.write_text("0,9,2\n")
+    with pytest.raises(ValueError, match="group 9 outside"):
+        slowdowns(str(p), 2, 8)

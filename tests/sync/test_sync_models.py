@@ -1,0 +1,72 @@
+"""The sync face's learned parts: journal reader, predictor vs last-value, ML selector, files."""
+
+import json
+
+import numpy as np
+import pytest
+
+from unbroken.sync import modelfile
+from unbroken.sync.cli import load_predictor, load_selector
+from unbroken.sync.journal import read_journal_dir, to_array
+from unbroken.sync.predictor import HORIZON, WINDOW, evaluate, last_value, train_predictor
+from unbroken.sync.selector import compare, train_selector
+from unbroken.sync.synthetic import synthetic_run, synthetic_runs
+
+
+def test_journal_reader_takes_commit_lines(tmp_path):
+    lines = [{"event": "restore", "step": 0, "t": 9.0},
+             {"event": "commit", "step": 0, "t": 10.0, "compute_s": 0.4},
+             {"event": "commit", "step": 1, "t": 10.5, "cpu_avail": 0.9, "tx_bytes": 100},
+             {"event": "commit", "step": 2, "step_s": 0.7, "t": 11.2, "rx_bytes": 5}]
+    (tmp_path / "group-0.jsonl").write_text(
+        "\n".join(json.dumps(x) for x in lines) + '\n{"event": "comm')  # torn last line
+    (tmp_path / "group-1.jsonl").write_text(json.dumps({**lines[2], "step_s": 0.6}) + "\n")
+    run = read_journal_dir(str(tmp_path))
+    assert [r["step"] for r in run[0]] == [0, 1, 2]
+    assert run[0][0]["step_s"] == 0.4 and run[0][1]["step_s"] == pytest.approx(0.5)
+    assert run[0][1]["cpu_avail"] == 0.9 and run[0][0]["rx_bytes"] == 0.0
+    assert to_array(run).shape == (2, 1, 4)     # aligned on the step both groups have
+    with pytest.raises(ValueError, match="no group-U.jsonl"):
+        read_journal_dir(str(tmp_path / ".."))
+
+
+def test_lstm_beats_last_value_on_bursty_traces():
+    train = [to_array(r) for r in synthetic_runs(3, seed=1, groups=4, steps=300,
+                                                 kinds=("bursty",))]
+    test = [to_array(r) for r in synthetic_runs(2, seed=2, groups=4, steps=300,
+                                                kinds=("bursty",))]
+    p = train_predictor(train, seed=0, epochs=6, stride=3)
+    assert p.predict(test[0][:, :WINDOW]).shape == (4, HORIZON)
+    lstm, last = evaluate(p.predict, test), evaluate(last_value, test)
+    assert lstm["mae_s"] < 0.9 * last["mae_s"]
+    assert lstm["precision"] is not None and last["recall"] is not None
+
+
+def test_predictor_file_round_trip_and_refusals(tmp_path):
+    runs = [to_array(synthetic_run("persistent", groups=3, steps=80, seed=0))]
+    p = train_predictor(runs, epochs=1)
+    f = tmp_path / "m" / "pred.bin"
+    modelfile.save(str(f), "predictor", p.state, p.meta)
+    assert not [x for x in f.parent.iterdir() if x.name.startswith(".tmp")]
+    q = load_predictor(str(f))
+    win = runs[0][:, :WINDOW]
+    assert np.allclose(q.predict(win), p.predict(win))
+    raw = f.read_bytes()
+    (tmp_path / "flip.bin").write_bytes(raw[:-10] + bytes([raw[-10] ^ 1]) + raw[-9:])
+    (tmp_path / "junk.bin").write_bytes(b"hello")
+    for name, word in (("flip.bin", "checksum mismatch"), ("junk.bin", "not an unbroken"),
+                       ("none.bin", "unreadable")):
+        with pytest.raises(modelfile.ModelFileError, match=word) as e:
+            load_predictor(str(tmp_path / name))
+        assert name in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(modelfile.ModelFileError, match="not a selector"):
+        load_selector(str(f))
+
+
+def test_ml_selector_agrees_with_the_heuristic_on_held_out_profiles():
+    sel = train_selector(groups=6, n=250, seed=0, epochs=250)
+    res = compare(sel, n=50, seed=1)
+    assert res["agreement"] >= 0.75
+    assert res["regret_mean"] < 0.05
+    mode, reason = sel.choose([1.0] * 6, 48.0)
+    assert mode == "sync" and reason.startswith("sync")
