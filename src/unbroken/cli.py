@@ -4,7 +4,9 @@ Exit codes (``unbroken.protocol.ExitCode``): 0 success, 1 the run could not fini
 error, no survivor left; the reason on stderr), 2 bad input (one line on stderr naming the bad
 value, no traceback, nothing started), 5 the members found the supervisor silent and stopped
 with a checkpoint, 6 the guard's ladder gave up, 7 ``--resume`` found nothing to resume,
-130 / 143 stopped by Ctrl-C / SIGTERM with a checkpoint.
+130 / 143 stopped by Ctrl-C / SIGTERM with a checkpoint. A ``--nodes`` placement that cannot
+keep a node loss safe is a warning (the nodes it would take), exit 0; ``--nodes`` above the
+number of groups is bad input, exit 2.
 """
 
 from __future__ import annotations
