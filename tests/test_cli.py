@@ -70,9 +70,15 @@ def test_simulate_checkpoint_interval_auto_and_fixed(cli):
 def test_plan_small_cluster_writes_png_and_recommends(cli, tmp_path):
     png = tmp_path / "plan.png"
     p = cli("plan", "--groups", "60", "--gpus", "6000", "--steps", "300", "--seeds", "2",
-            "--r-max", "4", "--png", str(png), "--json")
+            "--r-max", "4", "--png", str(png), "--nodes", "10", "--json")
     assert p.returncode == 0, p.stderr
     plan = json.loads(p.stdout)
+    # the node placement at SPARe's best r, and the fewest nodes for every r swept
+    nodes = plan["nodes"]
+    assert nodes["redundancy"] == plan["spare"]["best"]["redundancy"]
+    assert sorted(len(ws) for ws in nodes["groups_on"]) == [6] * 10
+    assert {int(r) for r in nodes["needed_by_r"]} == {2, 3, 4}
+    assert nodes["needed_by_r"]["2"] == 2 and nodes["needed_by_r"]["3"] == 4
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rec = plan["recommendation"]
     # the lowest simulated time-to-train of the two strategies' best redundancies
@@ -128,6 +134,11 @@ BAD = [
      "--weibull-shape"),
     (["plan", "--groups", "600", "--step-time", "1e12"], "--step-time"),
     (["plan", "--png", "/etc/hostname/plan.png"], "'/etc/hostname' is a file"),
+    # more nodes than groups: refused before the sweep / the Monte-Carlo
+    (["plan", "--nodes", "601"], "--nodes: nodes 601 exceeds the number of groups 600"),
+    (["theory", "--groups", "32", "--redundancy", "3", "--nodes", "33"], "nodes 33 exceeds"),
+    (["theory", "--groups", "32", "--redundancy", "3", "--nodes", "0"], "--nodes"),
+    (["theory", "--groups", "32", "--redundancy", "3", "--nodes", "-2"], "'-2'"),
     # root passes os.access on /proc, but nothing can be created there: tried, not guessed
     (["plan", "--png", "/proc/plan.png"], "--png '/proc/plan.png' cannot be written"),
 ]
@@ -142,6 +153,24 @@ def test_bad_input_is_one_line_exit_2_no_traceback(cli, args, named):
     assert len(lines) == 1, p.stderr
     assert "Traceback" not in p.stderr
     assert named in lines[0]
+
+
+def test_theory_reports_the_node_placement_and_warns_when_a_node_loss_is_unsafe(cli):
+    base = ("theory", "--groups", "32", "--redundancy", "3", "--mc-trials", "0")
+    p = cli(*base, "--nodes", "4", "--json")
+    assert p.returncode == 0 and p.stderr == ""
+    nodes = json.loads(p.stdout)["nodes"]
+    assert nodes["safe"] and nodes["conflicts"] == [] and nodes["nodes_needed"] == 4
+    assert nodes["groups_on"][0] == list(range(0, 32, 4))
+    # 3 nodes cannot separate groups 0..3 (they pairwise share a type): a warning, exit 0
+    p = cli(*base, "--nodes", "3", "--json")
+    assert p.returncode == 0
+    nodes = json.loads(p.stdout)["nodes"]
+    assert not nodes["safe"] and nodes["proved"] and nodes["conflicts"]
+    warn = [ln for ln in p.stderr.splitlines() if "warning: --nodes 3" in ln]
+    assert len(warn) == 1 and "it takes 4 nodes" in warn[0]
+    text = cli(*base, "--nodes", "3").stdout
+    assert "Nodes: 32 groups (r=3) on 3 nodes" in text and "fewest nodes" in text
 
 
 def test_plan_checks_the_figure_path_before_the_sweep(cli, tmp_path):

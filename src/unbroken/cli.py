@@ -4,7 +4,9 @@ Exit codes (``unbroken.protocol.ExitCode``): 0 success, 1 the run could not fini
 error, no survivor left; the reason on stderr), 2 bad input (one line on stderr naming the bad
 value, no traceback, nothing started), 5 the members found the supervisor silent and stopped
 with a checkpoint, 6 the guard's ladder gave up, 7 ``--resume`` found nothing to resume,
-130 / 143 stopped by Ctrl-C / SIGTERM with a checkpoint.
+130 / 143 stopped by Ctrl-C / SIGTERM with a checkpoint. A ``--nodes`` placement that cannot
+keep a node loss safe is a warning (the nodes it would take), exit 0; ``--nodes`` above the
+number of groups is bad input, exit 2.
 """
 
 from __future__ import annotations
@@ -195,6 +197,31 @@ def _job_kwargs(a: argparse.Namespace) -> dict:
                 chaos_faults=a.chaos_faults, out=a.out, resume=a.resume, ft=ft)
 
 
+_NODES_HELP = ("place the N groups on K nodes, balanced, and report whether a node loss is "
+               "safe (no node holds two groups that share a shard type); K < 1 or K > N: "
+               "exit 2; an unsafe placement is a warning naming the nodes it takes, exit 0")
+
+
+def _check_nodes(groups: int, nodes: int) -> None:
+    from unbroken.core.placement import check_nodes
+
+    try:
+        check_nodes(groups, nodes)
+    except ValueError as e:
+        raise UsageError(f"--nodes: {e}") from None
+
+
+def _nodes(groups: int, redundancy: int, nodes: int) -> dict:
+    """The node placement report; an unsafe one is a warning (exit 0), not an error."""
+    from unbroken.core import placement
+
+    rep = placement.node_summary(placement.make_layout(groups, redundancy), nodes)
+    if not rep["safe"]:
+        sys.stderr.write(f"unbroken: warning: --nodes {nodes}: {rep['reason']}; it takes "
+                         f"{rep['nodes_needed_reason']}\n")
+    return rep
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="unbroken", description="Keep LLM pretraining running through failures.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -207,6 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
     th.add_argument("--budget", type=_duration, default=10.0,
                     help="wall time for that Monte-Carlo (10s); the closed forms are instant, "
                          "a Monte-Carlo cut short says how far it got")
+    th.add_argument("--nodes", type=_positive_int, metavar="K",
+                    help=_NODES_HELP)
     th.add_argument("--json", action="store_true")
 
     sim = sub.add_parser("simulate", help="discrete-event simulation of one configuration")
@@ -236,6 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--from", dest="from_learn", metavar="LEARN.json",
                     help="MTBF (per GPU), restart and checkpoint save measured by 'unbroken "
                          "learn --json'; flags given explicitly win")
+    pl.add_argument("--nodes", type=_positive_int, metavar="K",
+                    help=_NODES_HELP + " (at SPARe's best r; the fewest nodes for every r)")
     pl.add_argument("--json", action="store_true")
     from unbroken.sync import cli as sync_cli
 
@@ -317,6 +348,8 @@ def cmd_theory(a: argparse.Namespace) -> dict:
 
     sc = _scenario(a)
     placement.check(sc.groups, a.redundancy)
+    if a.nodes is not None:
+        _check_nodes(sc.groups, a.nodes)  # before the Monte-Carlo, not after it
     mc = None
     if a.mc_trials > 0:
         mu = theory.mu(sc.groups, a.redundancy)
@@ -361,6 +394,8 @@ def cmd_theory(a: argparse.Namespace) -> dict:
            "mc_trials_done": mc.trials if mc else 0,
            "mc_failures_seen": mc.failures_seen if mc else 0,
            "replication": keys(rep, rep_best.redundancy, None, rep_sweep)}
+    if a.nodes is not None:
+        out["nodes"] = _nodes(sc.groups, a.redundancy, a.nodes)
     return out
 
 
@@ -438,6 +473,8 @@ def cmd_plan(a: argparse.Namespace) -> dict:
     if req.r_max < 2:
         raise UsageError(f"--r-max {a.r_max} leaves nothing to sweep (need at least 2)")
     check(req)
+    if a.nodes is not None:
+        _check_nodes(req.scenario.groups, a.nodes)  # before the sweep, not after it
     check_writable(a.png)  # before the sweep, not after it
     for line in caps(req):
         sys.stderr.write(f"unbroken: note: {line}\n")
@@ -453,6 +490,11 @@ def cmd_plan(a: argparse.Namespace) -> dict:
         raise UsageError(f"--png {a.png!r} could not be written: {e.strerror or e}") from None
     if learned is not None:
         plan["from_learn"] = learned
+    if a.nodes is not None:
+        from unbroken.plan import nodes_needed_by_r
+
+        plan["nodes"] = _nodes(req.scenario.groups, plan["spare"]["best"]["redundancy"], a.nodes)
+        plan["nodes"]["needed_by_r"] = nodes_needed_by_r(req)
     return plan
 
 
@@ -590,6 +632,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     {"theory": view.theory_table, "simulate": view.simulate_table,
      "plan": view.plan_tables}[a.command](data, con)
+    if "nodes" in data:
+        con.print("\n".join(view.node_lines(data["nodes"])), highlight=False)
     if "ladder" in data and a.command == "plan":
         from unbroken.plan import ladder_lines
 

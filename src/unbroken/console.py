@@ -106,3 +106,21 @@ def plan_tables(plan: dict, console: Console) -> None:
     console.print(f"[bold green]Recommendation:[/] {rec['reason']}")
     console.print(f"closed-form r* = floor(log2 N + 0.833) = {plan['r_star_closed_form']}; "
                   f"figure: {plan.get('png', '-')}; wall time {plan['wall_s']:.1f} s")
+
+
+def node_lines(nodes: dict, show: int = 8) -> list[str]:
+    """The node placement as a few lines: safe or not, the first nodes' groups, the fewest
+    nodes that keep a node loss safe (for plan, per redundancy)."""
+    head = (f"Nodes: {nodes['groups']} groups (r={nodes['redundancy']}) on {nodes['nodes']} "
+            f"nodes: {nodes['reason']}")
+    lines = [head]
+    for k, ws in enumerate(nodes["groups_on"][:show]):
+        lines.append(f"  node {k}: groups {' '.join(map(str, ws))}")
+    if len(nodes["groups_on"]) > show:
+        lines.append(f"  ... {len(nodes['groups_on']) - show} more node(s) (--json lists all)")
+    lines.append(f"  fewest nodes for a safe node loss: {nodes['nodes_needed_reason']}")
+    by_r = nodes.get("needed_by_r")
+    if by_r:
+        lines.append("  fewest nodes per r: " + ", ".join(
+            f"r={r}: {'-' if k is None else k}" for r, k in by_r.items()))
+    return lines

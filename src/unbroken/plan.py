@@ -75,6 +75,13 @@ def check(req: PlanRequest) -> None:
                 f"redundancy 2 needs at least {placement.min_groups(2)} groups")
 
 
+def nodes_needed_by_r(req: PlanRequest) -> dict[int, int | None]:
+    """The fewest nodes that keep a node loss safe, for every SPARe redundancy swept."""
+    n = req.scenario.groups
+    return {r: placement.nodes_needed(placement.make_layout(n, r))[0]
+            for r in redundancies(req, "spare")}
+
+
 def jobs_for(req: PlanRequest) -> list[Job]:
     seeds = range(req.seed, req.seed + req.seeds)
     jobs = [Job(s, r, sd) for s in ("spare", "rep") for r in redundancies(req, s) for sd in seeds]
