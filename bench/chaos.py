@@ -247,6 +247,8 @@ def guarded(seed: int, steps: int, out: Path, groups: int = 4, count: int | None
             "exactly_once": rep["exactly_once"], "max_abs_param_diff": rep["max_abs_param_diff"],
             "final_loss": rep["final_loss"], "step_s": rep["step_s"], "train_s": rep["train_s"],
             "restarts": rep["restarts"], "start_s": _start_s(events),
+            # a process removed that no scheduled fault hit: a false hang (or a real failure)
+            "faults_external": rep.get("faults_external", 0),
             "faults_masked": rep["faults_masked"], "wall_s": round(rep["wall_s"], 2),
             "all_handled": ok, "unhandled": problems, "faults": faults}
 
@@ -305,6 +307,7 @@ def aggregate(runs: list[dict]) -> dict:
                                                                       for r in ok),
             "max_abs_param_diff": max(diffs, key=lambda d: (d != d, d)) if diffs else None,
             "median_wall_s": _med([r["wall_s"] for r in ok]),
+            "faults_external": sum(r.get("faults_external", 0) for r in ok),
             "median_train_s": _med([r["train_s"] for r in ok]),
             "per_kind": per_kind}
 

@@ -3,7 +3,7 @@
 Issue 10 asks for recovery whose cost is flat in N. For each N in ``--sizes`` (default 4, 8, 16,
 32) and each of ``--repeats`` runs, one fresh ``StackedCluster`` (N real worker processes plus
 one warm spare, r = 2, the default MLP so that 33 processes fit two cores; heartbeat 0.1 s,
-staleness 1.0 s) trains ``STEPS`` steps through three faults:
+staleness 0.3 s, the default) trains ``STEPS`` steps through three faults:
 
 * **kill -> next commit**: uid 1 SIGKILLs itself at step ``KILL_AT`` after computing its
   gradient (``--die-at``); the launcher sees the exit and posts the death notice, as the
@@ -42,7 +42,7 @@ from unbroken.runtime.stacked_worker import StackedCluster
 R = 2
 KILL_AT, HANG_AT, STEPS = 10, 60, 90
 VICTIM, HUNG = 1, 3
-HEARTBEAT, STALENESS = 0.1, 1.0
+HEARTBEAT, STALENESS = 0.1, 0.3
 
 
 def log(*a: object) -> None:

@@ -120,3 +120,25 @@ def test_pg_rank0_killed_with_coordinator_death_notice():
 def test_runtime_package_import_does_not_pull_torch():
     code = "import sys, unbroken.runtime; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+@pytest.mark.timeout(120)
+def test_a_member_lost_between_rendezvous_and_process_group_costs_a_connect_timeout_not_the_job():
+    # uid 3 dies in the re-form after uid 2's death, once it is on the member list and before
+    # the process group connects: the others' connect times out (init timeout, not the ops'
+    # 30 s safety net), the generation counts as broken and the next one forms without it
+    with LocalCluster(N, init_timeout=2.0, die_in_reform=(3,)) as c:
+        for u in UIDS:
+            c.wait_key(f"result/{u}/5", 60)
+        c.kill(2, notify=True)
+        survivors = [0, 1]
+        firsts = {u: c.wait_key(f"first/{u}/2", 30, alive=survivors) for u in survivors}
+        for r in firsts.values():
+            assert r["members"] == survivors and r["value"] == expected(survivors), r
+        done = c.stop(survivors)
+        for u in survivors:
+            evs = {e["gen"]: e for e in done[u]["journal"] if e["event"] == "reform"}
+            assert evs[1]["members"] == [0, 1, 3]  # 3 was on the list of generation 1 ...
+            aborts = [e for e in done[u]["journal"] if e["event"] == "abort" and e["gen"] == 1]
+            assert aborts and "process group not formed" in aborts[0]["reason"], aborts
+            assert evs[2]["members"] == survivors  # ... and generation 2 formed without it

@@ -148,6 +148,7 @@ class FTComm:
         joining: bool = False,
         backend: str = "gloo",
         supervisor_staleness: float = 0.0,
+        init_timeout: float = 10.0,
     ) -> None:
         members = next_members(int(m) for m in members)
         if joining:
@@ -174,6 +175,9 @@ class FTComm:
         self.startup_staleness = max(self.staleness, 5.0)
         self._warm = False
         self.pg_timeout = float(pg_timeout)
+        # a new generation's process group must connect within this (a member that hung or
+        # died after the rendezvous then costs this long and a re-form, see ``reform``)
+        self.init_timeout = float(init_timeout)
         self.rendezvous_timeout = float(rendezvous_timeout)
         self.poll_interval = float(poll_interval)
 
@@ -194,6 +198,8 @@ class FTComm:
         self.journal: list[dict[str, Any]] = []
         self.monitor_errors = 0
         self.on_issue: Any = None  # test hook: called once right after the next op is issued
+        self.on_rendezvous: Any = None  # test hook: called once between a re-form's member
+        #                                 list and its process group
         # the store (hosted by the coordinator) stopped answering: no re-form is possible any
         # more; ops already running finish on gloo alone, the training loop must stop cleanly
         self.store_lost = False
@@ -427,7 +433,19 @@ class FTComm:
         else:
             new = self._member_list(gen)
         t_rdzv = time.monotonic()
-        self._enter(gen, new)
+        if self.on_rendezvous is not None:
+            hook, self.on_rendezvous = self.on_rendezvous, None
+            hook()
+        try:
+            self._enter(gen, new)
+        except RuntimeError as exc:  # a member never came to the process group (it hung or
+            # died during the re-form): the generation is broken before its first op, and the
+            # caller's next op fails at once and re-forms without it (its heartbeat is stale)
+            with self._lock:
+                self._gen, self._members = gen, new
+                self._abort_reason, self._detected_at = None, None
+            self._set_abort(gen, f"gen {gen}: process group not formed: {_short(exc)}")
+            self._note_detect(self._abort_reason or "process group not formed")
         t_pg = time.monotonic()
         ev = {
             "event": Event.REFORM, "gen": gen, "members": new, "leader": leader, "planned": planned,
@@ -453,7 +471,10 @@ class FTComm:
         self.store.set(f"rdzv/{gen}/joiner/{self.uid}", "1")
         new = self._member_list(gen, timeout)
         t0 = time.monotonic()
-        self._enter(gen, new)
+        try:
+            self._enter(gen, new)
+        except RuntimeError as exc:  # a member never came: the launcher sends this joiner again
+            raise RendezvousError(f"gen {gen}: process group not formed: {_short(exc)}") from exc
         self.journal.append({"event": Event.JOIN, "gen": gen, "members": new,
                              "pg_init_s": round(time.monotonic() - t0, 4), "t": time.time()})
         return list(new)
@@ -523,13 +544,21 @@ class FTComm:
 
     # ------------------------------------------------------------------ internals
     def _init_pg(self, gen: int, members: list[int]) -> None:
+        # a re-form's connect phase waits for every member's address with the init timeout: a
+        # member that hung or died after the rendezvous costs that long, not the ops' safety
+        # net (generation 0 waits for every process to start up: the full timeout)
+        short = gen > 0 and self.init_timeout < self.pg_timeout
         dist.init_process_group(
             self.backend,
             store=dist.PrefixStore(f"pg/{gen}", self.store),
             rank=members.index(self.uid),
             world_size=len(members),
-            timeout=timedelta(seconds=self.pg_timeout),
+            timeout=timedelta(seconds=self.init_timeout if short else self.pg_timeout),
         )
+        if short:
+            from torch.distributed.distributed_c10d import _set_pg_timeout
+
+            _set_pg_timeout(timedelta(seconds=self.pg_timeout))
 
     def _bury_default_pg(self) -> None:
         if dist.is_initialized():

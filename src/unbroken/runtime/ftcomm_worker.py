@@ -48,6 +48,10 @@ def worker_main(argv: list[str] | None = None) -> None:
     ap.add_argument("--heartbeat", type=float, default=0.1)
     ap.add_argument("--staleness", type=float, default=1.0)
     ap.add_argument("--pg-timeout", type=float, default=30.0)
+    ap.add_argument("--init-timeout", type=float, default=10.0)
+    ap.add_argument("--die-in-reform", action="store_true",
+                    help="SIGKILL itself in the first re-form, after the rendezvous and before "
+                         "the process group (its peers' connect must time out and re-form)")
     a = ap.parse_args(argv)
 
     import torch
@@ -60,7 +64,10 @@ def worker_main(argv: list[str] | None = None) -> None:
     code = 0
     try:
         comm = FTComm(a.uid, members, host=a.host, port=a.port, heartbeat_period=a.heartbeat,
-                      staleness=a.staleness, pg_timeout=a.pg_timeout)
+                      staleness=a.staleness, pg_timeout=a.pg_timeout,
+                      init_timeout=a.init_timeout)
+        if a.die_in_reform:
+            comm.on_rendezvous = lambda: os.kill(os.getpid(), signal.SIGKILL)
         st = comm.store
         step = 0
         seen_gen = 0
@@ -152,7 +159,8 @@ class LocalCluster:
 
     def __init__(self, n: int = 4, *, numel: int = 1024, pace: float = 0.005,
                  heartbeat: float = 0.1, staleness: float = 1.0,
-                 pg_timeout: float = 30.0) -> None:
+                 pg_timeout: float = 30.0, init_timeout: float = 10.0,
+                 die_in_reform: tuple[int, ...] = ()) -> None:
         import torch.distributed as dist
 
         self.uids = list(range(n))
@@ -165,7 +173,9 @@ class LocalCluster:
             self._start(u, self.ENTRY, [
                 "--uid", str(u), "--members", members, "--port", str(self.port),
                 "--numel", str(numel), "--pace", str(pace), "--heartbeat", str(heartbeat),
-                "--staleness", str(staleness), "--pg-timeout", str(pg_timeout)])
+                "--staleness", str(staleness), "--pg-timeout", str(pg_timeout),
+                "--init-timeout", str(init_timeout),
+                *(["--die-in-reform"] if u in die_in_reform else [])])
 
     def _init_procs(self) -> None:
         self.procs: dict[int, Any] = {}
