@@ -68,6 +68,36 @@ def build_report(events: list[dict], *, max_abs_param_diff: float | None, exactl
     return out
 
 
+def straggler_report(events: list[dict], t_start: float,
+                     target_loss: float | None = None) -> dict:
+    """The run's straggler and time-to-accuracy numbers from the journal's commit events
+    (``unbroken.core.stragglers`` computes them): ``tta_s`` (from the run's start, the origin
+    of ``wall_s``; null when the target was not reached or not given), ``tta_train_s`` (from
+    step 0's commit: start-up left out), ``straggler_frequency`` (from each group's own step
+    time ``own_s``), ``sync_modes`` (steps committed per mode) and ``mode_switches``."""
+    from unbroken.core.stragglers import straggler_frequency, time_to_target
+
+    own: dict[int, dict[str, float]] = {}
+    first: dict[int, tuple[float, float]] = {}  # step -> (its first commit's time, loss)
+    for e in events:
+        if not isinstance(e, dict) or e.get("event") != Event.COMMIT \
+                or not isinstance(e.get("t"), (int, float)):
+            continue
+        k = int(e["step"])
+        if isinstance(e.get("own_s"), (int, float)):
+            own.setdefault(k, {})[str(e.get("src", e.get("uid")))] = float(e["own_s"])
+        if isinstance(e.get("loss"), (int, float)) and (k not in first or e["t"] < first[k][0]):
+            first[k] = (float(e["t"]), float(e["loss"]))
+    tta = tta_train = None
+    if target_loss is not None and first:
+        points = list(first.values())
+        tta = time_to_target(points, target_loss, t_start)
+        tta_train = time_to_target(points, target_loss, first[min(first)][0])
+    return {"target_loss": target_loss, "tta_s": tta, "tta_train_s": tta_train,
+            "straggler_frequency": straggler_frequency(own),
+            "sync_modes": {"sync": len(first)}, "mode_switches": 0}
+
+
 def _s(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f} s"
 
