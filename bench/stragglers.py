@@ -19,6 +19,8 @@ steps:
   times within 7 % of each other); with the others on the other core (1/3 of it each), group 1
   gets 1/(hogs+1) of its core: 1/6, half of its peers' share, a 2x straggler. On a machine
   with more cores the peers get more and the ratio is larger; the run records what it pinned.
+* ``pinned``: the control of ``cpu_hog``: the same pinning, no busy loop (on 2 cores, three
+  groups on one core is itself slower than four groups free on two).
 
 Reported per case (median over ``--repeats`` runs, each run's own numbers in ``runs``):
 ``wall_s`` (start-up included), ``step_s`` (the ETTR accounting's median failure-free step, i.e.
@@ -54,7 +56,7 @@ import threading
 import time
 from pathlib import Path
 
-CASES = ("none", "persistent:1@2", "bursty:0", "rotating:0.3", "cpu_hog")
+CASES = ("none", "persistent:1@2", "bursty:0", "rotating:0.3", "pinned", "cpu_hog")
 HOG_GROUP = 1
 
 
@@ -122,11 +124,11 @@ def run_case(case: str, steps: int, seed: int, hogs: int) -> dict:
         out = os.path.join(d, "run")
         spec = JobSpec(trainer="gpt", groups=4, steps=steps, seed=seed, faults="none",
                        out=out, ft=FTConfig(spares=0),
-                       stragglers=None if case in ("none", "cpu_hog") else case)
+                       stragglers=None if case in ("none", "pinned", "cpu_hog") else case)
         hog = None
-        if case == "cpu_hog":
+        if case in ("pinned", "cpu_hog"):
             hog = Hog(os.path.join(out, "groups"), HOG_GROUP, spec.groups,
-                      max(os.sched_getaffinity(0)), hogs)
+                      max(os.sched_getaffinity(0)), hogs if case == "cpu_hog" else 0)
         try:
             res = Supervisor(spec).run()
         finally:

@@ -126,6 +126,12 @@ def print_report(console: Console, report: dict, title: str = "Demo") -> None:
         ("wall time (incl. start-up)", _s(report["wall_s"])),
         ("final loss", "-" if report.get("final_loss") is None
          else f"{report['final_loss']:.4f}"),
+        *([(f"time to loss {report['target_loss']:g}",
+            "not reached" if report.get("tta_s") is None else _s(report["tta_s"]))]
+          if report.get("target_loss") is not None else []),
+        *([("straggler frequency (a group > 1.2x the fastest)",
+            f"{100 * report['straggler_frequency']:.1f}% of steps")]
+          if report.get("straggler_frequency") is not None else []),
         ("every gradient exactly once", ok),
         *([("max |param - failure-free reference|", f"{diff:.3g}")] if diff is not None
           else []),
