@@ -1,5 +1,6 @@
-"""``--stragglers`` (and its file) and ``--target-loss`` on ``unbroken run`` / ``demo`` as a user types them: bad
-input is one line naming the value, exit 2, nothing started; ``none`` is today's run."""
+"""``--stragglers`` (and its file) and ``--target-loss`` on ``unbroken run`` / ``demo`` as a user
+types them: bad input is one line naming the value, exit 2, nothing started; ``none`` is today's
+run."""
 
 from __future__ import annotations
 
