@@ -59,9 +59,12 @@ class IoCounter:
             return None
 
     def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        fd, self.fd = getattr(self, "fd", None), None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except (OSError, TypeError):  # at interpreter exit ``os`` may be gone already
+                pass
 
     __del__ = close  # in-process tests build many runners
 
