@@ -49,6 +49,7 @@ _positive_int = _number(int, lambda v: v >= 1, "a positive integer")
 _nonneg_int = _number(int, lambda v: v >= 0, "an integer >= 0")
 _fraction = _number(float, lambda v: 0 <= v < 1, "a number in [0, 1)")
 _positive_float = _number(float, lambda v: 0 < v < float("inf"), "a positive number")
+_finite_float = _number(float, lambda v: abs(v) < float("inf"), "a finite number")
 
 
 def _duration(text: str) -> float:
@@ -146,6 +147,12 @@ def _job_args(p: argparse.ArgumentParser, *, steps: int, out: str) -> None:
                    help="a fire drill: kind:group@step,... (kill, hang, slow, stall, nan, "
                         "flip, xid[N], update@step) or 'none'; demo default: a kill, a hang "
                         "and two failures close together")
+    p.add_argument("--stragglers", default=None, metavar="SPEC",
+                   help="slow groups down by a trace: persistent:G@F[,persistent:G@F...] (group "
+                        "G F times slower), bursty:SEED, rotating:P[@F], a CSV file of "
+                        "step,group,slowdown rows, or 'none'")
+    p.add_argument("--target-loss", type=_finite_float, default=None, metavar="L",
+                   help="report the time the committed loss first reaches L (tta_s)")
     p.add_argument("--chaos", type=_nonneg_int, default=None, metavar="SEED",
                    help="a seeded mix of every fault kind (kill, hang, slow, nan, bit flip, "
                         "XID, bad code update); implies --guard act")
@@ -194,7 +201,8 @@ def _job_kwargs(a: argparse.Namespace) -> dict:
                   sdc_every=a.sdc_every, ladder=a.ladder,
                   guard=a.guard or ("act" if a.chaos is not None else "log"))
     return dict(groups=a.groups, steps=a.steps, seed=a.seed, faults=a.faults, chaos=a.chaos,
-                chaos_faults=a.chaos_faults, out=a.out, resume=a.resume, ft=ft)
+                chaos_faults=a.chaos_faults, out=a.out, resume=a.resume, ft=ft,
+                stragglers=a.stragglers, target_loss=a.target_loss)
 
 
 _NODES_HELP = ("place the N groups on K nodes, balanced, and report whether a node loss is "

@@ -68,6 +68,36 @@ def build_report(events: list[dict], *, max_abs_param_diff: float | None, exactl
     return out
 
 
+def straggler_report(events: list[dict], t_start: float,
+                     target_loss: float | None = None) -> dict:
+    """The run's straggler and time-to-accuracy numbers from the journal's commit events
+    (``unbroken.core.stragglers`` computes them): ``tta_s`` (from the run's start, the origin
+    of ``wall_s``; null when the target was not reached or not given), ``tta_train_s`` (from
+    step 0's commit: start-up left out), ``straggler_frequency`` (from each group's own step
+    time ``own_s``), ``sync_modes`` (steps committed per mode) and ``mode_switches``."""
+    from unbroken.core.stragglers import straggler_frequency, time_to_target
+
+    own: dict[int, dict[str, float]] = {}
+    first: dict[int, tuple[float, float]] = {}  # step -> (its first commit's time, loss)
+    for e in events:
+        if not isinstance(e, dict) or e.get("event") != Event.COMMIT \
+                or not isinstance(e.get("t"), (int, float)):
+            continue
+        k = int(e["step"])
+        if isinstance(e.get("own_s"), (int, float)):
+            own.setdefault(k, {})[str(e.get("src", e.get("uid")))] = float(e["own_s"])
+        if isinstance(e.get("loss"), (int, float)) and (k not in first or e["t"] < first[k][0]):
+            first[k] = (float(e["t"]), float(e["loss"]))
+    tta = tta_train = None
+    if target_loss is not None and first:
+        points = list(first.values())
+        tta = time_to_target(points, target_loss, t_start)
+        tta_train = time_to_target(points, target_loss, first[min(first)][0])
+    return {"target_loss": target_loss, "tta_s": tta, "tta_train_s": tta_train,
+            "straggler_frequency": straggler_frequency(own),
+            "sync_modes": {"sync": len(first)}, "mode_switches": 0}
+
+
 def _s(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f} s"
 
@@ -96,6 +126,12 @@ def print_report(console: Console, report: dict, title: str = "Demo") -> None:
         ("wall time (incl. start-up)", _s(report["wall_s"])),
         ("final loss", "-" if report.get("final_loss") is None
          else f"{report['final_loss']:.4f}"),
+        *([(f"time to loss {report['target_loss']:g}",
+            "not reached" if report.get("tta_s") is None else _s(report["tta_s"]))]
+          if report.get("target_loss") is not None else []),
+        *([("straggler frequency (a group > 1.2x the fastest)",
+            f"{100 * report['straggler_frequency']:.1f}% of steps")]
+          if report.get("straggler_frequency") is not None else []),
         ("every gradient exactly once", ok),
         *([("max |param - failure-free reference|", f"{diff:.3g}")] if diff is not None
           else []),

@@ -38,13 +38,19 @@ class TrainConfig:
     # the trainer factory's keyword arguments (the model's hyperparameters; JSON values):
     # ``factory(cfg, **trainer_args)``, the built-in "mlp" and "gpt" included
     trainer_args: dict = field(default_factory=dict)
+    # a straggler trace (``unbroken.core.stragglers``: a pattern, or a CSV file's absolute
+    # path): each worker computes its own per-step slowdown from it and the seed. None: none
+    stragglers: str | None = None
 
     @property
     def backend(self) -> str:
         return "nccl" if self.device.startswith("cuda") else "gloo"
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self))
+        d = asdict(self)
+        if d["stragglers"] is None:  # a straggler-free config is byte for byte today's (the
+            del d["stragglers"]      # reference cache is keyed by it)
+        return json.dumps(d)
 
     @classmethod
     def from_json(cls, s: str) -> TrainConfig:

@@ -75,6 +75,7 @@ from unbroken.runtime.comm import CommLike
 from unbroken.runtime.config import TrainConfig
 from unbroken.runtime.incidents import GuardStopError, Incidents
 from unbroken.runtime.ledger import DivergenceError
+from unbroken.runtime.resources import IoCounter, ring_rx_bytes
 from unbroken.runtime.stepbuf import joins_reported
 from unbroken.runtime.trainer import TrainerLike, copy_state, grad_into, make_trainer
 
@@ -125,8 +126,9 @@ class StackedRunner(Incidents, Admission):
 
     Identity: ``uid`` is the process (FTComm member), ``slot`` its place in the layout; a spare
     that replaces a dead group takes over its slot under a new uid. ``journal(obj)`` receives
-    one dict per event: ``commit`` (``step, gen, members, mine, plan{type: uid}, loss``),
-    ``replan``, ``roll_forward``, ``wipeout``, ``admit``, ``restart``, ``fault``.
+    one dict per event: ``commit`` (``step, gen, members, mine, plan{type: uid}, loss``, and
+    the group's own time and resource signals ``own_s, cpu, tx_bytes, rx_bytes``), ``replan``,
+    ``roll_forward``, ``wipeout``, ``admit``, ``restart``, ``fault``.
     """
 
     def __init__(self, cfg: TrainConfig, uid: int, comm: CommLike,
@@ -177,6 +179,9 @@ class StackedRunner(Incidents, Admission):
         self.grads: dict[int, torch.Tensor] = {}
         self.grads_step = -1
         self.compute_s, self.compute_n = 0.0, 0
+        self.cpu_s = 0.0  # the main thread's CPU time in compute_s (CPU availability)
+        self._io = IoCounter()  # bytes sent, per commit (see unbroken.runtime.resources)
+        self._sent = self._io.sent()
         self.computed: dict[int, set[int]] = {}
         self.last_buf: torch.Tensor | None = None
         self.op_members: list[int] = list(comm.members)  # the generation of the last step op
@@ -223,9 +228,9 @@ class StackedRunner(Incidents, Admission):
         if self.grads_step != self.step:
             self.grads, self.grads_step = {}, self.step
             self.computed = {w: set(ts) for w, ts in self.contrib.items()}
-            self.compute_s, self.compute_n = 0.0, 0
+            self.compute_s, self.compute_n, self.cpu_s = 0.0, 0, 0.0
             self.step_error = None
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         contrib = list(self.contrib.get(self.my_slot, ()))
         mine = list(contrib)
         if self._check_step():  # the redundant check: the other hosted types, digests only
@@ -248,6 +253,7 @@ class StackedRunner(Incidents, Admission):
         # (commit times cannot show it: a synchronous step waits for the slowest group; per
         # shard, so a survivor computing a stack of two after a masked failure is not "slow")
         self.compute_s += time.perf_counter() - t0
+        self.cpu_s += time.thread_time() - c0
 
     def _step_failed(self, exc: BaseException) -> None:
         import traceback
@@ -379,6 +385,7 @@ class StackedRunner(Incidents, Admission):
         self.join_seen = max(self.join_seen, int(rest[sb.JOIN]))
         self.incidents = 0
         self.step += 1
+        sent, self._sent = self._sent, self._io.sent()
         self.journal({"event": Event.COMMIT, "step": k, "gen": self.comm.generation,
                       "members": self.comm.members,
                       "mine": list(self.contrib.get(self.my_slot, ())),
@@ -386,6 +393,16 @@ class StackedRunner(Incidents, Admission):
                       "loss": rest[sb.LOSS] / n, "rolled": rolled,
                       "grad_norm": round(self._grad_norm(buf) / n, 9),
                       "compute_s": round(self.compute_s / max(1, self.compute_n), 6),
+                      # resource signals (unbroken.runtime.resources says what each is): the
+                      # group's own part of the step, its CPU availability, bytes sent / the
+                      # ring model of bytes received
+                      "own_s": round(self.compute_s, 6),
+                      "cpu": round(self.cpu_s / self.compute_s, 4) if self.compute_s > 0
+                      else None,
+                      "tx_bytes": None if sent is None or self._sent is None
+                      else self._sent - sent,
+                      "rx_bytes": ring_rx_bytes(buf.element_size() * buf.numel(),
+                                                len(self.op_members)),
                       "t": time.time()})
         if self.ckpt is not None and self.step % self.ckpt_every == 0 \
                 and self.comm.rank == 0 and self.step < self.cfg.steps:

@@ -133,7 +133,14 @@ def worker_main(argv: list[str] | None = None) -> None:
 
     from unbroken.testing.faults import from_flags
 
-    faults = from_flags(a, on_fault)
+    slowdown = None
+    if cfg.stragglers is not None:
+        from unbroken.runtime.stragglers import own_slowdowns
+
+        # keyed by the uid: a straggler is a slow machine, so a spare that takes over the
+        # slot runs at full speed (see unbroken.core.stragglers)
+        slowdown = own_slowdowns(cfg.stragglers, a.uid, cfg.groups, cfg.steps, cfg.seed)
+    faults = from_flags(a, on_fault, slowdown)
     try:
         comm = FTComm(a.uid, list(range(cfg.groups)), host=a.host, port=a.port,
                       heartbeat_period=a.heartbeat, staleness=a.staleness,

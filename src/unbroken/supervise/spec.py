@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 from dataclasses import dataclass, field
 
 from unbroken.core.faults import (NEED_ACT, REMOVING, Fault, chaos_faults, parse_faults,
@@ -128,6 +129,8 @@ class JobSpec:
     chaos_faults: int | None = None  # ... of this many faults, slots failing again (a soak)
     timeout: float = 600.0
     unguarded: bool = False       # bench only: faults that need an acting guard, log-only
+    stragglers: str | None = None  # a straggler trace (unbroken.core.stragglers) or "none"
+    target_loss: float | None = None  # report the time the committed loss first reaches it
     ft: FTConfig = field(default_factory=FTConfig)
 
     def fault_list(self) -> list[Fault]:
@@ -180,6 +183,12 @@ def check(spec: JobSpec) -> list[Fault]:
         from unbroken.core.standby import standby_size
 
         standby_size(spec.groups, ft.standby_p)  # StandbyError (a ValueError) names p
+    if spec.stragglers is not None:
+        from unbroken.runtime.stragglers import load_trace
+
+        load_trace(spec.stragglers, spec.groups)  # StragglerSpecError (a ValueError)
+    if spec.target_loss is not None and not math.isfinite(spec.target_loss):
+        raise ValueError(f"--target-loss {spec.target_loss}: expected a finite number")
     try:
         json.dumps(spec.trainer_args)
     except (TypeError, ValueError):
@@ -211,6 +220,7 @@ def train_config(spec: JobSpec, sdc_every: int = 0):
     built-in GPT its own settings (the demo's) come first in ``trainer_args``, and the job's
     ``trainer_args`` override them."""
     from unbroken.runtime.config import TrainConfig
+    from unbroken.runtime.stragglers import normalize_spec
 
     args = dict(spec.trainer_args)
     if spec.trainer == "gpt":
@@ -219,7 +229,8 @@ def train_config(spec: JobSpec, sdc_every: int = 0):
         args = {"lr": RECOMMENDED_LR, "dataset_size": 8192, **args}
     return TrainConfig(groups=spec.groups, redundancy=spec.ft.redundancy, steps=spec.steps,
                        seed=spec.seed, model=spec.trainer, trainer_args=args,
-                       shard_size=spec.shard_size, sdc_every=sdc_every)
+                       shard_size=spec.shard_size, sdc_every=sdc_every,
+                       stragglers=normalize_spec(spec.stragglers))
 
 
 def load_trainer(cfg):

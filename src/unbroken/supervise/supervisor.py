@@ -235,7 +235,7 @@ class Supervisor:
 
     def _run(self, faults, cfg, out: Path, jdir: Path, xid_log, found, repaired) -> RunResult:
         from unbroken.core.shards import exactly_once
-        from unbroken.demo_report import build_report
+        from unbroken.demo_report import build_report, straggler_report
         from unbroken.guard import Guard
         from unbroken.runtime.ledger import ledger_records
 
@@ -247,7 +247,7 @@ class Supervisor:
             "seed": spec.seed, "spares": spares, "standby_p": spec.ft.standby_p,
             "model": cfg.model, "trainer_args": spec.trainer_args,
             "staleness": spec.ft.staleness, "guard": spec.ft.guard, "chaos": spec.chaos,
-            "sdc_every": cfg.sdc_every, "resume": spec.resume,
+            "sdc_every": cfg.sdc_every, "resume": spec.resume, "stragglers": cfg.stragglers,
             "resume_step": found["resume_step"]},
             "faults": [{"kind": f.kind, "group": f.group, "step": f.step,
                         **({"code": f.code} if f.code is not None else {})} for f in faults],
@@ -295,6 +295,7 @@ class Supervisor:
                                       "stray": len(rep.stray)})
         report["faults_detected"] = sum(1 for f in report["time_lost_per_fault"]
                                         if f["detect_s"] is not None)
+        report.update(straggler_report(self.events, t_start, spec.target_loss))
         report["wall_s"] = wall
         report["journal"] = str(out / "journal.jsonl")
         if self._exporter is not None:

@@ -3,7 +3,7 @@ components (the runner holds no fault code):
 
 * :class:`FaultyTrainer` - a ``TrainerLike`` around the real trainer: one NaN at a step, a
   flipped mantissa bit from a step on (silent data corruption), a slower gradient from a step on
-  (a straggler);
+  (a straggler), or a straggler trace's factor per step (``--stragglers``);
 * :class:`DropCommit` - a communicator around ``FTComm``: the step's completed all-reduce is
   treated as failed once on this rank (its peers commit), at a step or at the commit that makes
   the peers admit a spare;
@@ -62,13 +62,17 @@ class GradFaults:
     slow_from: int | None = None  # from step K on, every gradient takes twice as long, and
     #                               at least slow_s longer
     slow_s: float = 0.06
+    # a straggler trace's factor per step for this process (``--stragglers``): a gradient at
+    # step s takes slowdown[s] times its measured compute (None: never slowed)
+    slowdown: list[float] | None = None
     told: set[tuple[str, int]] = field(default_factory=set)
     slow_told: bool = False
     flip_told: bool = False
     nan_next: list[int] = field(default_factory=list)  # a slot's further NaNs, in step order
 
     def any(self) -> bool:
-        return not (self.nan_at is None and self.flip_from is None and self.slow_from is None)
+        return not (self.nan_at is None and self.flip_from is None and self.slow_from is None
+                    and self.slowdown is None)
 
 
 class TrainerProxy:
@@ -116,9 +120,15 @@ class FaultyTrainer(TrainerProxy):
             self.tell(kind, step, at)
 
     def grad(self, step: int, shard_type: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        f = self.faults
         t0 = time.perf_counter()
         g = grad_into(self.inner, step, shard_type, out)
-        f = self.faults
+        if f.slowdown is not None and step < len(f.slowdown) and f.slowdown[step] > 1.0:
+            # a machine F times slower: (F - 1) x this gradient's own measured compute, as a
+            # sleep, not a busy loop: a slower node is slow on its own core, and spinning here
+            # would take CPU from the other groups sharing this machine's cores (their steps
+            # would slow too and the injected ratio would not be the one asked for)
+            time.sleep((f.slowdown[step] - 1.0) * (time.perf_counter() - t0))
         if f.nan_at is not None or f.flip_from is not None:
             i = int(g.abs().argmax())  # the largest element: a parameter the data really uses
             if due(f.nan_at, step):
@@ -281,10 +291,12 @@ class Faults(NamedTuple):
     hooks: StepHooks
 
 
-def from_flags(a: Any, on_fault: Callable[[str], None]) -> Faults:
-    """The worker CLI's parsed fault flags (``--die-at`` ... ``--flip-from``) -> the wrappers."""
+def from_flags(a: Any, on_fault: Callable[[str], None],
+               slowdown: list[float] | None = None) -> Faults:
+    """The worker CLI's parsed fault flags (``--die-at`` ... ``--flip-from``) and this
+    process's straggler factors per step (``slowdown``, None: none) -> the wrappers."""
     grads = GradFaults(nan_at=a.nan_at, flip_from=a.flip_from, slow_from=a.slow_from,
-                       slow_s=a.slow_s)
+                       slow_s=a.slow_s, slowdown=slowdown)
     drops = a.drop_commit_at is not None or a.drop_commit_on_join
     hooks = SelfFaults(die_at=a.die_at, stop_at=a.stop_at, stall_at=a.stall_at,
                        die_in_patch=a.die_in_patch, die_after_replan=a.die_after_replan,
