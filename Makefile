@@ -49,6 +49,8 @@ bench: $(STAMP) learn-tools
 	$(VENV)/bin/python bench/step_breakdown.py
 	$(VENV)/bin/python bench/detect_latency.py
 	$(VENV)/bin/python bench/chaos.py
+	$(VENV)/bin/python bench/chaos.py --seeds 1 --groups 16 --steps 300 --chaos-faults 50 --out docs/bench/soak.json
+	$(VENV)/bin/python bench/stragglers.py
 	$(VENV)/bin/python bench/learn.py
 	$(VENV)/bin/pip install -q -c requirements.lock -e '.[baselines]'
 	$(VENV)/bin/python bench/kill_baselines.py
