@@ -1,4 +1,8 @@
-"""Straggler profiles as a per-step slowdown matrix, for the planner and the selector's tests.
+"""Straggler profiles as a per-step slowdown matrix: the synthetic load behind the predictor's
+and the selector's training data (``unbroken.sync``). What a user types (``--stragglers`` on
+run, demo and plan) is parsed by ``core.stragglers``, the runtime's own trace; this module's
+bursty model (bursts of 2.5x ramping in and out) differs from it on purpose (training data wants
+smooth onsets to learn from) and keeps the same grammar.
 
 Why a matrix
 ------------
@@ -7,8 +11,7 @@ data-parallel group is than its straggler-free self. Every profile -- a fixed sl
 of load, a slow group that moves around, a measured CSV -- reduces to one ``(steps, groups)``
 array of factors >= 1.0, so the planner evaluates every mode on the same numbers.
 
-The grammar is the one of issue 11's ``--stragglers SPEC`` (the runtime's own trace module is
-written elsewhere; the two are unified at merge, so keep the grammar identical):
+The grammar is the one of issue 11's ``--stragglers SPEC``:
 
 * ``persistent:G@F[,G@F...]`` -- group G is F times slower on every step (F >= 1);
 * ``bursty:SEED`` -- each group's load is an AR(1) process with bursts on random groups;

@@ -22,7 +22,8 @@ from collections import Counter
 import numpy as np
 
 from unbroken.core.sync import AutoState, CostModel, decide, estimates, select, tta_of
-from unbroken.core.sync_trace import parse_spec, slowdowns, straggler_frequency
+from unbroken.core.sync_trace import straggler_frequency
+from unbroken.runtime.stragglers import load_trace
 
 __all__ = ["straggler_plan", "WINDOW"]
 
@@ -34,8 +35,8 @@ def straggler_plan(spec: str, groups: int, steps: int, t_compute: float, t_allre
                    cm: CostModel, seed: int = 0) -> dict:
     """The plan as plain data (what ``--json`` prints)."""
     t0 = time.perf_counter()
-    parsed = parse_spec(spec)
-    slow = slowdowns(parsed, groups, steps, seed)
+    # the runtime's own parser and trace (``--stragglers`` means the same to run and to plan)
+    slow = np.asarray(load_trace(spec, groups).matrix(steps, seed), dtype=float)
     times = t_compute * slow + t_allreduce
     fams: dict[str, dict] = {f: {"tta_s": 0.0, "gap_s": [], "modes": Counter()} for f in _FAMILIES}
     state, auto_s, switches, reasons, used = AutoState(), 0.0, 0, [], Counter()
@@ -67,7 +68,8 @@ def straggler_plan(spec: str, groups: int, steps: int, t_compute: float, t_allre
     best = min(modes, key=lambda f: (fams[f]["tta_s"], _FAMILIES.index(f)))
     whole = select(times.mean(axis=0), cm)
     return {
-        "stragglers": spec, "kind": parsed.kind, "groups": groups, "steps": steps,
+        "stragglers": spec, "kind": spec.split(":", 1)[0] if ":" in spec else "csv",
+        "groups": groups, "steps": steps,
         "t_compute": t_compute, "t_allreduce": t_allreduce, "noise_scale": cm.noise_scale,
         "shard_batch": cm.shard_batch, "redundancy": cm.redundancy,
         "staleness_cost": cm.staleness_cost, "window": WINDOW,
