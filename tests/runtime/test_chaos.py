@@ -22,7 +22,7 @@ pytestmark = pytest.mark.mp
 # fault kind -> how its resolution must read (the rung that answered it)
 EXPECTED = {"kill": ("replan", "restart"), "hang": ("replan", "restart"),
             "slow": ("replan", "restart"), "nan": ("retry in place",),
-            "update": ("rollback v1 -> v0",), "flip": ("replay named",),
+            "update": ("rollback v",), "flip": ("replay named",),
             "xid": ("restart in place", "evict")}
 SOAK = {**EXPECTED, "stall": ("replan", "restart")}
 

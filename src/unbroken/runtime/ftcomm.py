@@ -148,7 +148,7 @@ class FTComm:
         joining: bool = False,
         backend: str = "gloo",
         supervisor_staleness: float = 0.0,
-        init_timeout: float = 10.0,
+        init_timeout: float = 5.0,
     ) -> None:
         members = next_members(int(m) for m in members)
         if joining:
@@ -175,10 +175,14 @@ class FTComm:
         self.startup_staleness = max(self.staleness, 5.0)
         self._warm = False
         self.pg_timeout = float(pg_timeout)
-        # a new generation's process group must connect within this (a member that hung or
-        # died after the rendezvous then costs this long and a re-form, see ``reform``)
-        self.init_timeout = float(init_timeout)
         self.rendezvous_timeout = float(rendezvous_timeout)
+        # a new generation's process group must connect within this (a member that hung or
+        # died after the rendezvous then costs this long and a re-form, see ``reform``). Well
+        # inside the rendezvous deadline: members whose connect went through (the lost one had
+        # reached them) fail their first op at once and wait in the next rendezvous for the
+        # ones still connecting; with both at 10 s the leader's deadline dropped eight live
+        # members of a 16-group soak as they arrived
+        self.init_timeout = min(float(init_timeout), self.rendezvous_timeout / 2)
         self.poll_interval = float(poll_interval)
 
         self._gen = 0

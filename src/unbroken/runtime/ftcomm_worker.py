@@ -48,7 +48,7 @@ def worker_main(argv: list[str] | None = None) -> None:
     ap.add_argument("--heartbeat", type=float, default=0.1)
     ap.add_argument("--staleness", type=float, default=1.0)
     ap.add_argument("--pg-timeout", type=float, default=30.0)
-    ap.add_argument("--init-timeout", type=float, default=10.0)
+    ap.add_argument("--init-timeout", type=float, default=5.0)
     ap.add_argument("--die-in-reform", action="store_true",
                     help="SIGKILL itself in the first re-form, after the rendezvous and before "
                          "the process group (its peers' connect must time out and re-form)")
@@ -159,7 +159,7 @@ class LocalCluster:
 
     def __init__(self, n: int = 4, *, numel: int = 1024, pace: float = 0.005,
                  heartbeat: float = 0.1, staleness: float = 1.0,
-                 pg_timeout: float = 30.0, init_timeout: float = 10.0,
+                 pg_timeout: float = 30.0, init_timeout: float = 5.0,
                  die_in_reform: tuple[int, ...] = ()) -> None:
         import torch.distributed as dist
 

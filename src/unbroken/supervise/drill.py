@@ -31,6 +31,7 @@ class LauncherDrill:
     def __init__(self, pending: list[Fault], model: str, xid_log: str | None,
                  emit: Callable[[dict], None], fired: set, guard) -> None:
         self.todo = [f for f in pending if f.kind in ("xid", "update")]
+        self.updates = sum(1 for f in fired if f.kind == "update")  # versions queued so far
         self.model, self.xid_log, self.emit, self.fired, self.guard = (
             model, xid_log, emit, fired, guard)
 
@@ -41,11 +42,14 @@ class LauncherDrill:
             self.todo.remove(f)
             now = time.time()
             if f.kind == "update":
+                # every update a new version (a rolled-back version is never queued again)
+                self.updates += 1
+                version = f"v{self.updates}"
                 model = BAD_UPDATE.get(self.model, BAD_UPDATE["mlp"])
                 self.emit({"event": Event.FAULT, "kind": "update", "group": -1, "step": f.step,
-                           "at": f.step, "version": "v1", "model": model, "t": now})
+                           "at": f.step, "version": version, "model": model, "t": now})
                 self.fired.add(f)
-                self.guard.queue_update("v1", model, now)
+                self.guard.queue_update(version, model, now)
                 continue
             held = holder(f.group)
             if held is None or self.xid_log is None:
