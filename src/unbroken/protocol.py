@@ -44,6 +44,7 @@ class ExitCode(enum.IntEnum):
     NO_PROGRESS = 6
     NO_RESUME_POINT = 7
     STOPPED = 8
+    JOIN_FAILED = 9  # a spare's admission broke (a member lost in its re-form): send another
     INTERRUPTED = 130
     TERMINATED = 143
 

@@ -142,7 +142,7 @@ class FTComm:
         heartbeat_period: float = 0.1,
         staleness: float = 0.3,
         pg_timeout: float = 60.0,
-        rendezvous_timeout: float = 10.0,
+        rendezvous_timeout: float = 30.0,
         store_timeout: float = 60.0,
         poll_interval: float = 0.1,
         joining: bool = False,
@@ -180,8 +180,10 @@ class FTComm:
         # died after the rendezvous then costs this long and a re-form, see ``reform``). Well
         # inside the rendezvous deadline: members whose connect went through (the lost one had
         # reached them) fail their first op at once and wait in the next rendezvous for the
-        # ones still connecting; with both at 10 s the leader's deadline dropped eight live
-        # members of a 16-group soak as they arrived
+        # ones still connecting. With a 10 s deadline the leader dropped seven and eight live
+        # members of a 16-group soak that were still in gloo's connect to a peer an XID had
+        # just killed; the deadline is what a member missing while its heartbeat beats (a
+        # stall: the guard's stack vote evicts it sooner) costs a re-form
         self.init_timeout = min(float(init_timeout), self.rendezvous_timeout / 2)
         self.poll_interval = float(poll_interval)
 

@@ -17,7 +17,8 @@ committed steps survive it) and reports through the store:
 * ``killed/<uid>`` / ``stopped/<uid>``: wall time just before a self-inflicted SIGKILL /
   SIGSTOP (test fault injection at deterministic points, see ``unbroken.testing.faults``).
 
-Exit codes: 0 done, 3 error, 4 unmaskable wipe-out without replacements, 5 the coordinator
+Exit codes: 0 done, 3 error, 9 a spare whose admission broke (a member lost during its
+re-form; the launcher sends another), 4 unmaskable wipe-out without replacements, 5 the coordinator
 (the store host) is gone: every member stopped after the same committed step and rank 0 wrote a
 durable checkpoint of it (``--ckpt-dir``), from which ``--resume`` continues; 6 the guard's
 ladder gave up on an incident (``--verdicts``), or no verdict came.
@@ -94,7 +95,7 @@ def worker_main(argv: list[str] | None = None) -> None:
 
     import torch
 
-    from unbroken.runtime.ftcomm import FTComm, StoreLostError
+    from unbroken.runtime.ftcomm import FTComm, RendezvousError, StoreLostError
     from unbroken.runtime.stacked import (
         CoordinatorLostError,
         GuardStopError,
@@ -171,6 +172,7 @@ def worker_main(argv: list[str] | None = None) -> None:
                     runner.trainer = faults.hooks.wrap_trainer(runner, runner.trainer)
             start_health()
             runner.join(int(comm.store.get(assign_key(a.uid))))
+            joined = True
         else:
             start_health()
         params = _profiled(runner.run, a.uid)
@@ -185,6 +187,11 @@ def worker_main(argv: list[str] | None = None) -> None:
         path = runner.save_checkpoint_now()
         journal({"event": Event.STOPPED, "step": runner.step, "checkpoint": path,
                  "error": str(exc), "t": time.time()})
+    except RendezvousError:
+        if a.standby and not joined:  # this spare's admission broke: the launcher treats it
+            code = ExitCode.JOIN_FAILED  # as lost and sends another
+        else:
+            code = report_error(comm, a.uid)
     except WipeOutError as exc:
         code = ExitCode.WIPEOUT
         if comm is not None:

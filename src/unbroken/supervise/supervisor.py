@@ -658,8 +658,8 @@ class _Attempt:
                 continue
             if c.store.check([error_key(u)]):
                 raise RunError(f"group {u} failed:\n{c.store.get(error_key(u)).decode()}")
-            if rc < 0 and self.stop_posted is None:  # killed by a signal: a death
-                self._lost(u, "exit")
+            if (rc < 0 or rc == ExitCode.JOIN_FAILED) and self.stop_posted is None:
+                self._lost(u, "exit")  # killed by a signal, or a spare whose admission broke
             elif rc == ExitCode.WIPEOUT and self.stop_posted is None:
                 # the survivors of a wipe-out waited for replacements in vain
                 self._job_lost(f"group {u} got no replacement for a wipe-out in time (exit 4)")
