@@ -232,10 +232,15 @@ def locate_stall(pids: Mapping[Hashable, int], slots: Mapping[Hashable, int], *,
     from unbroken.core.stacks import vote
 
     coords = {u: Coord(slots[u], 0, 0) for u in pids}
-    verdicts, reason, chosen = [], "", None
+    verdicts, reason, chosen, last, failed = [], "", None, "", 0
     for _ in range(rounds):
-        verdicts.append(localise(pids, coords, fault_dir=fault_dir).verdict)
+        loc = localise(pids, coords, fault_dir=fault_dir)
+        verdicts.append(loc.verdict)
+        last = loc.reason
+        failed += sum(1 for d in loc.dumps.values() if d.method == FAILED)
         chosen, reason = vote(verdicts)
         if chosen is not None:
             break
+    if chosen is None:  # say why, so an inconclusive stall at scale can be diagnosed
+        reason += f"; last round: {last}; {failed} dump(s) failed in {len(verdicts)} round(s)"
     return chosen, reason
