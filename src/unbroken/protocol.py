@@ -44,7 +44,8 @@ class ExitCode(enum.IntEnum):
     NO_PROGRESS = 6
     NO_RESUME_POINT = 7
     STOPPED = 8
-    JOIN_FAILED = 9  # a spare's admission broke (a member lost in its re-form): send another
+    JOIN_FAILED = 9  # left out of a generation (a spare's admission broke, or the members
+    #                  re-formed without this one): the launcher treats it as lost
     INTERRUPTED = 130
     TERMINATED = 143
 

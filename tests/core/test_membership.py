@@ -89,7 +89,7 @@ def test_rendezvous_waits_a_few_beats_only_when_a_peer_process_is_known_gone():
     from unbroken.core.membership import rendezvous_staleness
 
     assert rendezvous_staleness(1.0, 0.1, peer_died=False) == 1.0
-    assert rendezvous_staleness(1.0, 0.1, peer_died=True) == pytest.approx(0.2)
+    assert rendezvous_staleness(1.0, 0.1, peer_died=True) == pytest.approx(0.3)
     # never longer than the ordinary staleness
     assert rendezvous_staleness(0.2, 0.1, peer_died=True) == 0.2
 

@@ -89,6 +89,18 @@ def test_different_path_stays_different():
     assert normalise(PYSPY_A) != normalise(OTHER)
 
 
+def test_only_the_main_thread_counts_when_the_dump_names_it():
+    # the same training-thread position, helper threads caught at different points
+    busy = PYSPY_A.replace("_worker_loop (loader.py:41)", "multi_get (store.py:9)\n"
+                           "    _monitor (ftcomm.py:640)")
+    extra = PYSPY_A + 'Thread 4800 (idle): "health"\n    wait (threading.py:320)\n'
+    assert normalise(busy) == normalise(PYSPY_A) == normalise(extra)
+    assert "_worker_loop" not in normalise(PYSPY_A)
+    # no named main thread: every block counts
+    anon = "Thread 1 (idle): \"a\"\n    f (x.py:1)\nThread 2 (idle): \"b\"\n    g (y.py:2)\n"
+    assert "f (x.py)" in normalise(anon) and "g (y.py)" in normalise(anon)
+
+
 def test_normalised_text_has_no_numbers_or_paths():
     text = normalise(PYSPY_A) + normalise(FAULTHANDLER_A)
     for noise in ("4711", "3252", "0x00007f", "/srv/app", "MainThread", "idle", "Trainer."):

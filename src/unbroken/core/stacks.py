@@ -28,7 +28,12 @@ processes but not between code paths is removed:
 * py-spy ``--locals`` values become ``name: ?`` (tensor values, pids and counters differ on
   every rank), the name stays;
 * anything else left has hex addresses replaced by ``0x?`` and digits by ``N``;
-* thread blocks are sorted, because thread order in a dump is not stable.
+* only the main thread's block is kept when the dump names it (py-spy's ``"MainThread"``,
+  faulthandler's ``Current thread``): a stall is where the training thread is, and helper
+  threads (heartbeat, health agent, a state copy's waiter) sit in frames that depend on timing.
+  At 16 groups they split healthy ranks into so many clusters that no majority was left
+  (the 50-fault soak: every stall vote inconclusive). Without a named main thread, every
+  block is kept, sorted, because thread order in a dump is not stable.
 
 Decision (:func:`aggregate`)
 ----------------------------
@@ -132,6 +137,9 @@ class StackVerdict:
 
 _HEADER = re.compile(r"^(Process \d+:|Python v\d)")
 _THREAD = re.compile(r"^(Current thread|Thread)\b")
+#: the main thread's header: py-spy names it; faulthandler's signal handler runs on the thread
+#: the kernel delivered SIGUSR1 to, the main thread of a Python process that does not block it
+_MAIN = re.compile(r'"MainThread"|^Current thread')
 _FH_FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?:\d+|\?+) in (?P<func>.+?)\s*$')
 _PYSPY_FRAME = re.compile(r"^\s+(?P<func>\S.*?) \((?P<file>[^()]*?)(?::\d+)?\)\s*$")
 _LOCALS_HEADER = re.compile(r"^\s+(Arguments|Locals):\s*$")
@@ -160,6 +168,7 @@ def normalise(dump: str) -> str:
     if not isinstance(dump, str):
         raise StacksError(f"dump={dump!r} is not a str")
     threads: list[list[str]] = []
+    main: list[str] | None = None
     current: list[str] | None = None
     in_locals = False
     for raw in dump.splitlines():
@@ -168,6 +177,8 @@ def normalise(dump: str) -> str:
         if _THREAD.match(raw):
             current = []
             threads.append(current)
+            if main is None and _MAIN.search(raw):
+                main = current
             in_locals = False
             continue
         if current is None:  # text before any thread header: keep it, scrubbed
@@ -193,6 +204,10 @@ def normalise(dump: str) -> str:
             current.append(_frame(m["func"], m["file"]))
             continue
         current.append(_scrub(raw))
+    if main:  # where the training thread is: helper threads (heartbeat, health agent, a copy
+        #       waiting) sit in timing-dependent frames that split 16 healthy ranks into many
+        #       clusters, so the majority is taken over the main thread alone
+        return "thread\n" + "\n".join(main)
     blocks = sorted("thread\n" + "\n".join(t) for t in threads if t)
     return "\n".join(blocks)
 

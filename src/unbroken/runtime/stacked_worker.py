@@ -17,8 +17,8 @@ committed steps survive it) and reports through the store:
 * ``killed/<uid>`` / ``stopped/<uid>``: wall time just before a self-inflicted SIGKILL /
   SIGSTOP (test fault injection at deterministic points, see ``unbroken.testing.faults``).
 
-Exit codes: 0 done, 3 error, 9 a spare whose admission broke (a member lost during its
-re-form; the launcher sends another), 4 unmaskable wipe-out without replacements, 5 the coordinator
+Exit codes: 0 done, 3 error, 9 left out of a generation (a spare whose admission broke, or a
+member the others re-formed without; the launcher treats it as lost and sends a spare), 4 unmaskable wipe-out without replacements, 5 the coordinator
 (the store host) is gone: every member stopped after the same committed step and rank 0 wrote a
 durable checkpoint of it (``--ckpt-dir``), from which ``--resume`` continues; 6 the guard's
 ladder gave up on an incident (``--verdicts``), or no verdict came.
@@ -172,7 +172,6 @@ def worker_main(argv: list[str] | None = None) -> None:
                     runner.trainer = faults.hooks.wrap_trainer(runner, runner.trainer)
             start_health()
             runner.join(int(comm.store.get(assign_key(a.uid))))
-            joined = True
         else:
             start_health()
         params = _profiled(runner.run, a.uid)
@@ -188,10 +187,10 @@ def worker_main(argv: list[str] | None = None) -> None:
         journal({"event": Event.STOPPED, "step": runner.step, "checkpoint": path,
                  "error": str(exc), "t": time.time()})
     except RendezvousError:
-        if a.standby and not joined:  # this spare's admission broke: the launcher treats it
-            code = ExitCode.JOIN_FAILED  # as lost and sends another
-        else:
-            code = report_error(comm, a.uid)
+        # left out of a generation: a spare whose admission broke, or a member the others
+        # re-formed without (judged silent on a starved machine). The job goes on without it;
+        # the launcher treats it as lost and sends a spare, as for a death
+        code = ExitCode.JOIN_FAILED
     except WipeOutError as exc:
         code = ExitCode.WIPEOUT
         if comm is not None:

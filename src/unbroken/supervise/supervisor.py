@@ -461,7 +461,10 @@ class _Attempt:
             from unbroken.detect.stacks import locate_stall
 
             self.last_step_t = time.time()  # re-arm: one localisation per stall period
-            live = self._live()
+            # members that have trained in their slot: a spare sent to a slot but not yet
+            # admitted waits in its join, an "outlier" in another replica that left every
+            # 16-group stall vote of the soak inconclusive
+            live = [u for u in self._live() if u in self.joined]
             if self.stall_pool is None:
                 self.stall_pool = ThreadPoolExecutor(1, thread_name_prefix="stall")
             self.stall_job = self.stall_pool.submit(
