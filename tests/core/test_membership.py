@@ -78,6 +78,13 @@ def test_silence_is_judged_by_the_peers_beats_not_wall_time_alone():
                         ceiling=0.9) == [1, 2]
 
 
+def test_silence_rule_fits_the_beats_in_the_staleness():
+    from unbroken.core.membership import silence_rule
+
+    assert silence_rule(0.3, 0.1) == (3, pytest.approx(0.9))  # 0.3 / 0.1 is 2.999... in floats
+    assert silence_rule(5.0, 0.1) == (50, 15.0)
+
+
 def test_rendezvous_ready_and_next_members():
     assert not rendezvous_ready(joined=[3, 0], live=[0, 1, 3])
     assert rendezvous_ready(joined=[3, 0, 1], live=[0, 1, 3])

@@ -40,6 +40,7 @@ __all__ = [
     "stale_members",
     "beat_clock",
     "silent_members",
+    "silence_rule",
     "live_members",
     "rendezvous_ready",
     "rendezvous_staleness",
@@ -109,6 +110,13 @@ def silent_members(
         raise ValueError(f"staleness must be > 0, got {staleness}")
     return sorted(u for u, (c, t, b) in observations.items() if c > 0 and (
         (now - t > staleness and beats - b >= min_beats) or now - t > ceiling))
+
+
+def silence_rule(staleness: float, heartbeat_period: float) -> tuple[int, float]:
+    """``(min_beats, ceiling)`` for ``silent_members``: silent for ``staleness`` s while the
+    others beat as many periods as fit in it, or silent three times as long whatever the clock
+    says (most members silent at once)."""
+    return int(staleness / heartbeat_period + 1e-9), 3 * staleness
 
 
 def stale_members(

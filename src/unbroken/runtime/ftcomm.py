@@ -77,6 +77,7 @@ from unbroken.core.membership import (
     observe,
     rendezvous_ready,
     rendezvous_staleness,
+    silence_rule,
 )
 
 __all__ = ["FTComm", "RendezvousError", "StoreLostError", "declare_dead"]
@@ -529,9 +530,9 @@ class FTComm:
     def _judge(self, members, obs, now, staleness, dead, beats) -> list[int]:
         """Live members: silent for ``staleness`` s while the others beat that many periods,
         or silent three times as long whatever the others did (``core.membership``)."""
+        min_beats, ceiling = silence_rule(staleness, self.heartbeat_period)
         return live_members(members, obs, now, staleness, dead, beats=beats,
-                            min_beats=int(staleness / self.heartbeat_period + 1e-9),
-                            ceiling=3 * staleness)
+                            min_beats=min_beats, ceiling=ceiling)
 
     def close(self) -> None:
         """Stop the heartbeat. Does not exit the process (use ``os._exit`` in entry points)."""

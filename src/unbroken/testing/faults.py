@@ -123,12 +123,8 @@ class FaultyTrainer(TrainerProxy):
         f = self.faults
         t0 = time.perf_counter()
         g = grad_into(self.inner, step, shard_type, out)
-        if f.slowdown is not None and step < len(f.slowdown) and f.slowdown[step] > 1.0:
-            # a machine F times slower: (F - 1) x this gradient's own measured compute, as a
-            # sleep, not a busy loop: a slower node is slow on its own core, and spinning here
-            # would take CPU from the other groups sharing this machine's cores (their steps
-            # would slow too and the injected ratio would not be the one asked for)
-            time.sleep((f.slowdown[step] - 1.0) * (time.perf_counter() - t0))
+        compute = time.perf_counter() - t0
+        factor = f.slowdown[step] if f.slowdown is not None and step < len(f.slowdown) else 1.0
         if f.nan_at is not None or f.flip_from is not None:
             i = int(g.abs().argmax())  # the largest element: a parameter the data really uses
             if due(f.nan_at, step):
@@ -144,13 +140,21 @@ class FaultyTrainer(TrainerProxy):
                 bits = g[i:i + 1].view(torch.int64)
                 bits ^= 1 << 44  # a mantissa bit: the value moves by ~0.4 %, finite, and the
                 #                  loss does not show it
+        extra = 0.0
         if due(f.slow_from, step):
             if not f.slow_told:
                 f.slow_told = True
                 self.tell("slow", step, f.slow_from)
-            # a straggler's slower compute: a fixed delay would vanish in the step of a big
-            # job on a shared machine (the fail-slow rule compares with the peers' median)
-            time.sleep(max(f.slow_s, time.perf_counter() - t0))
+            # the slow fault: twice as slow, at least slow_s more (a fixed delay alone would
+            # vanish in the step of a big job: fail-slow compares with the peers' median)
+            factor = max(factor, 2.0)
+            extra = f.slow_s
+        if factor > 1.0:
+            # a machine F times slower: (F - 1) x this gradient's own measured compute, as a
+            # sleep, not a busy loop: a slower node is slow on its own core, and spinning here
+            # would take CPU from the other groups sharing this machine's cores (their steps
+            # would slow too and the injected ratio would not be the one asked for)
+            time.sleep(max(extra, (factor - 1.0) * compute))
         return g
 
 
