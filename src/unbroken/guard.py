@@ -215,6 +215,12 @@ class Guard:
                    "rung": "retry", "groups": [], "exit_code": None, "reason": reason, "t": now})
         self._tried(d)
 
+    def new_attempt(self) -> None:
+        """A relaunched job (new processes, a new store) numbers its incidents from 0 again:
+        the previous attempt's answers must not hide them."""
+        self.answered.clear()
+        self.opened.clear()
+
     def _verdict(self, step: int, n: int, obj: dict) -> None:
         self.orders.append(PostVerdict(verdict_key(step, n), obj))
 

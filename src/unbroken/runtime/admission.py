@@ -150,6 +150,7 @@ class Admission:
                     self.needs_state = False
                     self.step = int(meta["step"])
                     self.admitted = int(meta["admitted"])
+                    self.incidents = int(meta.get("incidents", 0))
                     if int(meta.get("code", 0)) > self.code_applied:  # the running version
                         self._apply_code(int(meta["code"]))
                     self.slot_of = {int(u): int(s) for u, s in meta["slot_of"].items()}

@@ -143,7 +143,11 @@ class StackedRunner(Incidents, Admission):
         # waits for the guard's ladder decision (store ``verdict/<step>/<n>``); False: the
         # incident is journaled and the step goes on as without a guard (log-only)
         self.verdicts, self.verdict_wait = verdicts, verdict_wait
-        self.incidents = 0      # incidents at the current step (the verdict key's n)
+        # incidents so far (the verdict key's n): never reset, so a step recomputed after a
+        # roll-back keys new incidents apart from the answered ones of its first pass (a reset
+        # per step re-read the old verdicts and replayed / restored forever); a joiner takes
+        # the count with the state
+        self.incidents = 0
         self.code_applied = 0   # code records ``code/<n>`` applied (hot updates, rollbacks)
         self.version = "v0"
         self.step_error: str | None = None
@@ -204,7 +208,8 @@ class StackedRunner(Incidents, Admission):
 
     def _meta(self) -> dict:
         return {"step": self.step, "slot_of": {str(u): s for u, s in self.slot_of.items()},
-                "admitted": self.admitted, "code": self.code_applied}
+                "admitted": self.admitted, "code": self.code_applied,
+                "incidents": self.incidents}
 
     def _buflen(self) -> int:
         return sb.buflen(self.trainer.numel, self.cfg.groups, self.cfg.sdc_every > 0)
@@ -383,7 +388,6 @@ class StackedRunner(Incidents, Admission):
         tr.apply(buf[:tr.numel])
         self.last_buf = buf
         self.join_seen = max(self.join_seen, int(rest[sb.JOIN]))
-        self.incidents = 0
         self.step += 1
         sent, self._sent = self._sent, self._io.sent()
         self.journal({"event": Event.COMMIT, "step": k, "gen": self.comm.generation,

@@ -266,6 +266,7 @@ class Supervisor:
             c = _cluster(cfg, jdir, spares, spec, out / "ckpt",
                          resume=attempt > 0 or spec.resume, pending=pending)
             beat = _Heartbeat(c.store, spec.ft.heartbeat)
+            guard.new_attempt()
             try:
                 done = _Attempt(self, c, fired, guard, pending, xid_log, holders,
                                 restarting=attempt > 0, skip_old=attempt > 0 or spec.resume
