@@ -89,6 +89,8 @@ def worker_main(argv: list[str] | None = None) -> None:
     ap.add_argument("--supervisor-staleness", type=float, default=0.0,
                     help="stop (exit 5, with a checkpoint) when the supervisor's heartbeat has "
                          "not moved for this long (s; 0: not watched)")
+    ap.add_argument("--node", type=int, default=None,
+                    help="started by node agent I (unbroken.nodes): die with the agent")
     ap.add_argument("--health-every", type=float, default=1.0,
                     help="the health agent's period in s (0: off)")
     a = ap.parse_args(argv)
@@ -153,8 +155,10 @@ def worker_main(argv: list[str] | None = None) -> None:
         if a.resume:
             runner.resume()
         # connected and built: from here the launcher's death reaches us as the store's (or its
-        # heartbeat's) loss, and we stop after a committed step with a checkpoint (exit 5)
-        pdeathsig(0)
+        # heartbeat's) loss, and we stop after a committed step with a checkpoint (exit 5).
+        # Under a node agent (--node) we keep it: the node's processes end with its agent
+        if a.node is None:
+            pdeathsig(0)
 
         def start_health() -> None:  # a member's agent; a waiting spare has nothing to report
             if a.health_every > 0:
