@@ -662,7 +662,7 @@ class _Attempt:
         for u in self._live():
             if node_of.get(u) == f.group:
                 self.victims.add(u)
-                self.emit({"event": Event.FAULT, "kind": "node", "group": self.slot_of[u],
+                self.emit({"event": Event.FAULT, "kind": f.kind, "group": self.slot_of[u],
                            "uid": u, "node": f.group, "step": f.step, "at": f.step, "t": now})
         self.fired.add(f)
         (self.c.kill_node if f.kind == "node" else self.c.cut_node)(f.group)
