@@ -45,3 +45,11 @@ def test_a_spare_goes_to_the_least_loaded_live_node():
     assert spare_node({0: 3, 1: 2, 2: 2}, [0, 2]) == 2
     assert spare_node({}, [2, 1]) == 1
     assert spare_node({0: 1}, []) is None
+
+
+def test_run_warns_when_its_local_nodes_cannot_keep_a_node_loss_safe():
+    from unbroken.supervise.spec import JobSpec, node_warning
+
+    assert node_warning(JobSpec(trainer="mlp", groups=6, local_nodes=3)) is None
+    warn = node_warning(JobSpec(trainer="mlp", groups=4, local_nodes=1))
+    assert "it takes 2 nodes" in warn

@@ -64,6 +64,8 @@ def parse_address(text: str) -> tuple[str, int]:
 def connect(host: str, port: int, timeout: float):
     import torch.distributed as dist
 
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)  # c10d logs a failed connect with a C++ stack trace: the line below says it
     try:
         return dist.TCPStore(host, port, is_master=False, wait_for_workers=False,
                              timeout=timedelta(seconds=timeout))
@@ -71,6 +73,10 @@ def connect(host: str, port: int, timeout: float):
         why = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else type(exc).__name__
         raise AgentError(f"--coordinator {host}:{port}: cannot be reached within "
                          f"{timeout:g}s ({why})") from None
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
 
 
 def claim(store, node: int | None, record: dict) -> int:
