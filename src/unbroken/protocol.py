@@ -35,7 +35,7 @@ __all__ = ["ExitCode", "SUPERVISOR_HB", "STOP_KEY", "JOIN_COUNT", "CODE_COUNT", 
            "standby_key", "assign_key", "drill_key", "join_key", "admit_key", "state_key", "wipeout_key",
            "wipeout_failed_key", "code_key", "incident_key", "verdict_key", "replay_key",
            "NODE_EXITS", "node_key", "node_hb_key", "node_fenced_key", "node_order_key",
-           "node_orders_key", "node_exit_key", "node_pids_key"]
+           "node_orders_key", "node_exit_key", "node_pid_key"]
 
 
 class ExitCode(enum.IntEnum):
@@ -219,7 +219,7 @@ def node_exit_key(uid: int) -> str:
     return f"node_exit/{uid}"
 
 
-def node_pids_key(uid: int) -> str:
+def node_pid_key(uid: int) -> str:
     """The pid of worker ``uid`` on its node (for stack dumps and XID lines): the agent
     writes it when it started the worker."""
     return f"node_pid/{uid}"

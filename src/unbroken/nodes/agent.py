@@ -39,7 +39,7 @@ from datetime import timedelta
 
 from unbroken.protocol import (NODE_EXITS, ExitCode, node_exit_key,
                                node_fenced_key, node_hb_key, node_key, node_order_key,
-                               node_orders_key, node_pids_key)
+                               node_orders_key, node_pid_key)
 
 __all__ = ["main", "AgentError"]
 
@@ -185,7 +185,7 @@ class Agent:
         p = spawn.start(WORKER, [*argv, "--node", str(self.node)], stderr_path=path,
                         env={"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"})
         self.procs[uid] = p
-        self.st.set(node_pids_key(uid), str(p.pid))
+        self.st.set(node_pid_key(uid), str(p.pid))
 
     def _kill_all(self) -> None:
         for p in self.procs.values():

@@ -34,7 +34,7 @@ from unbroken.core.membership import beat_clock, observe
 from unbroken.core.nodes import spare_node, stale_nodes
 from unbroken.events import Event
 from unbroken.protocol import (NODE_EXITS, node_exit_key, node_fenced_key, node_hb_key,
-                               node_key, node_order_key, node_orders_key, node_pids_key)
+                               node_key, node_order_key, node_orders_key, node_pid_key)
 from unbroken.runtime.stacked_worker import StackedCluster
 
 __all__ = ["NodeCluster", "RemoteProc"]
@@ -54,7 +54,7 @@ class RemoteProc:
     def pid(self) -> int:
         """The worker's pid on its node (posted by the agent right after it started it)."""
         if self._pid is None:
-            st, key = self.cluster.store, node_pids_key(self.uid)
+            st, key = self.cluster.store, node_pid_key(self.uid)
             deadline = time.monotonic() + 60
             while not st.check([key]):
                 if self.returncode is not None or time.monotonic() > deadline:
