@@ -211,15 +211,18 @@ class Agent:
 def build_parser(ap: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     ap = ap or argparse.ArgumentParser(prog="unbroken agent", description=__doc__)
     ap.add_argument("--coordinator", required=True, metavar="HOST:PORT",
-                    help="the coordinator's store (printed by `unbroken run --agents K`)")
+                    help="the coordinator's store (`unbroken run --local-nodes K` starts its "
+                         "agents itself with its address)")
     ap.add_argument("--node", type=int, default=None, metavar="I",
                     help="this node's index (default: the lowest free one)")
     ap.add_argument("--slots", type=int, default=1, metavar="K",
                     help="groups this node can host")
     ap.add_argument("--spares", type=int, default=1, metavar="K",
                     help="warm spares this node can host")
-    ap.add_argument("--heartbeat", type=float, default=0.1, metavar="S")
-    ap.add_argument("--connect-timeout", type=float, default=10.0, metavar="S")
+    ap.add_argument("--heartbeat", type=float, default=0.1, metavar="S",
+                    help="the agent's heartbeat period (the coordinator judges its silence)")
+    ap.add_argument("--connect-timeout", type=float, default=10.0, metavar="S",
+                    help="give up (exit 2) when the coordinator cannot be reached this long")
     ap.add_argument("--stderr-dir", default=None,
                     help="where the workers' stderr goes (default: a temporary directory)")
     return ap
