@@ -20,9 +20,11 @@ STEPS = 12
 CUT_STEPS = 40  # ~35 ms a step: the run outlasts the 0.5 s silence that finds the cut
 
 
-def _run(tmp_path, faults: str, steps: int = STEPS) -> tuple[JobSpec, object]:
+def _run(tmp_path, faults: str, steps: int = STEPS,
+         node_staleness: float = 1.0) -> tuple[JobSpec, object]:
     spec = JobSpec(trainer="mlp", groups=6, steps=steps, faults=faults, local_nodes=3,
-                   out=str(tmp_path / "run"), timeout=240, ft=FTConfig(node_staleness=0.5))
+                   out=str(tmp_path / "run"), timeout=240,
+                   ft=FTConfig(node_staleness=node_staleness))
     return spec, Supervisor(spec).run()
 
 
@@ -71,7 +73,7 @@ def test_a_node_cut_off_is_detected_by_its_silence_and_masked(tmp_path):
     """The agent is SIGSTOPped; its workers keep running and beating. Only the agent's
     heartbeat tells: the node is declared lost, its members dropped (the survivors re-form
     without them, which ends them: left out, exit 9), no wipe-out, exactly once."""
-    spec, res = _run(tmp_path, "cut:1@4", steps=CUT_STEPS)
+    spec, res = _run(tmp_path, "cut:1@4", steps=CUT_STEPS, node_staleness=0.5)
     events = _journal(tmp_path)
     faults = [e for e in events if e["event"] == Event.FAULT and e["kind"] == "cut"]
     lost = [e for e in events if e["event"] == Event.NODE_LOST]
