@@ -203,7 +203,8 @@ def node_fenced_key(i: int) -> str:
 
 
 def node_orders_key(i: int) -> str:
-    """Counter of orders posted to node ``i`` (the coordinator bumps it after ``node_order_key``)."""
+    """Counter of orders posted to node ``i``: the coordinator bumps it after writing
+    ``node_order_key``; the agent reads it."""
     return f"node_orders/{i}"
 
 
