@@ -1,16 +1,19 @@
 """``unbroken agent`` and ``run --local-nodes`` bad input as a user meets it (a subprocess):
-one line naming the problem, exit 2 (``ExitCode.USAGE``), no traceback, nothing started. The
+one line naming the problem, exit 2 (``ExitCode.USAGE``), no traceback, nothing started; and
+an agent woken up fenced leaves with exit 10. The
 other bad node input is checked in-process (``test_node_input.py``: the same ``main``)."""
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
+import sys
 from datetime import timedelta
 
 import pytest
 
-from unbroken.protocol import ExitCode
+from unbroken.protocol import ExitCode, node_fenced_key, node_key
 
 pytestmark = pytest.mark.mp
 
@@ -55,3 +58,26 @@ def test_more_local_nodes_than_groups_is_one_line_exit_2_and_nothing_started(cli
             "--out", str(tmp_path / "run"))
     _one_line(p, "--local-nodes: nodes 5 exceeds the number of groups 4")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.timeout(60)
+def test_an_agent_that_wakes_up_fenced_leaves_with_exit_10():
+    """A cut-off agent (SIGSTOPped) whose node the coordinator gave up: continued, it sees
+    ``node_fenced/<i>``, kills what it started and exits 10 (``ExitCode.FENCED``)."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=30))
+    agent = subprocess.Popen([sys.executable, "-m", "unbroken", "agent", "--coordinator",
+                              f"127.0.0.1:{store.port}", "--node", "3"],
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        store.wait([node_key(3)])
+        agent.send_signal(signal.SIGSTOP)
+        store.set(node_fenced_key(3), "its heartbeat was silent")
+        agent.send_signal(signal.SIGCONT)
+        assert agent.wait(timeout=30) == ExitCode.FENCED, agent.stderr.read()
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
