@@ -74,8 +74,8 @@ def _trained_until(events: list[dict], uids) -> None:
 @pytest.mark.timeout(240)
 def test_a_node_cut_off_is_detected_by_its_silence_and_masked(tmp_path):
     """The agent is SIGSTOPped; its workers keep running and beating. Only the agent's
-    heartbeat tells: the node is declared lost, its members dropped (the survivors re-form
-    without them, which ends them: left out, exit 9), no wipe-out, exactly once."""
+    heartbeat tells: the node is fenced (its workers leave, exit 10) and its members declared
+    dead (the survivors re-form without them), no wipe-out, exactly once."""
     spec, res = _run(tmp_path, "cut:1@4", steps=CUT_STEPS)
     events = _journal(tmp_path)
     faults = [e for e in events if e["event"] == Event.FAULT and e["kind"] == "cut"]
