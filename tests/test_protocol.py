@@ -35,7 +35,18 @@ def test_key_functions_give_the_old_strings():
 def test_every_key_function_is_exported_and_covered():
     names = {n for n in p.__all__ if n.endswith("_key")}
     assert names == {n for n in dir(p) if n.endswith("_key") and callable(getattr(p, n))}
-    assert len(names) == 18
+    assert len(names) == 25
+
+
+def test_node_agent_keys():
+    assert p.NODE_EXITS == "node/exits"
+    one = {p.node_key: "node/2", p.node_hb_key: "node_hb/2", p.node_fenced_key: "node_fenced/2",
+           p.node_orders_key: "node_orders/2", p.node_exit_key: "node_exit/2",
+           p.node_pid_key: "node_pid/2"}
+    for f, want in one.items():
+        assert f(2) == want, f.__name__
+    assert p.node_order_key(2, 5) == "node_order/2/5"
+    assert p.ExitCode.FENCED == 10
 
 
 # the building blocks' private keys: ftcomm's rendezvous and the probe worker's results

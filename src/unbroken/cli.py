@@ -4,7 +4,9 @@ Exit codes (``unbroken.protocol.ExitCode``): 0 success, 1 the run could not fini
 error, no survivor left; the reason on stderr), 2 bad input (one line on stderr naming the bad
 value, no traceback, nothing started), 5 the members found the supervisor silent and stopped
 with a checkpoint, 6 the guard's ladder gave up, 7 ``--resume`` found nothing to resume,
-130 / 143 stopped by Ctrl-C / SIGTERM with a checkpoint. A ``--nodes`` placement that cannot
+130 / 143 stopped by Ctrl-C / SIGTERM with a checkpoint; ``agent``: 0 told to exit, 2 bad
+input (an unreachable coordinator, a node index claimed twice), 5 the coordinator's store went
+away, 10 fenced (declared lost by the coordinator). A ``--nodes`` placement that cannot
 keep a node loss safe is a warning (the nodes it would take), exit 0; ``--nodes`` above the
 number of groups is bad input, exit 2.
 """
@@ -169,6 +171,12 @@ def _job_args(p: argparse.ArgumentParser, *, steps: int, out: str) -> None:
     p.add_argument("--supervisor-staleness", type=_positive_float, default=5.0,
                    help="members stop with a checkpoint (exit 5) when the supervisor has been "
                         "silent (stopped, wedged) this long (s)")
+    p.add_argument("--local-nodes", type=_int, default=0, metavar="K",
+                   help="run the groups under K node agents on this machine, each a process "
+                        "tree of its own (unbroken.nodes; a node:I@S fault kills agent I with "
+                        "everything it started); K > groups: exit 2")
+    p.add_argument("--node-staleness", type=_positive_float, default=1.0,
+                   help="with node agents: an agent silent this long (cut off) loses its node")
     p.add_argument("--ckpt-every", type=_int, default=None,
                    help="durable checkpoint every K steps (default 50, 10 with --chaos)")
     p.add_argument("--metrics-port", type=_int, default=None,
@@ -198,11 +206,11 @@ def _job_kwargs(a: argparse.Namespace) -> dict:
     ft = FTConfig(redundancy=a.redundancy, spares=a.spares, standby_p=a.standby_p,
                   staleness=a.staleness, supervisor_staleness=a.supervisor_staleness,
                   ckpt_every=a.ckpt_every, metrics_port=a.metrics_port, xid_log=a.xid_log,
-                  sdc_every=a.sdc_every, ladder=a.ladder,
+                  sdc_every=a.sdc_every, ladder=a.ladder, node_staleness=a.node_staleness,
                   guard=a.guard or ("act" if a.chaos is not None else "log"))
     return dict(groups=a.groups, steps=a.steps, seed=a.seed, faults=a.faults, chaos=a.chaos,
                 chaos_faults=a.chaos_faults, out=a.out, resume=a.resume, ft=ft,
-                stragglers=a.stragglers, target_loss=a.target_loss)
+                stragglers=a.stragglers, target_loss=a.target_loss, local_nodes=a.local_nodes)
 
 
 _NODES_HELP = ("place the N groups on K nodes, balanced, and report whether a node loss is "
@@ -297,6 +305,11 @@ def build_parser() -> argparse.ArgumentParser:
                                      "(a preset of run)")
     _job_args(de, steps=200, out="out/demo")
 
+    ag = sub.add_parser("agent", help="a node agent: start this machine's groups and spares "
+                                      "for the coordinator, report their deaths at once")
+    from unbroken.nodes.agent import build_parser as agent_args
+
+    agent_args(ag)
     le = sub.add_parser("learn", help="operations analytics over a cluster's metrics and "
                                       "history (precursors, checkpoint I/O, exclusions, "
                                       "retry chains, numbers for plan)")
@@ -536,6 +549,7 @@ def cmd_run(a: argparse.Namespace) -> dict:
                    fresh=a.fresh, **_job_kwargs(a))
     sup = Supervisor(spec)
     sup.check()  # bad input (the trainer included): one line before any process starts
+    _node_warning(spec)
 
     def go(view, emit_line):
         sup.view, sup.emit_line = view, emit_line
@@ -551,11 +565,29 @@ def cmd_demo(a: argparse.Namespace) -> dict:
 
     spec = demo_spec(**_job_kwargs(a))
     check(spec)  # bad input: one line before any process starts
+    _node_warning(spec)
     try:
         return _live(a, spec.groups, spec.steps,
                      lambda view, emit_line: run_demo(spec, view=view, emit_line=emit_line))
     except DemoExit as e:
         raise _Stopped(str(e), e.code, e.report) from None
+
+
+def _node_warning(spec) -> None:
+    """With node agents, a placement that cannot keep a node loss safe is a warning."""
+    from unbroken.supervise.spec import node_warning
+
+    if spec.local_nodes and (warn := node_warning(spec)):
+        sys.stderr.write(f"unbroken: warning: --local-nodes {warn}\n")
+
+
+def cmd_agent(a: argparse.Namespace) -> int:
+    from unbroken.nodes.agent import AgentError, run
+
+    try:
+        return run(a)
+    except AgentError as e:
+        raise UsageError(str(e)) from None
 
 
 def cmd_sync(a: argparse.Namespace) -> dict:
@@ -589,9 +621,11 @@ def main(argv: list[str] | None = None) -> int:
 
     a = build_parser().parse_args(argv)
     cmds = {"theory": cmd_theory, "simulate": cmd_simulate, "plan": cmd_plan, "demo": cmd_demo,
-            "run": cmd_run, "learn": cmd_learn, "sync": cmd_sync}
+            "run": cmd_run, "learn": cmd_learn, "sync": cmd_sync, "agent": cmd_agent}
     try:
         data = cmds[a.command](a)
+        if a.command == "agent":  # its exit code: 0 told to exit, 5, 10 (unbroken.nodes.agent)
+            return int(data)
     except NoResumePoint as e:
         sys.stderr.write(f"unbroken: error: {e}\n")
         return ExitCode.NO_RESUME_POINT

@@ -112,6 +112,9 @@ class Event(enum.StrEnum):
     DETECTED = "detected"
     """group, slot, how: a member removed (exit, heartbeat, xid, replay, fail-slow, ...) (the
     supervisor); read by ettr, view, bench/chaos."""
+    NODE_LOST = "node_lost"
+    """node, reason, uids, t: a node agent gone (its process ended) or cut off (its heartbeat
+    silent); its processes are declared dead at once (``nodes.cluster``, via the supervisor)."""
     NO_SPARE = "no_spare"
     """slot: no warm spare for a lost slot (the supervisor)."""
     ASSIGN = "assign"

@@ -19,6 +19,8 @@ Exit codes (a worker's and the ``unbroken`` command's; the command adds 1, 2 and
 7     NO_RESUME_POINT     ``--resume`` found no valid checkpoint (or no previous run at all)
 8     STOPPED             stopped on request (SIGINT/SIGTERM to the supervisor): every member
                           stopped after the same committed step, a checkpoint was written
+10    FENCED              a node agent the coordinator declared lost (cut off: its heartbeat
+                          went stale): it killed every process it started and left
 130   INTERRUPTED         the ``unbroken`` command after Ctrl-C (128 + SIGINT), state saved
 143   TERMINATED          the ``unbroken`` command after SIGTERM (128 + SIGTERM), state saved
 ====  ==================  ==============================================================
@@ -31,7 +33,9 @@ import enum
 __all__ = ["ExitCode", "SUPERVISOR_HB", "STOP_KEY", "JOIN_COUNT", "CODE_COUNT", "DEAD_EPOCH",
            "hb_key", "dead_key", "done_key", "error_key", "killed_key", "stopped_key",
            "standby_key", "assign_key", "drill_key", "join_key", "admit_key", "state_key", "wipeout_key",
-           "wipeout_failed_key", "code_key", "incident_key", "verdict_key", "replay_key"]
+           "wipeout_failed_key", "code_key", "incident_key", "verdict_key", "replay_key",
+           "NODE_EXITS", "node_key", "node_hb_key", "node_fenced_key", "node_order_key",
+           "node_orders_key", "node_exit_key", "node_pid_key"]
 
 
 class ExitCode(enum.IntEnum):
@@ -46,6 +50,7 @@ class ExitCode(enum.IntEnum):
     STOPPED = 8
     JOIN_FAILED = 9  # left out of a generation (a spare's admission broke, or the members
     #                  re-formed without this one): the launcher treats it as lost
+    FENCED = 10  # a node agent declared lost by the coordinator (``unbroken.nodes``)
     INTERRUPTED = 130
     TERMINATED = 143
 
@@ -170,3 +175,52 @@ def verdict_key(step: int, n: int) -> str:
 def replay_key(step: int, n: int) -> str:
     """A replay's digests for incident ``n`` at ``step``: rank 0 writes it; tests read it."""
     return f"replay/{step}/{n}"
+
+
+# -- node agents (``unbroken.nodes``): one agent per machine, the coordinator hosts the store --
+
+#: bumped by an agent after each ``node_exit_key`` it posts; the coordinator's watcher reads it
+NODE_EXITS = "node/exits"
+
+
+def node_key(i: int) -> str:
+    """Node ``i``'s claim (JSON ``{"pid", "host", "slots", "spares"}``): the agent writes it
+    with ``compare_set`` (a second agent for the same index fails: exit 2); the coordinator
+    waits on it."""
+    return f"node/{i}"
+
+
+def node_hb_key(i: int) -> str:
+    """Node ``i``'s heartbeat counter: the agent's heartbeat thread bumps it; the coordinator
+    judges it like a member's (``core.nodes.stale_nodes``)."""
+    return f"node_hb/{i}"
+
+
+def node_fenced_key(i: int) -> str:
+    """Set by the coordinator when it declared node ``i`` lost: an agent that wakes up to it
+    kills what it started and exits 10 (``ExitCode.FENCED``)."""
+    return f"node_fenced/{i}"
+
+
+def node_orders_key(i: int) -> str:
+    """Counter of orders posted to node ``i``: the coordinator bumps it after writing
+    ``node_order_key``; the agent reads it."""
+    return f"node_orders/{i}"
+
+
+def node_order_key(i: int, n: int) -> str:
+    """Order ``n`` (1-based) to node ``i``'s agent, JSON: ``{"op": "spawn", "uid", "argv"}``,
+    ``{"op": "signal", "uid", "sig"}``, ``{"op": "dump", "uid"}`` or ``{"op": "exit"}``."""
+    return f"node_order/{i}/{n}"
+
+
+def node_exit_key(uid: int) -> str:
+    """Exit code of worker ``uid`` (a negative signal number when a signal ended it): its
+    node's agent writes it, then bumps ``NODE_EXITS``; the coordinator reads it."""
+    return f"node_exit/{uid}"
+
+
+def node_pid_key(uid: int) -> str:
+    """The pid of worker ``uid`` on its node (for stack dumps and XID lines): the agent
+    writes it when it started the worker."""
+    return f"node_pid/{uid}"

@@ -47,7 +47,7 @@ import sys
 import threading
 from typing import Any, Sequence
 
-__all__ = ["PRELOAD", "Worker", "start", "pdeathsig", "tell"]
+__all__ = ["PRELOAD", "Worker", "start", "pdeathsig", "tell", "fork_server"]
 
 #: what the server imports once (torch dominates; the rest is the workers' import graph)
 PRELOAD = ("torch", "torch.distributed", "unbroken.runtime.stacked", "unbroken.runtime.ftcomm",
@@ -171,8 +171,40 @@ class _Server:
         return pid
 
 
+class _ForkedServer(_Server):
+    """A fork server forked from this process (:func:`fork_server`), not a fresh interpreter."""
+
+    def __init__(self) -> None:  # noqa: D107 - no super(): nothing is exec'd
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        pid = os.fork()
+        if pid == 0:
+            mine.close()
+            try:
+                _serve(theirs.detach())
+            finally:
+                os._exit(0)
+        theirs.close()
+        self.pid, self.sock, self.lock = pid, mine, threading.Lock()
+        self.code: int | None = None
+
+    def alive(self) -> bool:
+        if self.code is None and os.waitpid(self.pid, os.WNOHANG)[0] == self.pid:
+            self.code = 1
+        return self.code is None
+
+
 _server: _Server | None = None
 _server_lock = threading.Lock()
+
+
+def fork_server() -> None:
+    """Make this process's fork server a fork of itself: for a process that has imported
+    :data:`PRELOAD` already and has no thread yet (a node agent), so its workers start
+    without a second ~2 s torch import. The server ends with this process (its socket closes)."""
+    global _server
+    with _server_lock:
+        if _server is None:
+            _server = _ForkedServer()
 
 
 def start(entry: str, argv: Sequence[str], *, stderr_path: str,

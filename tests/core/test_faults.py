@@ -20,7 +20,18 @@ def test_parse_sorted_by_step_and_whitespace_tolerant():
     got = parse_faults(" kill:2@61 , hang : 3 @ 60,kill:1@20 ", groups=4, steps=200)
     assert got == [Fault("kill", 1, 20), Fault("hang", 3, 60), Fault("kill", 2, 61)]
     assert parse_faults("none", 4, 200) == [] and parse_faults(" NONE ", 4, 200) == []
-    assert KINDS == ("kill", "hang", "slow", "stall", "nan", "flip", "xid", "update")
+    assert KINDS == ("kill", "hang", "slow", "stall", "nan", "flip", "xid", "update", "node",
+                     "cut")
+
+
+def test_node_faults_name_a_node_and_need_node_agents():
+    got = parse_faults("node:2@5,cut:0@7,kill:5@5", groups=6, steps=20, nodes=3)
+    assert got == [Fault("node", 2, 5), Fault("kill", 5, 5), Fault("cut", 0, 7)]
+    assert holder_faults(got, 2) == []  # the launcher's, not a slot's holder's
+    with pytest.raises(FaultSpecError, match="node 3 out of range 0..2"):
+        parse_faults("node:3@5", groups=6, steps=20, nodes=3)
+    with pytest.raises(FaultSpecError, match="needs node agents"):
+        parse_faults("cut:0@5", groups=6, steps=20)
 
 
 @pytest.mark.parametrize("spec, words", [

@@ -15,6 +15,10 @@ or ``none`` for a failure-free run. The kinds:
             kernel log the guard watches (``xid79:2@50``; plain ``xid`` is XID 79)
 ``update``  a code update is queued at that step (``update@90``, job-wide): the demo's update is
             a bad one whose training step raises, so only a rollback recovers
+``node``    node agent I is SIGKILLed with every process it started (``node:1@30``; only with
+            node agents, ``--local-nodes K``: the number names a node, not a group)
+``cut``     node agent I is cut off: SIGSTOPped while its workers run on (``cut:1@30``; node
+            agents only): only its silent heartbeat can tell
 ==========  ======================================================================================
 
 A fault names a layout *slot* (an original group's uid is its slot): it hits whichever process
@@ -37,7 +41,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-KINDS = ("kill", "hang", "slow", "stall", "nan", "flip", "xid", "update")
+KINDS = ("kill", "hang", "slow", "stall", "nan", "flip", "xid", "update", "node", "cut")
+#: kinds that name a node agent, not a group (the launcher's: ``supervise.drill``)
+NODE_KINDS = frozenset({"node", "cut"})
 #: kinds that end the group's process (its slot's next faults go to the next holder)
 REMOVING = frozenset({"kill", "hang", "slow", "stall", "flip"})
 #: kinds only an acting guard can recover from (log-only would hang or poison the run)
@@ -54,7 +60,7 @@ class FaultSpecError(ValueError):
 @dataclass(frozen=True)
 class Fault:
     kind: str   # one of KINDS
-    group: int  # the layout slot (an original group's uid); update: -1 (job-wide)
+    group: int  # the layout slot (an original group's uid); update: -1 (job-wide); node: node
     step: int   # the step during which it fails
     code: int | None = None  # xid: the XID number
 
@@ -66,8 +72,9 @@ class Fault:
         return f"{kind}:{self.group}@{self.step}"
 
 
-def parse_faults(spec: str, groups: int, steps: int) -> list[Fault]:
-    """The faults in ``spec`` (``"none"`` -> ``[]``), sorted by step; raises FaultSpecError."""
+def parse_faults(spec: str, groups: int, steps: int, nodes: int = 0) -> list[Fault]:
+    """The faults in ``spec`` (``"none"`` -> ``[]``), sorted by step; raises FaultSpecError.
+    ``nodes``: the node agents (0: none, so ``node:`` faults are bad input)."""
     text = str(spec).strip()
     if text.lower() == "none":
         return []
@@ -93,7 +100,11 @@ def parse_faults(spec: str, groups: int, steps: int) -> list[Fault]:
                                  f"update@step)")
         group = -1 if kind == "update" else int(m.group(3))
         code = (int(digits) if digits else XID_DEFAULT) if kind == "xid" else None
-        if kind != "update" and not 0 <= group < groups:
+        if kind in NODE_KINDS and not 0 <= group < nodes:
+            raise FaultSpecError(f"fault {name!r}: node {group} out of range 0..{nodes - 1}"
+                                 if nodes else f"fault {name!r}: a node fault needs node "
+                                 f"agents (--local-nodes K)")
+        if kind != "update" and kind not in NODE_KINDS and not 0 <= group < groups:
             raise FaultSpecError(f"fault {name!r}: group {group} out of range 0..{groups - 1}")
         if not 1 <= step < steps:
             raise FaultSpecError(f"fault {name!r}: step {step} out of range 1..{steps - 1}")
@@ -114,7 +125,8 @@ def holder_faults(pending: list[Fault], slot: int) -> list[Fault]:
     step order, up to and including the first that removes it (the ones after it belong to the
     holder after that). ``xid`` and ``update`` are the launcher's (``supervise.drill``)."""
     out: list[Fault] = []
-    for f in sorted((f for f in pending if f.group == slot and f.kind not in ("xid", "update")),
+    for f in sorted((f for f in pending if f.group == slot
+                     and f.kind not in ("xid", "update", "node", "cut")),
                     key=lambda f: f.step):
         out.append(f)
         if f.kind in REMOVING:

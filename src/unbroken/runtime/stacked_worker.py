@@ -38,8 +38,8 @@ from datetime import timedelta
 
 from unbroken.events import Event
 from unbroken.spawn import pdeathsig
-from unbroken.protocol import (ExitCode, assign_key, drill_key, killed_key, standby_key,
-                               stopped_key, wipeout_failed_key)
+from unbroken.protocol import (ExitCode, assign_key, drill_key, killed_key, node_fenced_key,
+                               standby_key, stopped_key, wipeout_failed_key)
 from unbroken.runtime.ftcomm_worker import LocalCluster, finish, hard_exit, report_error
 
 
@@ -89,6 +89,8 @@ def worker_main(argv: list[str] | None = None) -> None:
     ap.add_argument("--supervisor-staleness", type=float, default=0.0,
                     help="stop (exit 5, with a checkpoint) when the supervisor's heartbeat has "
                          "not moved for this long (s; 0: not watched)")
+    ap.add_argument("--node", type=int, default=None,
+                    help="started by node agent I (unbroken.nodes): die with the agent")
     ap.add_argument("--health-every", type=float, default=1.0,
                     help="the health agent's period in s (0: off)")
     a = ap.parse_args(argv)
@@ -153,8 +155,12 @@ def worker_main(argv: list[str] | None = None) -> None:
         if a.resume:
             runner.resume()
         # connected and built: from here the launcher's death reaches us as the store's (or its
-        # heartbeat's) loss, and we stop after a committed step with a checkpoint (exit 5)
-        pdeathsig(0)
+        # heartbeat's) loss, and we stop after a committed step with a checkpoint (exit 5).
+        # Under a node agent (--node) we keep it: the node's processes end with its agent
+        if a.node is None:
+            pdeathsig(0)
+        else:
+            _fence(comm.store, a.node)
 
         def start_health() -> None:  # a member's agent; a waiting spare has nothing to report
             if a.health_every > 0:
@@ -206,6 +212,22 @@ def worker_main(argv: list[str] | None = None) -> None:
         code = report_error(comm, a.uid)
     jf.close()
     hard_exit(code)
+
+
+def _fence(store, node: int) -> None:
+    """Under node agent ``node``: leave at once (exit 10) when the coordinator gives the node
+    up (``node_fenced/<node>``: its agent was cut off). The survivors are dropping this
+    member meanwhile; one that trained on would be a second holder of its slot. A blocking
+    wait on its own client: the store wakes it, no polling."""
+    st = store.clone()
+
+    def wait() -> None:
+        try:
+            st.wait([node_fenced_key(node)], timedelta(days=30))
+        except Exception:  # the store is gone: the training loop sees that itself
+            return
+        hard_exit(ExitCode.FENCED)
+    threading.Thread(target=wait, name="node-fence", daemon=True).start()
 
 
 def _profiled(run, uid: int):

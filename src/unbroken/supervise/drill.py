@@ -1,9 +1,11 @@
-"""Fire-drill faults the supervisor side writes itself (``--faults xidN:S@K,update@K``).
+"""Fire-drill faults the supervisor side writes itself (``--faults xidN:S@K,update@K,node:I@K``).
 
 The workers inject their own faults at exact steps (kill, hang, slow, stall, nan, flip); two
 kinds come from outside a worker in real life and are written here once training reaches
 their step: a kernel-log XID line naming the pid that holds a slot (what ``dmesg`` would
-show), and a queued code update that breaks the model (``testing.updates``: a real shape bug).
+show), and a queued code update that breaks the model (``testing.updates``: a real shape bug);
+with node agents, a node's loss (its agent killed with every process it started) or its cut
+(the agent stopped, its workers running on).
 Nothing here runs unless a fault schedule asks for it.
 """
 
@@ -29,8 +31,10 @@ class LauncherDrill:
     """The pending ``xid`` and ``update`` faults of one attempt."""
 
     def __init__(self, pending: list[Fault], model: str, xid_log: str | None,
-                 emit: Callable[[dict], None], fired: set, guard) -> None:
-        self.todo = [f for f in pending if f.kind in ("xid", "update")]
+                 emit: Callable[[dict], None], fired: set, guard,
+                 kill_node: Callable[[Fault], None] | None = None) -> None:
+        self.todo = [f for f in pending if f.kind in ("xid", "update", "node", "cut")]
+        self.kill_node = kill_node
         self.updates = sum(1 for f in fired if f.kind == "update")  # versions queued so far
         self.model, self.xid_log, self.emit, self.fired, self.guard = (
             model, xid_log, emit, fired, guard)
@@ -41,6 +45,9 @@ class LauncherDrill:
         for f in [f for f in self.todo if f.step <= top]:
             self.todo.remove(f)
             now = time.time()
+            if f.kind in ("node", "cut"):  # the supervisor's: it knows which node runs what
+                self.kill_node(f)
+                continue
             if f.kind == "update":
                 # every update a new version (a rolled-back version is never queued again)
                 self.updates += 1

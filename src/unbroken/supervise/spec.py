@@ -20,11 +20,12 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from unbroken.core.faults import (NEED_ACT, REMOVING, Fault, chaos_faults, parse_faults,
+from unbroken.core.faults import (NEED_ACT, NODE_KINDS, REMOVING, Fault, chaos_faults, parse_faults,
                                   soak_faults)
 from unbroken.core.placement import check as check_placement
 
-__all__ = ["JobSpec", "FTConfig", "TrainerError", "check", "spares_for", "train_config",
+__all__ = ["JobSpec", "FTConfig", "TrainerError", "check", "node_warning", "spares_for",
+           "train_config",
            "load_trainer"]
 
 #: what a trainer must offer (``runtime.trainer.TrainerLike``)
@@ -56,6 +57,9 @@ class FTConfig:
     heartbeat: float = 0.1
     #: members stop with a checkpoint (exit 5) when the supervisor is this many seconds silent
     supervisor_staleness: float = 5.0
+    #: node agents only: seconds an agent's heartbeat may be silent before its node is lost
+    #: (a cut-off machine; a killed agent is seen at once)
+    node_staleness: float = 1.0
     #: checkpoint every K steps (None: 50, or 10 for a chaos run): the most steps a roll-back
     #: redoes
     ckpt_every: int | None = None
@@ -104,6 +108,9 @@ class FTConfig:
         if not 0 < self.heartbeat < self.staleness:
             raise ValueError(f"--staleness {self.staleness}: must exceed the heartbeat period "
                              f"{self.heartbeat}")
+        if not self.node_staleness > self.heartbeat:
+            raise ValueError(f"--node-staleness {self.node_staleness}: must exceed the "
+                             f"heartbeat period {self.heartbeat}")
         if not self.supervisor_staleness > self.heartbeat:
             raise ValueError(f"supervisor staleness {self.supervisor_staleness}: must exceed "
                              f"the heartbeat period {self.heartbeat}")
@@ -131,6 +138,7 @@ class JobSpec:
     unguarded: bool = False       # bench only: faults that need an acting guard, log-only
     stragglers: str | None = None  # a straggler trace (unbroken.core.stragglers) or "none"
     target_loss: float | None = None  # report the time the committed loss first reaches it
+    local_nodes: int = 0          # run the groups under K node agents on this machine (0: none)
     ft: FTConfig = field(default_factory=FTConfig)
 
     def fault_list(self) -> list[Fault]:
@@ -140,7 +148,7 @@ class JobSpec:
             return chaos_faults(self.chaos, self.groups, self.steps)
         if self.faults is None:
             return []
-        return parse_faults(self.faults, self.groups, self.steps)
+        return parse_faults(self.faults, self.groups, self.steps, self.local_nodes)
 
     def ckpt_interval(self) -> int:
         """Checkpoint period: ``ft.ckpt_every``, or 10 for a chaos run (its SDC roll-back
@@ -175,6 +183,8 @@ def check(spec: JobSpec) -> list[Fault]:
         raise ValueError(f"--chaos-faults {spec.chaos_faults}: needs --chaos SEED")
     if spec.resume and spec.fresh:
         raise ValueError("--resume and --fresh exclude each other")
+    if spec.local_nodes:
+        node_warning(spec)  # more nodes than groups: ValueError
     needy = [f for f in spec.fault_list() if f.kind in NEED_ACT]
     if needy and ft.guard != "act" and not spec.unguarded:
         raise ValueError(f"fault {needy[0].spec!r} needs --guard act (a log-only guard cannot "
@@ -199,6 +209,19 @@ def check(spec: JobSpec) -> list[Fault]:
     return spec.fault_list()
 
 
+def node_warning(spec: JobSpec) -> str | None:
+    """With node agents: one line when a node loss is not safe on ``local_nodes`` nodes (the
+    nodes it would take), None when it is; ValueError (bad input) unless 1 <= nodes <= groups."""
+    from unbroken.core.nodes import place_groups
+
+    if spec.local_nodes < 0:
+        raise ValueError(f"--local-nodes {spec.local_nodes}: must be >= 0 (0: no agents)")
+    try:
+        return place_groups(spec.groups, spec.ft.redundancy, spec.local_nodes)[1]
+    except ValueError as e:
+        raise ValueError(f"--local-nodes: {e}") from None
+
+
 def spares_for(spec: JobSpec, faults: list[Fault]) -> int:
     """Warm spares started with the job, one per fault that takes a process away: they import
     and build the model *before* step 0, so on a small machine their start-up does not slow
@@ -209,7 +232,9 @@ def spares_for(spec: JobSpec, faults: list[Fault]) -> int:
         from unbroken.core.standby import standby_size
 
         return standby_size(spec.groups, spec.ft.standby_p)
-    need = max(1, sum(1 for f in faults if f.kind in REMOVING or f.kind == "xid"))
+    per_node = -(-spec.groups // max(1, spec.local_nodes))  # a node fault takes a node's groups
+    need = max(1, sum(1 for f in faults if f.kind in REMOVING or f.kind == "xid")
+               + per_node * sum(1 for f in faults if f.kind in NODE_KINDS))
     if spec.chaos_faults is not None:  # a soak: a few warm, the rest started as they go (a
         return min(need, max(2, spec.groups // 4))  # process each at once would not fit)
     return need

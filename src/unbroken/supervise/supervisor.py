@@ -355,13 +355,20 @@ def _cluster(cfg, jdir: Path, spares: int, spec: JobSpec, ckdir: Path, *, resume
     from unbroken.runtime.stacked_worker import StackedCluster
 
     drill = {g: holder_faults(pending, g) for g in range(cfg.groups)}
-    return StackedCluster(cfg, str(jdir), spares=spares, heartbeat=spec.ft.heartbeat,
-                          staleness=spec.ft.staleness, ckpt_dir=str(ckdir),
-                          ckpt_every=spec.ckpt_interval(), resume=resume,
-                          drill={g: [(f.kind, f.step) for f in fs] for g, fs in drill.items()
-                                 if fs},
-                          verdicts=spec.ft.guard == "act", store_process=True,
-                          supervisor_staleness=spec.ft.supervisor_staleness)
+    kw = dict(spares=spares, heartbeat=spec.ft.heartbeat,
+              staleness=spec.ft.staleness, ckpt_dir=str(ckdir),
+              ckpt_every=spec.ckpt_interval(), resume=resume,
+              drill={g: [(f.kind, f.step) for f in fs] for g, fs in drill.items() if fs},
+              verdicts=spec.ft.guard == "act", store_process=True,
+              supervisor_staleness=spec.ft.supervisor_staleness)
+    if spec.local_nodes:  # the same surface, the workers under node agents (unbroken.nodes)
+        from unbroken.core.nodes import place_groups
+        from unbroken.nodes.cluster import NodeCluster
+
+        node_of, _warning = place_groups(cfg.groups, spec.ft.redundancy, spec.local_nodes)
+        return NodeCluster(cfg, str(jdir), node_of=node_of,
+                           node_staleness=spec.ft.node_staleness, **kw)
+    return StackedCluster(cfg, str(jdir), **kw)
 
 
 class _Attempt:
@@ -399,14 +406,15 @@ class _Attempt:
         self.top, self.last_step_t = -1, time.time()
         self.checkpoint: str | None = None
         self.stop_posted: float | None = None
-        self.drill = LauncherDrill(pending, c.cfg.model, xid_log, self.emit, fired, guard)
+        self.drill = LauncherDrill(pending, c.cfg.model, xid_log, self.emit, fired, guard,
+                                   kill_node=self._kill_node)
         for u in self.members | set(self.pool):  # XID lines name the pid of any holder
             holders[c.procs[u].pid] = u
         self.layout = make_layout(self.spec.groups, self.spec.ft.redundancy)
         self.holder = {s: s for s in range(self.spec.groups)}  # slot -> its newest holder
         self.stop_code: tuple[int, str] | None = None  # a StopJob carried out
         guard.maskable = self._maskable
-        guard.standby = lambda: len(self.pool)  # the ladder counts on the pool as it is now
+        guard.standby = lambda: len(self._warm())  # the ladder counts on the pool as it is
         self.stall_job, self.stall_pool = None, None  # stack dumps off the loop (_stall)
         self.exits = ExitWaiter()
 
@@ -430,6 +438,8 @@ class _Attempt:
                     self._on_event(u, ev)
             if self.sup._signal is not None and self.stop_posted is None:
                 self._post_stop()
+            for ev in getattr(self.c, "drain_events", list)():  # node agents: a node lost
+                self.emit(ev)
             self.drill.fire(self.top, self._holder)
             self.guard.poll(time.time(), live=self.members - set(self.finished))
             self._stall()
@@ -622,7 +632,7 @@ class _Attempt:
         if fresh:
             self._spawn()
             spare = self.pool.pop()  # the one just started, not a warm one
-        elif self.pool:
+        elif self._warm():
             spare = self.pool.pop(0)
         else:
             self.emit({"event": Event.NO_SPARE, "slot": slot})
@@ -637,6 +647,25 @@ class _Attempt:
                    **({"fresh": True} if fresh else {})})
         for _ in range(refill(len(self.pool))):  # keep one warm for the next fault (its
             self._spawn()                        # start-up takes CPU from training here)
+
+    def _warm(self) -> list[int]:
+        """The pool without the spares that died waiting (their node went with them)."""
+        self.pool = [u for u in self.pool if self.c.procs[u].poll() is None]
+        return self.pool
+
+    def _kill_node(self, f: Fault) -> None:
+        """A ``node:I@S`` drill: node I's agent is killed with every process it started
+        (``NodeCluster.kill_node``); ``cut:I@S``: it is stopped, its workers run on
+        (``NodeCluster.cut_node``). Each member there is a victim of the fault."""
+        node_of = getattr(self.c, "node_of", {})
+        now = time.time()
+        for u in self._live():
+            if node_of.get(u) == f.group:
+                self.victims.add(u)
+                self.emit({"event": Event.FAULT, "kind": f.kind, "group": self.slot_of[u],
+                           "uid": u, "node": f.group, "step": f.step, "at": f.step, "t": now})
+        self.fired.add(f)
+        (self.c.kill_node if f.kind == "node" else self.c.cut_node)(f.group)
 
     def _spawn(self) -> None:
         self.c.spawn(self.next_uid, standby=True)

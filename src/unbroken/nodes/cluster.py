@@ -1,0 +1,301 @@
+"""The coordinator's side of the node agents: :class:`NodeCluster`.
+
+Why a cluster class and not a second supervisor: the supervisor, the guard and the ladder
+already work against one surface (``StackedCluster``: ``procs[uid]`` with the ``Popen``
+methods, ``spawn``, ``assign``, ``store``, ``close``). ``NodeCluster`` keeps that surface and
+only changes where a worker runs: ``procs[uid]`` is a :class:`RemoteProc` whose ``poll`` /
+``wait`` / ``send_signal`` are backed by the agent's store records and orders, and whose
+``sentinel`` becomes readable when the agent reports the exit, so the supervisor's
+``ExitWaiter`` sleeps on remote deaths exactly as on local ones. Nothing else changes.
+
+A watcher thread (its own store client) turns the agents' records into exits, and declares a
+node lost when its agent process ended (local nodes: the coordinator started it, the exit is
+seen at once) or its heartbeat went silent (``core.nodes.stale_nodes``: a cut-off or stopped
+agent). A lost node's processes are declared dead at once (the survivors mask them), its
+``node_fenced/<i>`` is set (an agent that wakes up kills what it started), and a
+``node_lost`` event is queued for the supervisor's journal (:meth:`drain_events`).
+
+Placement: group g runs on node ``node_of[g]`` (``core.nodes.place_groups``); a warm spare on
+the least loaded live node (``core.nodes.spare_node``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import threading
+import time
+from datetime import timedelta
+
+from unbroken.core.membership import beat_clock, observe
+from unbroken.core.nodes import spare_node, stale_nodes
+from unbroken.events import Event
+from unbroken.protocol import (NODE_EXITS, node_exit_key, node_fenced_key, node_hb_key,
+                               node_key, node_order_key, node_orders_key, node_pid_key)
+from unbroken.runtime.stacked_worker import StackedCluster
+
+__all__ = ["NodeCluster", "RemoteProc"]
+
+
+class RemoteProc:
+    """A worker on a node: the ``Popen`` surface the supervisor uses, backed by its agent."""
+
+    def __init__(self, cluster: "NodeCluster", uid: int, node: int) -> None:
+        self.cluster, self.uid, self.node = cluster, uid, node
+        self.args = [f"node {node} uid {uid}"]
+        self.returncode: int | None = None
+        self.sentinel, self._w = os.pipe()  # readable once the exit is known (ExitWaiter)
+        self._pid: int | None = None
+
+    @property
+    def pid(self) -> int:
+        """The worker's pid on its node (posted by the agent right after it started it)."""
+        if self._pid is None:
+            st, key = self.cluster.store, node_pid_key(self.uid)
+            deadline = time.monotonic() + 60
+            while not st.check([key]):
+                if self.returncode is not None or time.monotonic() > deadline:
+                    return -1  # its node went before it started
+                select.select([self.sentinel], [], [], 0.02)  # or until it is known dead
+            self._pid = int(st.get(key))
+        return self._pid
+
+    def _exited(self, rc: int) -> None:
+        if self.returncode is None:
+            self.returncode = int(rc)
+            os.write(self._w, b"x")
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None and not select.select([self.sentinel], [], [], timeout)[0]:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            self.cluster.order(self.node, {"op": "signal", "uid": self.uid, "sig": int(sig)})
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def __del__(self) -> None:
+        for fd in (self.sentinel, self._w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+class NodeCluster(StackedCluster):
+    """``StackedCluster`` whose workers run under node agents.
+
+    ``node_of``: group -> node (``core.nodes.place_groups``); ``local``: start the ``nodes``
+    agents here, each in a process tree of its own (``unbroken run --local-nodes K``);
+    otherwise wait for ``nodes`` agents to claim their index (``unbroken agent``)."""
+
+    WORKER = "unbroken.runtime.stacked_worker:worker_main"
+    TICK_S = 0.02
+
+    def __init__(self, cfg, journal_dir: str, *, node_of: list[int], local: bool = True,
+                 node_staleness: float = 1.0, node_heartbeat: float = 0.1,
+                 claim_timeout: float = 120.0, **kw) -> None:
+        self.nodes = max(node_of) + 1
+        self.node_of_group, self.local = list(node_of), local
+        self.node_staleness, self.node_heartbeat = node_staleness, node_heartbeat
+        self.claim_timeout = claim_timeout
+        self.node_of: dict[int, int] = {}  # uid -> node
+        self.agents: dict[int, object] = {}  # local agents: node -> process
+        self.lost: dict[int, str] = {}  # node -> why
+        self._events: list[dict] = []
+        self._order_lock = threading.Lock()
+        self._orders: dict[int, int] = {}
+        self._watcher: threading.Thread | None = None
+        self._stop_r, self._stop_w = os.pipe()
+        kw.setdefault("store_process", True)
+        super().__init__(cfg, journal_dir, **kw)
+
+    # ------------------------------------------------------------------ agents
+    def _start_agents(self) -> None:
+        from unbroken import spawn
+
+        if self.local:
+            per = [self.node_of_group.count(k) for k in range(self.nodes)]
+            for k in range(self.nodes):
+                self.agents[k] = spawn.start(
+                    "unbroken.nodes.agent:main",
+                    ["--coordinator", f"127.0.0.1:{self.port}", "--node", str(k),
+                     "--slots", str(per[k]), "--heartbeat", str(self.node_heartbeat),
+                     "--stderr-dir", self._errdir],
+                    stderr_path=self._errpath(f"agent-{k}"))
+        deadline = time.monotonic() + self.claim_timeout
+        for k in range(self.nodes):
+            while not self.store.check([node_key(k)]):
+                a = self.agents.get(k)
+                if a is not None and a.poll() is not None:
+                    raise RuntimeError(f"node agent {k} exited with code {a.returncode} before "
+                                       f"it claimed its node: {self.stderr(f'agent-{k}')[-500:]}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"node agent {k} did not claim node {k} within "
+                                       f"{self.claim_timeout:.0f}s")
+                if a is not None:
+                    self._exits.wait([a], self.TICK_S)
+                else:
+                    try:
+                        self.store.wait([node_key(k)], timedelta(seconds=1))
+                    except Exception:
+                        pass
+        self._watcher = threading.Thread(target=self._watch, name="node-watch", daemon=True)
+        self._watcher.start()
+
+    def order(self, node: int, order: dict) -> None:
+        """Post ``order`` to ``node``'s agent (it reads them in sequence)."""
+        with self._order_lock:
+            n = self._orders[node] = self._orders.get(node, 0) + 1
+            self.store.set(node_order_key(node, n), json.dumps(order))
+            self.store.add(node_orders_key(node), 1)
+
+    def _start(self, uid: int, entry: str, argv: list[str]) -> None:
+        if entry != self.WORKER:
+            raise ValueError(f"a node agent starts {self.WORKER} only, not {entry}")
+        if self._watcher is None:
+            self._start_agents()
+        if uid < self.cfg.groups and uid not in self.procs:
+            node = self.node_of_group[uid]
+        else:
+            load: dict[int, int] = {}
+            for u, k in self.node_of.items():
+                if self.procs[u].returncode is None:
+                    load[k] = load.get(k, 0) + 1
+            node = spare_node(load, [k for k in range(self.nodes) if k not in self.lost])
+        self.node_of[uid] = node if node is not None else -1
+        proc = self.procs[uid] = RemoteProc(self, uid, self.node_of[uid])
+        if node is None or node in self.lost:
+            proc._exited(-signal.SIGKILL)  # no node left to run it
+            return
+        self.order(node, {"op": "spawn", "uid": uid, "argv": argv,
+                          "stderr": self._errpath(uid)})
+
+    def uids_on(self, node: int) -> list[int]:
+        return sorted(u for u, k in self.node_of.items() if k == node)
+
+    def kill_node(self, node: int) -> list[int]:
+        """Fault injection (``node:I@S``): SIGKILL local agent ``node`` with its process group
+        (its fork server); its workers follow by ``PR_SET_PDEATHSIG``. Returns the uids that
+        were running there."""
+        running = [u for u in self.uids_on(node) if self.procs[u].returncode is None]
+        a = self.agents[node]
+        try:
+            os.killpg(a.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return running
+
+    def cut_node(self, node: int) -> list[int]:
+        """Fault injection (``cut:I@S``): SIGSTOP local agent ``node`` only; its workers run
+        on, so only its silent heartbeat tells. Returns the uids running there."""
+        running = [u for u in self.uids_on(node) if self.procs[u].returncode is None]
+        self.agents[node].send_signal(signal.SIGSTOP)
+        return running
+
+    def drain_events(self) -> list[dict]:
+        """Node events since the last call (for the supervisor's journal)."""
+        with self._order_lock:
+            out, self._events = self._events, []
+        return out
+
+    # ------------------------------------------------------------------ the watcher
+    def _watch(self) -> None:
+        st = self.store.clone()
+        obs: dict = {}
+        beats, exits_seen = 0.0, 0
+        last_judged = time.monotonic()
+        while True:
+            fds = [self._stop_r] + [a.sentinel for k, a in self.agents.items()
+                                    if k not in self.lost]
+            if self._stop_r in select.select(fds, [], [], self.TICK_S)[0]:
+                return
+            try:
+                for k, a in list(self.agents.items()):
+                    if k not in self.lost and a.poll() is not None:
+                        self._node_lost(st, k, f"its agent exited (code {a.returncode})")
+                n = int(st.add(NODE_EXITS, 0))
+                if n != exits_seen:
+                    exits_seen = n
+                    for u, p in list(self.procs.items()):
+                        if p.returncode is None and st.check([node_exit_key(u)]):
+                            p._exited(int(st.get(node_exit_key(u))))
+                now = time.monotonic()
+                if now - last_judged < self.node_heartbeat:
+                    continue
+                live = [k for k in range(self.nodes) if k not in self.lost]
+                counters = {k: int(st.add(node_hb_key(k), 0)) for k in live}
+                if now - last_judged > self.node_staleness / 2:  # this thread was starved:
+                    obs = {k: (c, now, beats) for k, (c, _t, _b) in obs.items()}  # judge none
+                beats += beat_clock(obs, counters)
+                obs = observe(obs, counters, now, beats)
+                last_judged = now
+                for k in stale_nodes({k: obs[k] for k in live}, now, self.node_staleness,
+                                     beats, self.node_heartbeat):
+                    silent = now - obs[k][1]
+                    self._node_lost(st, k, f"its heartbeat was silent for {silent:.2f}s")
+            except Exception:  # the store is going away (close): nothing left to watch
+                if self._stop_r in select.select([self._stop_r], [], [], 0)[0]:
+                    return
+
+    def _node_lost(self, st, node: int, why: str) -> None:
+        from unbroken.runtime.ftcomm import declare_dead
+
+        if node in self.lost:
+            return
+        self.lost[node] = why
+        t = time.time()
+        st.set(node_fenced_key(node), why)
+        gone = []
+        for u in self.uids_on(node):
+            p = self.procs[u]
+            if p.returncode is None:
+                declare_dead(st, u)  # the survivors drop it now
+                gone.append(u)
+        for u in gone:
+            self.procs[u]._exited(-signal.SIGKILL)
+        with self._order_lock:
+            self._events.append({"event": Event.NODE_LOST, "node": node, "reason": why,
+                                 "uids": gone, "t": t})
+
+    # ------------------------------------------------------------------ shutdown
+    def close(self) -> None:
+        os.write(self._stop_w, b"x")
+        if self._watcher is not None:
+            self._watcher.join(timeout=5)
+        for k in range(self.nodes):
+            if k not in self.lost and k in self._orders:
+                try:
+                    self.order(k, {"op": "exit"})
+                except Exception:
+                    pass
+        deadline = time.monotonic() + 10
+        for k, a in self.agents.items():
+            try:
+                a.wait(timeout=max(0.0, deadline - time.monotonic()) if k not in self.lost
+                       else 0)
+            except subprocess.TimeoutExpired:
+                pass
+            if a.poll() is None:  # a cut-off (stopped) agent: it goes with its group
+                try:
+                    os.killpg(a.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                a.wait(timeout=10)
+        for p in self.procs.values():
+            p._exited(-signal.SIGKILL)
+        super().close()
+        for fd in (self._stop_r, self._stop_w):
+            os.close(fd)

@@ -1,0 +1,55 @@
+"""core.nodes: group placement on nodes, silent agents, where a spare goes (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from unbroken.core.nodes import place_groups, spare_node, stale_nodes
+
+
+def test_six_groups_on_three_nodes_are_placed_safely():
+    node_of, warning = place_groups(6, 2, 3)
+    assert warning is None
+    assert sorted(node_of.count(k) for k in range(3)) == [2, 2, 2]
+
+
+def test_an_unsafe_placement_warns_with_the_nodes_it_takes():
+    node_of, warning = place_groups(4, 2, 1)
+    assert node_of == [0, 0, 0, 0]
+    assert warning.startswith("1 nodes: no balanced safe placement")
+    assert "it takes 2 nodes" in warning
+
+
+def test_more_nodes_than_groups_is_bad_input():
+    with pytest.raises(ValueError, match="exceeds the number of groups"):
+        place_groups(3, 2, 4)
+
+
+def test_a_stopped_agent_is_stale_once_the_others_beat_on():
+    # (counter, last change, beat clock then): node 1 stopped at t=0, the others beat
+    obs = {0: (30, 1.95, 19.0), 1: (10, 0.0, 0.0), 2: (29, 1.9, 19.0)}
+    assert stale_nodes(obs, now=2.0, staleness=1.0, beats=20.0, heartbeat=0.1) == [1]
+    # the same silence while nobody else beat either (a starved coordinator): nobody yet
+    assert stale_nodes(obs, now=2.0, staleness=1.0, beats=5.0, heartbeat=0.1) == []
+    # ... unless it lasts three times the staleness
+    assert stale_nodes(obs, now=3.5, staleness=1.0, beats=5.0, heartbeat=0.1) == [1]
+
+
+def test_an_agent_that_never_beat_is_not_judged():
+    assert stale_nodes({0: (0, 0.0, 0.0)}, now=10.0, staleness=1.0, beats=100.0,
+                       heartbeat=0.1) == []
+
+
+def test_a_spare_goes_to_the_least_loaded_live_node():
+    assert spare_node({0: 3, 1: 2, 2: 2}, [0, 1, 2]) == 1
+    assert spare_node({0: 3, 1: 2, 2: 2}, [0, 2]) == 2
+    assert spare_node({}, [2, 1]) == 1
+    assert spare_node({0: 1}, []) is None
+
+
+def test_run_warns_when_its_local_nodes_cannot_keep_a_node_loss_safe():
+    from unbroken.supervise.spec import JobSpec, node_warning
+
+    assert node_warning(JobSpec(trainer="mlp", groups=6, local_nodes=3)) is None
+    warn = node_warning(JobSpec(trainer="mlp", groups=4, local_nodes=1))
+    assert "it takes 2 nodes" in warn

@@ -1,0 +1,93 @@
+"""Node agents on this machine (``--local-nodes``): each agent a process tree of its own, real
+SIGKILL / SIGSTOP. A node killed mid-run (its agent with every process it started) and a node
+cut off (its agent stopped, its workers running on) are both masked: no wipe-out, every step
+exactly once, the parameters of the failure-free run."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from unbroken.events import Event  # noqa: E402
+from unbroken.runtime.trainer import reference_run  # noqa: E402
+from unbroken.supervise import JobSpec, Supervisor  # noqa: E402
+from unbroken.supervise.spec import FTConfig, check, train_config  # noqa: E402
+
+pytestmark = pytest.mark.mp
+
+STEPS = 12
+CUT_STEPS = 120  # ~35 ms a step: the run outlasts the 1 s silence that finds the cut (and
+#                  a watcher starved under load, which judges nobody meanwhile)
+
+
+def _run(tmp_path, faults: str, steps: int = STEPS) -> tuple[JobSpec, object]:
+    spec = JobSpec(trainer="mlp", groups=6, steps=steps, faults=faults, local_nodes=3,
+                   out=str(tmp_path / "run"), timeout=240, ft=FTConfig(node_staleness=1.0))
+    return spec, Supervisor(spec).run()
+
+
+def _param_diff(spec: JobSpec, params: dict) -> float:
+    ref = reference_run(train_config(spec, spec.sdc_interval(check(spec))))
+    return max((torch.tensor(p, dtype=torch.float64) - ref).abs().max().item()
+               for p in params.values())
+
+
+def _check_masked(spec, sup_res, events) -> None:
+    rep = sup_res.report
+    assert sup_res.ok, sup_res.message
+    assert rep["steps"] == spec.steps and rep["exactly_once"] is True, rep["ledger"]
+    assert not [e for e in events if e["event"] in (Event.WIPEOUT, Event.RESTART,
+                                                    Event.RESTART_REQUESTED)]
+    assert _param_diff(spec, sup_res.params) < 1e-5
+
+
+@pytest.mark.timeout(240)
+def test_a_node_killed_mid_run_is_masked_exactly_once(tmp_path):
+    spec, res = _run(tmp_path, "node:1@4")
+    events = _journal(tmp_path)
+    faults = [e for e in events if e["event"] == Event.FAULT and e["kind"] == "node"]
+    lost = [e for e in events if e["event"] == Event.NODE_LOST]
+    assert sorted(e["uid"] for e in faults) == [1, 4]  # node 1 of 3 holds groups 1 and 4
+    assert len(lost) == 1 and lost[0]["node"] == 1 and "agent exited" in lost[0]["reason"]
+    assert {1, 4} <= set(lost[0]["uids"])
+    detected = {e["group"] for e in events if e["event"] == Event.DETECTED}
+    assert {1, 4} <= detected
+    print(f"node loss noticed {lost[0]['t'] - faults[0]['t']:.3f}s after the kill")
+    _check_masked(spec, res, events)
+    assert lost[0]["t"] - faults[0]["t"] < 2.0
+    _trained_until(events, (1, 4))  # killed with their agent
+
+
+def _trained_until(events: list[dict], uids) -> None:
+    """The members of the lost node committed nothing from the step the survivors re-formed
+    without them on (the drill fires once the supervisor has read step S from a journal, so
+    they may have committed a step or two past S by then)."""
+    last = min(e["step"] for e in events if e["event"] == Event.REPLAN
+               and not set(uids) & set(e["members"])) - 1
+    for uid in uids:
+        commits = [e["step"] for e in events
+                   if e["event"] == Event.COMMIT and e.get("src") == f"group-{uid}"]
+        assert max(commits) <= last, (uid, max(commits))
+
+
+@pytest.mark.timeout(240)
+def test_a_node_cut_off_is_detected_by_its_silence_and_masked(tmp_path):
+    """The agent is SIGSTOPped; its workers keep running and beating. Only the agent's
+    heartbeat tells: the node is fenced (its workers leave, exit 10) and its members declared
+    dead (the survivors re-form without them), no wipe-out, exactly once."""
+    spec, res = _run(tmp_path, "cut:1@4", steps=CUT_STEPS)
+    events = _journal(tmp_path)
+    faults = [e for e in events if e["event"] == Event.FAULT and e["kind"] == "cut"]
+    lost = [e for e in events if e["event"] == Event.NODE_LOST]
+    assert sorted(e["uid"] for e in faults) == [1, 4]
+    assert len(lost) == 1 and lost[0]["node"] == 1 and "heartbeat" in lost[0]["reason"]
+    print(f"cut-off node noticed {lost[0]['t'] - faults[0]['t']:.3f}s after the stop")
+    _check_masked(spec, res, events)
+    _trained_until(events, (1, 4))  # they left when their node was fenced
+
+
+def _journal(tmp_path) -> list[dict]:
+    from helpers import read_journal
+
+    return read_journal(tmp_path / "run" / "journal.jsonl")

@@ -1,0 +1,30 @@
+"""Bad node input through ``unbroken.cli.main`` in-process (nothing is started before the
+check fails): one line naming the value, exit 2, no traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+from unbroken.cli import main
+
+
+@pytest.mark.parametrize("args, named", [
+    (["agent", "--coordinator", "nohost"], "--coordinator 'nohost': expected HOST:PORT"),
+    (["agent", "--coordinator", "h:99999"], "expected HOST:PORT"),
+    (["agent", "--coordinator", "h:1", "--node", "-1"], "--node -1: must be >= 0"),
+    (["run", "--trainer", "mlp", "--groups", "4", "--faults", "node:1@3"],
+     "a node fault needs node agents (--local-nodes K)"),
+    (["run", "--trainer", "mlp", "--groups", "4", "--local-nodes", "2", "--faults",
+      "cut:2@3"], "node 2 out of range 0..1"),
+    (["run", "--trainer", "mlp", "--groups", "4", "--local-nodes", "-1"],
+     "--local-nodes -1: must be >= 0"),
+    (["run", "--trainer", "mlp", "--groups", "4", "--local-nodes", "2", "--node-staleness",
+      "0.05"], "--node-staleness 0.05: must exceed the heartbeat period"),
+    (["demo", "--groups", "4", "--local-nodes", "5"],
+     "--local-nodes: nodes 5 exceeds the number of groups 4"),
+])
+def test_bad_node_input_is_one_line_exit_2(capsys, tmp_path, args, named):
+    assert main([*args, "--out", str(tmp_path / "run")] if args[0] != "agent" else args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and named in err[0], err
+    assert not (tmp_path / "run").exists()
