@@ -32,7 +32,7 @@ def server(tmp_path_factory):
     from unbroken.learn.synth import SynthSpec, generate, write
 
     d = tmp_path_factory.mktemp("prom")
-    paths = write(generate(SynthSpec(seed=9, nodes=8, days=2.0, failures=3, before=1)), d)
+    paths = write(generate(SynthSpec(seed=9, nodes=8, days=1.0, failures=3, before=1)), d)
     with gzip.open(paths["metrics"], "rb") as src, open(d / "metrics.om", "wb") as dst:
         shutil.copyfileobj(src, dst)
     subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics",
