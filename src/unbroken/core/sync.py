@@ -559,8 +559,12 @@ RUNTIME_MODES = ("sync", "mask", "auto")
 def predict_times(window: Sequence[Sequence[float]]) -> list[float] | None:
     """Each group's predicted per-shard compute time from its recent measurements (one row
     per step, one column per group; 0 or less: not measured that step, e.g. a group left out
-    and not probed): the median of its measured values, which shrugs off a step that the
-    scheduler of a shared machine stretched. None while some group has no measurement."""
+    and not probed): the *fastest* of its measured values. The load of a shared machine only
+    ever adds time to a measurement (a median of a few steps still followed it: groups were
+    flagged by the scheduler, not by their speed), while a slow machine is slow on every step,
+    so the lower envelope keeps the ratio a trace injects and flags a group only once it was
+    slow on every step of the window; it sees a recovery at the first fast step. None while
+    some group has no measurement."""
     if not window:
         return None
     cols = np.asarray(window, dtype=float).T
@@ -569,7 +573,7 @@ def predict_times(window: Sequence[Sequence[float]]) -> list[float] | None:
         v = c[c > 0]
         if v.size == 0:
             return None
-        out.append(float(np.median(v)))
+        out.append(float(v.min()))
     return out
 
 

@@ -47,7 +47,7 @@ from unbroken.runtime.stacked import StackedRunner
 
 __all__ = ["ModeRunner", "make_runner", "WINDOW", "PROBE"]
 
-#: steps of per-group compute times behind a prediction (their median)
+#: steps of per-group compute times behind a prediction (their minimum)
 WINDOW = 5
 #: a benched group computes its own shard type for the clock every PROBE steps
 PROBE = 4

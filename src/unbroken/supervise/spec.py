@@ -131,6 +131,7 @@ class JobSpec:
     unguarded: bool = False       # bench only: faults that need an acting guard, log-only
     stragglers: str | None = None  # a straggler trace (unbroken.core.stragglers) or "none"
     target_loss: float | None = None  # report the time the committed loss first reaches it
+    sync: str = "sync"            # the sync mode (unbroken.core.sync.parse_mode)
     ft: FTConfig = field(default_factory=FTConfig)
 
     def fault_list(self) -> list[Fault]:
@@ -187,6 +188,8 @@ def check(spec: JobSpec) -> list[Fault]:
         from unbroken.runtime.stragglers import load_trace
 
         load_trace(spec.stragglers, spec.groups)  # StragglerSpecError (a ValueError)
+    if spec.sync != "sync":
+        check_sync(spec.sync, spec.groups, ft.redundancy)
     if spec.target_loss is not None and not math.isfinite(spec.target_loss):
         raise ValueError(f"--target-loss {spec.target_loss}: expected a finite number")
     try:
@@ -197,6 +200,24 @@ def check(spec: JobSpec) -> list[Fault]:
         raise TrainerError(f"--trainer-args {json.dumps(spec.trainer_args)}: expected a JSON "
                            f"object (the factory's keyword arguments)")
     return spec.fault_list()
+
+
+def check_sync(text: str, groups: int, redundancy: int) -> None:
+    """``--sync``: a known mode with K in range (``core.sync.parse_mode``) that the runtime
+    builds; ValueError (one line) otherwise."""
+    from unbroken.core.sync import RUNTIME_MODES, parse_mode
+
+    try:
+        mode = parse_mode(text, groups)
+    except ValueError as e:
+        raise ValueError(f"--sync: {e}") from None
+    if mode.name not in RUNTIME_MODES:
+        raise ValueError(f"--sync {text}: not built in the runtime yet (built: "
+                         f"{', '.join(RUNTIME_MODES)}; ksync:K, groups and async exist only in "
+                         f"the planner's TTA model, unbroken.core.sync)")
+    if redundancy < 2:
+        raise ValueError(f"--sync {text}: leaving a group out needs --redundancy >= 2 (got "
+                         f"{redundancy})")
 
 
 def spares_for(spec: JobSpec, faults: list[Fault]) -> int:
@@ -230,7 +251,7 @@ def train_config(spec: JobSpec, sdc_every: int = 0):
     return TrainConfig(groups=spec.groups, redundancy=spec.ft.redundancy, steps=spec.steps,
                        seed=spec.seed, model=spec.trainer, trainer_args=args,
                        shard_size=spec.shard_size, sdc_every=sdc_every,
-                       stragglers=normalize_spec(spec.stragglers))
+                       stragglers=normalize_spec(spec.stragglers), sync=spec.sync)
 
 
 def load_trainer(cfg):
