@@ -35,7 +35,7 @@ def test_sync_gives_the_config_of_a_run_without_the_flag_and_mask_reaches_the_wo
 @pytest.mark.parametrize("text, groups, r, named", [
     ("ksync:5", 4, 2, "K 5 outside [1, 4]"),
     ("ksync:x", 4, 2, "K 'x' is not an integer"),
-    ("ksync:2", 4, 2, "--sync ksync:2: not built in the runtime yet"),
+    ("groups", 4, 2, "--sync groups: not built in the runtime yet"),
     ("async", 4, 2, "--sync async: not built in the runtime yet"),
     ("auto", 4, 1, "--sync auto: leaving a group out needs --redundancy >= 2"),
 ])
@@ -44,7 +44,7 @@ def test_check_sync_names_the_bad_value(text, groups, r, named):
 
     with pytest.raises(ValueError, match=named.replace("[", r"\[")):
         check_sync(text, groups, r)
-    for ok in ("sync", "mask", "auto"):
+    for ok in ("sync", "mask", "auto", "ksync:3", "ksync:1"):
         check_sync(ok, 4, 2)
 
 

@@ -154,9 +154,10 @@ def _job_args(p: argparse.ArgumentParser, *, steps: int, out: str) -> None:
     p.add_argument("--sync", default="sync", metavar="MODE",
                    help="sync mode, switchable at a step boundary: sync (default), mask (leave "
                         "a predicted-late group out like a failed one; its types go to their "
-                        "other hosts: the synchronous gradient), auto (choose sync or mask "
-                        "online by predicted time to accuracy); ksync:K, groups and async are "
-                        "refused: not built yet")
+                        "other hosts: the synchronous gradient), ksync:K (commit with the K "
+                        "predicted fastest groups, the others' samples deferred to later steps, "
+                        "each used once), auto (choose sync or mask online by predicted time to "
+                        "accuracy); groups and async are refused: not built yet")
     p.add_argument("--target-loss", type=_finite_float, default=None, metavar="L",
                    help="report the time the committed loss first reaches L (tta_s)")
     p.add_argument("--chaos", type=_nonneg_int, default=None, metavar="SEED",

@@ -277,3 +277,40 @@ def test_select_and_decide_choose_only_allowed_modes_but_estimate_all():
         d3 = decide(st, [1.0] * 4, cm, allowed=("sync", "mask"), greedy_mask=True)
         st = d3.state
     assert d3.mode == "sync" and d3.switched and bench_for_mode(d3, (1,)) == ()
+
+
+def test_ksync_step_defers_the_slowest_and_catches_up_in_balanced_steps():
+    from unbroken.core.sync import ksync_step
+
+    t = [1.0, 3.0, 1.1, 0.9]
+    s = ksync_step(t, 4, 3, [], last=False)
+    assert s.late == (1,) and s.catch_up == ()
+    # fewer deferred shards than fast groups: wait; as many: one each, oldest first
+    assert ksync_step(t, 4, 3, [(0, 1), (1, 1)], last=False).catch_up == ()
+    s = ksync_step(t, 4, 3, [(0, 1), (1, 1), (2, 1), (3, 1)], last=False)
+    assert s.catch_up == ((0, 0, 1), (2, 1, 1), (3, 2, 1))
+    # K < N/2: each fast group takes ceil((N-K)/K) so the backlog stays bounded
+    s = ksync_step(t, 4, 1, [(0, 1), (0, 2), (0, 0), (1, 1)], last=False)
+    assert s.late == (0, 1, 2) and s.catch_up == ((3, 0, 1), (3, 0, 2), (3, 0, 0))
+    # the last step defers nothing and spreads the whole backlog over every group
+    s = ksync_step(t, 4, 3, [(5, 1), (6, 1), (7, 1)], last=True)
+    assert s.late == () and s.catch_up == ((0, 5, 1), (1, 6, 1), (2, 7, 1))
+    # no prediction yet: every group takes part; K = N: plain sync
+    assert ksync_step(None, 4, 3, [], last=False).late == ()
+    assert ksync_step(t, 4, 4, [], last=False).late == ()
+    with pytest.raises(ValueError, match="k 5 outside"):
+        ksync_step(t, 4, 5, [], last=False)
+
+
+def test_ksync_backlog_stays_under_2n_for_every_k():
+    from unbroken.core.sync import ksync_step
+
+    n = 6
+    t = [1.0 + i for i in range(n)]
+    for k in range(1, n + 1):
+        backlog: list = []
+        for step in range(50):
+            s = ksync_step(t, n, k, backlog, last=False)
+            done = {(a, b) for _w, a, b in s.catch_up}
+            backlog = [b for b in backlog if b not in done] + [(step, g) for g in s.late]
+            assert len(backlog) < 2 * n, (k, step, len(backlog))

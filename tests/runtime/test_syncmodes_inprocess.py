@@ -110,3 +110,24 @@ def test_auto_switches_to_mask_and_back_to_sync_when_the_straggler_recovers(refe
     modes = [e["sync"] for e in job.events(SLOW, "commit")]
     assert modes[-1] == "sync" and "mask" in modes
     assert all(_untimed(job.events(u, "mode_switch")) == _untimed(switches) for u in job.uids)
+
+
+@pytest.mark.timeout(60)
+def test_ksync_defers_the_straggler_and_uses_every_sample_exactly_once(stores):
+    cfg = replace(CFG, sync="ksync:3")
+    job = _job(cfg, stores, lambda s: 0.05)
+    assert job.error == {}, job.error
+    job.ledger_ok()  # every (step, type) once: deferred shards counted at their data step
+    commits = job.commits(0)
+    deferred = {k: c["deferred"] for k, c in commits.items() if c.get("deferred")}
+    caught = [tuple(x[:2]) for c in commits.values() for x in c.get("catch_up", [])]
+    assert deferred and all(v == [SLOW] for v in deferred.values()), deferred
+    assert sorted(caught) == sorted((k, t) for k, ts in deferred.items() for t in ts)
+    # the straggler contributes nothing while deferred; the last step defers nothing
+    assert commits[CFG.steps - 1].get("deferred", []) == []
+    assert all(job.commits(SLOW)[k]["mine"] == [] for k in deferred)
+    # not the synchronous trajectory (the data order changes), but every member's the same
+    for u in job.uids:
+        assert max_diff(job.result[u], job.result[0]) == 0.0
+    assert all(_untimed(job.events(u, "bench")) == _untimed(job.events(0, "bench"))
+               for u in job.uids)

@@ -64,7 +64,8 @@ from unbroken.core import placement, rectlr
 __all__ = ["MODES", "Mode", "parse_mode", "CostModel", "ModeEstimate", "Selection",
            "ksync_gap", "GapEstimate", "cluster_times", "star_k_scan", "select",
            "flag_stragglers", "tta_of", "estimates", "AutoState", "AutoDecision", "decide", "noise_scale_terms",
-           "NoiseScale", "RUNTIME_MODES", "predict_times", "mask_bench", "bench_for_mode"]
+           "NoiseScale", "RUNTIME_MODES", "predict_times", "mask_bench", "bench_for_mode",
+           "KsyncStep", "ksync_step"]
 
 MODES = ("sync", "mask", "ksync", "groups", "async", "auto")
 #: the order ties are broken in: the safest (most synchronous) mode first
@@ -553,7 +554,7 @@ class NoiseScale:
 
 #: the modes the runtime (``unbroken.runtime.syncmodes``) carries out; ``auto`` chooses among
 #: the first two
-RUNTIME_MODES = ("sync", "mask", "auto")
+RUNTIME_MODES = ("sync", "mask", "ksync", "auto")
 
 
 def predict_times(window: Sequence[Sequence[float]]) -> list[float] | None:
@@ -620,3 +621,54 @@ def bench_for_mode(d: AutoDecision, benched: Sequence[int]) -> tuple[int, ...]:
     if d.selection is not None:
         return d.selection.estimates["mask"].left_out
     return tuple(benched)
+
+
+@dataclass(frozen=True)
+class KsyncStep:
+    """One ``ksync:K`` step in the runtime.
+
+    ``late``: the groups predicted slowest (N - K of them) whose own shard types this step
+    does *not* compute: those samples are deferred (``deferred`` is filled by the caller from
+    the plan); ``catch_up``: ``(group, data step, type)`` deferred shards computed this step,
+    oldest first; ``reason``: the journal line."""
+
+    late: tuple[int, ...]
+    catch_up: tuple[tuple[int, int, int], ...]
+    reason: str
+
+
+def ksync_step(times: Sequence[float] | None, groups: int, k: int,
+               backlog: Sequence[tuple[int, int]], last: bool) -> KsyncStep:
+    """``ksync:K``'s plan for the next step, the same on every member.
+
+    The step commits with the K groups predicted fastest (``times``, one per group; None: no
+    prediction yet, every group takes part); the other N - K defer their shard types.
+    Deferred shards (``backlog``: (data step, type), oldest first) are caught up so that every
+    sample is used exactly once: once there are ``m`` per fast group (m = ceil((N - K) / K),
+    what keeps the backlog bounded: under 2N), each fast group computes m of them (a step in
+    which all of them carry m more shards costs m shards more, not a wait for the straggler),
+    and the ``last`` step of the run defers nothing and spreads the whole backlog over every
+    group. A shard is computed on the parameters of the
+    step that uses it: the data order changes, not the staleness."""
+    if not 1 <= k <= groups:
+        raise ValueError(f"k {k} outside [1, {groups}]")
+    if last:
+        cu = tuple((i % groups, int(s), int(ty)) for i, (s, ty) in enumerate(backlog))
+        return KsyncStep((), cu, f"ksync:{k}: last step, {len(cu)} deferred shard(s) caught "
+                                 f"up over every group")
+    if times is None:
+        return KsyncStep((), (), f"ksync:{k}: no prediction yet, every group takes part")
+    t = _times(times)
+    if t.size != groups:
+        raise ValueError(f"{t.size} times for {groups} groups")
+    order = sorted(range(groups), key=lambda i: (t[i], i))
+    late = tuple(sorted(order[k:]))
+    fast = sorted(order[:k])
+    m = -(-(groups - k) // k)
+    cu: tuple[tuple[int, int, int], ...] = ()
+    if m and len(backlog) >= m * k:
+        cu = tuple((fast[i % k], int(s), int(ty))
+                   for i, (s, ty) in enumerate(backlog[:m * k]))
+    why = (f"ksync:{k}: commits with {fast}, defers {list(late)}"
+           + (f", {len(cu)} deferred shard(s) caught up" if cu else ""))
+    return KsyncStep(late, cu, why)

@@ -38,11 +38,12 @@ from typing import Any, Callable
 
 import torch
 
-from unbroken.core.sync import (RUNTIME_MODES, AutoState, CostModel, NoiseScale, bench_for_mode,
-                                decide, mask_bench, parse_mode, predict_times)
+from unbroken.core.sync import (RUNTIME_MODES, AutoState, CostModel, KsyncStep, NoiseScale,
+                                bench_for_mode, decide, ksync_step, mask_bench, parse_mode,
+                                predict_times)
 from unbroken.core.rectlr import WipeOut
 from unbroken.events import Event
-from unbroken.runtime import stepbuf as sb
+from unbroken.runtime.ledger import DivergenceError
 from unbroken.runtime.stacked import StackedRunner
 
 __all__ = ["ModeRunner", "make_runner", "WINDOW", "PROBE"]
@@ -70,7 +71,11 @@ class ModeRunner(StackedRunner):
         if mode.name not in RUNTIME_MODES:
             raise ValueError(f"--sync {cfg.sync}: not built in the runtime (built: "
                              f"{', '.join(RUNTIME_MODES)})")
-        self.sync_mode = mode.name
+        self.sync_mode, self.k = mode.name, mode.k
+        self.backlog: list[tuple[int, int]] = []  # ksync: deferred (data step, type), oldest first
+        self._ks: tuple[int, KsyncStep, dict] | None = None  # (step, plan, deferred {type: slot})
+        self._extra: tuple[int, torch.Tensor, float, int] | None = None  # my catch-up: (step,
+        #                                                     sum, seconds, shards)
         self._outer_journal = journal
         n = cfg.groups
         self._off = n + (n * n if cfg.sdc_every > 0 else 0)  # the region, from the gradient's end
@@ -93,15 +98,39 @@ class ModeRunner(StackedRunner):
         if ev.get("event") == Event.COMMIT:
             ev["sync"] = self.effective
             ev["bench"] = list(self.bench)
+            ks = self._ks
+            if ks is not None and ks[0] == ev["step"]:
+                # the ledger: deferred shards of this step, and earlier ones used by it
+                ev["deferred"] = sorted(int(t) for t in ks[2])
+                ev["catch_up"] = [[s, t, self._uid_of(w, self.op_members)]
+                                  for w, s, t in ks[1].catch_up]
         self._outer_journal(ev)
 
     def _buflen(self) -> int:
-        return super()._buflen() + 2 * self.cfg.groups
+        # time and |g|^2 per group, then one coverage cell per caught-up shard (< 2N)
+        return super()._buflen() + 4 * self.cfg.groups
+
+    def _meta(self) -> dict:
+        return {**super()._meta(), "backlog": [list(b) for b in self.backlog]}
+
+    def _ks_now(self) -> tuple[int, KsyncStep, dict] | None:
+        ks = self._ks
+        return ks if ks is not None and ks[0] == self.step else None
 
     # ------------------------------------------------------------------ the step
     def _ensure_grads(self) -> None:
         super()._ensure_grads()
         k, slot = self.step, self.my_slot
+        ks = self._ks_now()
+        if ks is not None and ks[1].catch_up and (self._extra is None or self._extra[0] != k) \
+                and self.step_error is None:
+            t0, acc, n_cu = time.perf_counter(), None, 0
+            for w, s, t in ks[1].catch_up:
+                if w == slot:  # a deferred shard, on today's parameters
+                    g = self.trainer.grad(s, t)
+                    acc = g.clone() if acc is None else acc.add_(g)
+                    n_cu += 1
+            self._extra = (k, acc, time.perf_counter() - t0, n_cu)
         mine = self.contrib.get(slot, ())
         if mine:
             if (self._sq is None or self._sq[0] != k) and mine[0] in self.grads \
@@ -116,6 +145,11 @@ class ModeRunner(StackedRunner):
             self._probe = (k, time.perf_counter() - t0)
 
     def _own_time(self) -> float:
+        ex = self._extra if self._extra is not None and self._extra[0] == self.step else None
+        if ex is not None and ex[3] > 0:
+            c_s = (self.compute_s if self.grads_step == self.step else 0.0) + ex[2]
+            c_n = (self.compute_n if self.grads_step == self.step else 0) + ex[3]
+            return c_s / c_n
         if self.compute_n > 0 and self.grads_step == self.step:
             return self.compute_s / self.compute_n
         if self._probe is not None and self._probe[0] == self.step:
@@ -128,19 +162,60 @@ class ModeRunner(StackedRunner):
         buf[base + w] = self._own_time()
         if self._sq is not None and self._sq[0] == self.step:
             buf[base + n + w] = self._sq[1]
+        ks = self._ks_now()
+        if ks is not None and self.step_error is None:
+            ex = self._extra
+            if ex is not None and ex[0] == self.step and ex[1] is not None:
+                buf[:self.trainer.numel].add_(ex[1])
+            for j, (g, _s, _t) in enumerate(ks[1].catch_up):
+                if g == w:
+                    buf[base + 2 * n + j] = 1.0
         return buf
 
     def _settle(self, members: list[int], *, planned: bool, restart: bool = False) -> bool:
+        joiner = self.needs_state
         ok = super()._settle(members, planned=planned, restart=restart)
         if ok:  # a new generation: every member starts over (a joiner has no history)
             self._reset_modes()
             self._replan = True
+            # the step goes on under the runtime's plan: nothing deferred, nothing caught up
+            # (the backlog is kept: it is the exactly-once state; a joiner gets it with the
+            # state copy)
+            self._ks, self._extra = None, None
+            if joiner and self.snap is not None and self.snap.meta is not None:
+                self.backlog = [(int(s), int(t)) for s, t in self.snap.meta.get("backlog", [])]
         return ok
 
     def _commit(self, buf: torch.Tensor, rolled: bool = False) -> None:
-        super()._commit(buf, rolled)
-        rest = self._check_region(buf)
         n = self.cfg.groups
+        ks = self._ks_now()
+        orig = buf
+        if ks is not None:
+            # deferred types are 0 in the sum by the shared plan: they count as covered; each
+            # caught-up shard's cell must read 1; the update is the mean over the shards used
+            nm, base = self.trainer.numel, self.trainer.numel + self._off
+            rest = self._check_region(buf)
+            cu = ks[1].catch_up
+            cells = rest[self._off + 2 * n:self._off + 2 * n + len(cu)]
+            if any(rest[t] != 0.0 for t in ks[2]) or any(c != 1.0 for c in cells):
+                raise DivergenceError(
+                    f"step {self.step}: ksync coverage: deferred {sorted(ks[2])} read "
+                    f"{[rest[t] for t in sorted(ks[2])]}, caught-up cells {cells}")
+            used = n - len(ks[2]) + len(cu)
+            buf = buf.clone()
+            if used != n:
+                buf[:nm].mul_(n / used)
+            for t in ks[2]:
+                buf[nm + t] = 1.0
+            for j in range(len(cu)):
+                buf[base + 2 * n + j] = 0.0
+        super()._commit(buf, rolled)
+        if ks is not None:
+            self.last_buf = orig  # a roll-forward re-commits the sum, not the scaled copy
+            done = {(s, t) for _w, s, t in ks[1].catch_up}
+            self.backlog = [b for b in self.backlog if b not in done] + \
+                [(self.step - 1, t) for t in sorted(ks[2])]
+        rest = self._check_region(buf)
         times = rest[self._off:self._off + n]
         sqs = [v for v in rest[self._off + n:self._off + 2 * n] if v > 0]
         live = set(self.live_slots(self.op_members))
@@ -158,6 +233,9 @@ class ModeRunner(StackedRunner):
         if len(live) < self.cfg.groups:  # a failure plan is in force: the runtime's, not ours
             return
         pred = predict_times(self.window)
+        if self.sync_mode == "ksync":
+            self._decide_ksync(step, pred, live)
+            return
         if pred is None:
             want, why = (), "no prediction yet"
         elif self.sync_mode == "mask":
@@ -188,3 +266,19 @@ class ModeRunner(StackedRunner):
         self.effective = "mask" if want else "sync"
         self.journal({"event": Event.BENCH, "step": step, "bench": list(want), "reason": why,
                       "depth": d.depth, "t": time.time()})
+
+    def _decide_ksync(self, step: int, pred: list[float] | None, live: set[int]) -> None:
+        ks = ksync_step(pred, self.cfg.groups, self.k, self.backlog,
+                        last=step == self.cfg.steps - 1)
+        full = self._fresh_plan(sorted(live))
+        contrib = full.contributions()
+        deferred = {t: w for w in ks.late for t in contrib.get(w, ())}
+        self.stacks, self.depth = full.stacks, full.depth
+        self.contrib = {w: ts for w, ts in contrib.items() if w not in ks.late}
+        self._ks = (step, ks, deferred)
+        self._replan = False
+        if tuple(ks.late) != self.bench:
+            self.journal({"event": Event.BENCH, "step": step, "bench": list(ks.late),
+                          "reason": ks.reason, "depth": full.depth, "t": time.time()})
+        self.bench = tuple(ks.late)
+        self.effective = f"ksync:{self.k}" if (ks.late or ks.catch_up) else "sync"

@@ -213,9 +213,9 @@ def check_sync(text: str, groups: int, redundancy: int) -> None:
         raise ValueError(f"--sync: {e}") from None
     if mode.name not in RUNTIME_MODES:
         raise ValueError(f"--sync {text}: not built in the runtime yet (built: "
-                         f"{', '.join(RUNTIME_MODES)}; ksync:K, groups and async exist only in "
-                         f"the planner's TTA model, unbroken.core.sync)")
-    if redundancy < 2:
+                         f"{', '.join(RUNTIME_MODES)}; groups and async exist only in the "
+                         f"planner's TTA model, unbroken.core.sync)")
+    if redundancy < 2 and mode.name in ("mask", "auto"):
         raise ValueError(f"--sync {text}: leaving a group out needs --redundancy >= 2 (got "
                          f"{redundancy})")
 
