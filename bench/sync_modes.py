@@ -39,11 +39,10 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from stragglers import HOG_GROUP, Hog, log, losses  # noqa: E402
+from stragglers import log, losses, run_case  # noqa: E402
 
 TRACES = ("none", "persistent:1@2", "persistent:1@1.5,persistent:2@3", "bursty:0",
           "rotating:0.3", "cpu_hog")
@@ -52,24 +51,7 @@ STATIC = ("sync", "mask", "ksync:3")
 
 
 def run(trace: str, mode: str, steps: int, seed: int, hogs: int) -> dict:
-    from unbroken.supervise import FTConfig, JobSpec, Supervisor
-
-    with tempfile.TemporaryDirectory() as d:
-        out = os.path.join(d, "run")
-        spec = JobSpec(trainer="gpt", groups=4, steps=steps, seed=seed, faults="none",
-                       out=out, ft=FTConfig(spares=0), sync=mode,
-                       stragglers=None if trace in ("none", "cpu_hog") else trace)
-        hog = (Hog(os.path.join(out, "groups"), HOG_GROUP, spec.groups,
-                   max(os.sched_getaffinity(0)), hogs) if trace == "cpu_hog" else None)
-        try:
-            res = Supervisor(spec).run()
-        finally:
-            if hog is not None:
-                hog.close()
-        assert res.ok, res.message
-        with open(os.path.join(out, "journal.jsonl")) as f:
-            events = [json.loads(line) for line in f if line.strip()]
-    return {"report": res.report, "events": events}
+    return run_case(trace, steps, seed, hogs, sync=mode)
 
 
 def summarise(raw: dict, target: float) -> dict:

@@ -58,3 +58,26 @@ def test_sync_builds_the_plain_runner_and_the_others_the_mode_runner():
 
     assert type(make_runner(TrainConfig(), 0, Comm())) is StackedRunner
     assert type(make_runner(TrainConfig(sync="mask"), 0, Comm())) is ModeRunner
+
+
+def test_the_ledger_counts_a_caught_up_shard_at_its_data_step():
+    from unbroken.core.shards import exactly_once
+    from unbroken.runtime.ledger import DivergenceError, ledger_records
+
+    def commit(k, plan, t, **kw):
+        return {"event": "commit", "step": k, "plan": plan, "mine": [], "t": t, **kw}
+
+    # 2 groups, 2 steps: step 0 defers type 1, step 1 catches it up on group 0
+    j = {0: [commit(0, {"0": 0}, 1.0, deferred=[1], catch_up=[]),
+             commit(1, {"0": 0, "1": 1}, 2.0, deferred=[], catch_up=[[0, 1, 0]])],
+         1: [commit(0, {"0": 0}, 1.1, deferred=[1], catch_up=[]),
+             commit(1, {"0": 0, "1": 1}, 2.1, deferred=[], catch_up=[[0, 1, 0]])]}
+    recs = ledger_records(j)
+    assert sorted(recs) == [(0, 0, 0), (0, 1, 0), (1, 0, 0), (1, 1, 1)]
+    assert exactly_once(recs, 2, 2).ok
+    # without the catch-up the deferred shard is missing; members disagreeing is divergence
+    j0 = {0: [commit(0, {"0": 0}, 1.0), commit(1, {"0": 0, "1": 1}, 2.0)]}
+    assert not exactly_once(ledger_records(j0), 2, 2).ok
+    j[1][1] = commit(1, {"0": 0, "1": 1}, 2.1, catch_up=[[0, 1, 1]])
+    with pytest.raises(DivergenceError, match="different catch-ups"):
+        ledger_records(j)

@@ -15,11 +15,11 @@ import pytest
 pytest.importorskip("torch")
 
 from helpers import events  # noqa: E402
+from test_straggler_delay import _run  # noqa: E402  (a cluster run: params and journals)
 
 from unbroken.core.shards import exactly_once  # noqa: E402
 from unbroken.runtime.config import TrainConfig  # noqa: E402
 from unbroken.runtime.ledger import ledger_records  # noqa: E402
-from unbroken.runtime.stacked_worker import StackedCluster  # noqa: E402
 from unbroken.runtime.trainer import reference_run  # noqa: E402
 
 pytestmark = pytest.mark.mp
@@ -28,16 +28,6 @@ pytestmark = pytest.mark.mp
 CFG = TrainConfig(groups=4, redundancy=2, steps=30, seed=5, shard_size=1024,
                   trainer_args={"hidden": 256, "dim": 64, "dataset_size": 8192},
                   stragglers="persistent:1@3")
-
-
-def _run(cfg: TrainConfig, tmp) -> tuple[dict[int, list], dict[int, list[dict]]]:
-    uids = list(range(cfg.groups))
-    tmp.mkdir()
-    with StackedCluster(cfg, str(tmp)) as c:
-        done = {u: c.wait_key(f"done/{u}", 90, alive=uids) for u in uids}
-        for u in uids:
-            assert c.procs[u].wait(timeout=30) == 0, c.stderr(u)[-2000:]
-        return {u: done[u]["params"] for u in uids}, {u: c.journal(u) for u in uids}
 
 
 def _intervals(journal: list[dict], first: int) -> list[float]:

@@ -18,7 +18,7 @@ from fakecomm import StorePool  # noqa: E402
 from test_runner_inprocess import Job, max_diff  # noqa: E402
 
 from unbroken.runtime.config import TrainConfig  # noqa: E402
-from unbroken.runtime.syncmodes import PROBE, ModeRunner  # noqa: E402
+from unbroken.runtime.syncmodes import ModeRunner  # noqa: E402
 from unbroken.runtime.trainer import reference_run  # noqa: E402
 from unbroken.testing.faults import TrainerProxy  # noqa: E402
 
@@ -133,3 +133,13 @@ def test_ksync_defers_the_straggler_and_uses_every_sample_exactly_once(stores):
         assert max_diff(job.result[u], job.result[0]) == 0.0
     assert all(_untimed(job.events(u, "bench")) == _untimed(job.events(0, "bench"))
                for u in job.uids)
+
+
+def test_ksync_journals_the_mean_loss_of_the_shards_it_computed(stores):
+    # the committed loss is the mean over the step's own shards (a sum over N - 1 divided by
+    # N read 25 % low at N = 4 and made ksync look like it reached a target loss 10x sooner)
+    job = _job(replace(CFG, sync="ksync:3", steps=12), stores, lambda s: 0.05)
+    sync = _job(replace(CFG, sync="mask", steps=12), stores, lambda s: 0.0)
+    lk = [e["loss"] for e in job.events(0, "commit")]
+    ls = [e["loss"] for e in sync.events(0, "commit")]
+    assert abs(sum(lk) / len(lk) - sum(ls) / len(ls)) < 0.1 * abs(sum(ls) / len(ls)), (lk, ls)

@@ -1,4 +1,4 @@
-"""Sync modes at run time (``--sync mask`` and ``--sync auto``): the stacked step of
+"""Sync modes at run time (``--sync mask``, ``ksync:K`` and ``auto``): the stacked step of
 :mod:`unbroken.runtime.stacked`, plus a decision at every step boundary about which groups
 the next step leaves out. ``--sync sync`` (the default) does not build this runner at all:
 the synchronous step stays byte for byte :class:`~unbroken.runtime.stacked.StackedRunner`.
@@ -13,11 +13,27 @@ gradient is exactly the synchronous one (up to the order of a float sum). It pay
 straggler is slower than the deepest stack a survivor then carries (a 3x straggler at r = 2:
 a 2-deep stack instead of waiting 3x; a 2x one: a wash, and ``auto`` stays ``sync``).
 
+``ksync:K``: commit with the first K
+------------------------------------
+The N - K groups predicted slowest compute nothing of their own this step: their shard types
+are *deferred* (a (data step, type) backlog every member keeps alike). The in-band coverage
+reads 0 for them, which the shared plan accounts for, and the update is the mean over the
+shards actually summed. Deferred shards are caught up by the fast groups in balanced steps
+(:func:`unbroken.core.sync.ksync_step`: all fast groups carry the same extra shards, so the
+step costs that much more instead of the straggler's wait) and the run's last step drains the
+rest over every group: each sample is used exactly once, the ledger counts a caught-up shard at
+its data step (commit fields ``deferred`` and ``catch_up``). Unlike STAR's k-sync the late
+gradient is not stale: a deferred shard is computed on the parameters of the step that uses
+it; what changes is the data order (so the trajectory is not the synchronous one). A new
+generation keeps the backlog (the exactly-once state; a joiner gets it with the state copy)
+and runs the interrupted step under the runtime's failure plan; a run whose last step has a
+group down ends with the backlog undrained (the ledger then reports it missing).
+
 What every member decides from
 ------------------------------
 The step buffer carries, past the digests, two cells per group (one writer each, so the sum
-is the value): the group's own compute per shard type this step (0: computed nothing) and the
-squared norm of one of its shard gradients (the noise scale's small batch; the reduced
+is the value) and 2N catch-up coverage cells (ksync): the group's own compute per shard type
+this step (0: computed nothing) and the squared norm of one of its shard gradients (the noise scale's small batch; the reduced
 gradient's norm is the big batch: :class:`unbroken.core.sync.NoiseScale`, McCandlish et al.).
 Every member reads the same reduced bytes, keeps the same window of the last
 :data:`WINDOW` steps, and calls the same pure functions of :mod:`unbroken.core.sync`
@@ -43,6 +59,7 @@ from unbroken.core.sync import (RUNTIME_MODES, AutoState, CostModel, KsyncStep, 
                                 predict_times)
 from unbroken.core.rectlr import WipeOut
 from unbroken.events import Event
+from unbroken.runtime import stepbuf as sb
 from unbroken.runtime.ledger import DivergenceError
 from unbroken.runtime.stacked import StackedRunner
 
@@ -125,11 +142,14 @@ class ModeRunner(StackedRunner):
         if ks is not None and ks[1].catch_up and (self._extra is None or self._extra[0] != k) \
                 and self.step_error is None:
             t0, acc, n_cu = time.perf_counter(), None, 0
+            own_loss = dict(self.trainer.last_loss)  # the step's loss is its own shards'
             for w, s, t in ks[1].catch_up:
                 if w == slot:  # a deferred shard, on today's parameters
                     g = self.trainer.grad(s, t)
                     acc = g.clone() if acc is None else acc.add_(g)
                     n_cu += 1
+            self.trainer.last_loss.clear()
+            self.trainer.last_loss.update(own_loss)
             self._extra = (k, acc, time.perf_counter() - t0, n_cu)
         mine = self.contrib.get(slot, ())
         if mine:
@@ -207,6 +227,8 @@ class ModeRunner(StackedRunner):
                 buf[:nm].mul_(n / used)
             for t in ks[2]:
                 buf[nm + t] = 1.0
+            if ks[2]:  # the journal's loss: the mean over the shards of this step computed
+                buf[sb.LOSS] = buf[sb.LOSS] * n / (n - len(ks[2]))
             for j in range(len(cu)):
                 buf[base + 2 * n + j] = 0.0
         super()._commit(buf, rolled)
