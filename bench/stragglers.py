@@ -116,14 +116,15 @@ class Hog:
             p.wait(timeout=10)
 
 
-def run_case(case: str, steps: int, seed: int, hogs: int) -> dict:
-    """One run of ``case``: its report, journal events and (for the hog) what was pinned."""
+def run_case(case: str, steps: int, seed: int, hogs: int, sync: str = "sync") -> dict:
+    """One run of ``case`` in sync mode ``sync``: its report, journal events and (for the hog)
+    what was pinned."""
     from unbroken.supervise import FTConfig, JobSpec, Supervisor
 
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "run")
         spec = JobSpec(trainer="gpt", groups=4, steps=steps, seed=seed, faults="none",
-                       out=out, ft=FTConfig(spares=0),
+                       out=out, ft=FTConfig(spares=0), sync=sync,
                        stragglers=None if case in ("none", "pinned", "cpu_hog") else case)
         hog = None
         if case in ("pinned", "cpu_hog"):

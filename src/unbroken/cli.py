@@ -153,6 +153,13 @@ def _job_args(p: argparse.ArgumentParser, *, steps: int, out: str) -> None:
                    help="slow groups down by a trace: persistent:G@F[,persistent:G@F...] (group "
                         "G F times slower), bursty:SEED, rotating:P[@F], a CSV file of "
                         "step,group,slowdown rows, or 'none'")
+    p.add_argument("--sync", default="sync", metavar="MODE",
+                   help="sync mode, switchable at a step boundary: sync (default), mask (leave "
+                        "a predicted-late group out like a failed one; its types go to their "
+                        "other hosts: the synchronous gradient), ksync:K (commit with the K "
+                        "predicted fastest groups, the others' samples deferred to later steps, "
+                        "each used once), auto (choose sync or mask online by predicted time to "
+                        "accuracy); groups and async are refused: not built yet")
     p.add_argument("--target-loss", type=_finite_float, default=None, metavar="L",
                    help="report the time the committed loss first reaches L (tta_s)")
     p.add_argument("--chaos", type=_nonneg_int, default=None, metavar="SEED",
@@ -210,7 +217,8 @@ def _job_kwargs(a: argparse.Namespace) -> dict:
                   guard=a.guard or ("act" if a.chaos is not None else "log"))
     return dict(groups=a.groups, steps=a.steps, seed=a.seed, faults=a.faults, chaos=a.chaos,
                 chaos_faults=a.chaos_faults, out=a.out, resume=a.resume, ft=ft,
-                stragglers=a.stragglers, target_loss=a.target_loss, local_nodes=a.local_nodes)
+                stragglers=a.stragglers, target_loss=a.target_loss, local_nodes=a.local_nodes,
+                sync=a.sync)
 
 
 _NODES_HELP = ("place the N groups on K nodes, balanced, and report whether a node loss is "

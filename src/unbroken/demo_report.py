@@ -79,11 +79,16 @@ def straggler_report(events: list[dict], t_start: float,
 
     own: dict[int, dict[str, float]] = {}
     first: dict[int, tuple[float, float]] = {}  # step -> (its first commit's time, loss)
+    mode: dict[int, str] = {}                   # step -> the sync mode it committed under
+    switches: set[tuple] = set()                # (step, to): every member journals a switch
     for e in events:
+        if isinstance(e, dict) and e.get("event") == Event.MODE_SWITCH:
+            switches.add((e.get("step"), e.get("to")))
         if not isinstance(e, dict) or e.get("event") != Event.COMMIT \
                 or not isinstance(e.get("t"), (int, float)):
             continue
         k = int(e["step"])
+        mode.setdefault(k, str(e.get("sync", "sync")))
         if isinstance(e.get("own_s"), (int, float)):
             own.setdefault(k, {})[str(e.get("src", e.get("uid")))] = float(e["own_s"])
         if isinstance(e.get("loss"), (int, float)) and (k not in first or e["t"] < first[k][0]):
@@ -95,7 +100,9 @@ def straggler_report(events: list[dict], t_start: float,
         tta_train = time_to_target(points, target_loss, first[min(first)][0])
     return {"target_loss": target_loss, "tta_s": tta, "tta_train_s": tta_train,
             "straggler_frequency": straggler_frequency(own),
-            "sync_modes": {"sync": len(first)}, "mode_switches": 0}
+            "sync_modes": {m: sum(1 for k in first if mode.get(k) == m)
+                           for m in sorted(set(mode[k] for k in first))},
+            "mode_switches": len(switches)}
 
 
 def _s(x: float | None) -> str:

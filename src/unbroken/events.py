@@ -26,6 +26,13 @@ class Event(enum.StrEnum):
     COMMIT = "commit"
     """step, gen, members, mine, contributors, loss, ...: a step's update applied. Emitted by
     the runner; read by the supervisor (progress, guard), ettr, view, ledger, benches."""
+    MODE_SWITCH = "mode_switch"
+    """step, from, to, reason, predicted {mode: s per sync-equivalent step}, times, bench:
+    ``--sync auto`` changed the sync mode at a step boundary (runtime/syncmodes.py, every
+    member). Read by the report (``mode_switches``)."""
+    BENCH = "bench"
+    """step, bench [groups], reason: ``mask`` (or ``auto`` in mask) changed the groups left
+    out of the next step (runtime/syncmodes.py, every member)."""
     FAULT = "fault"
     """kind, group, uid, step [, external, code, version, model]: a fault injected (the runner,
     the drill) or observed from outside (the supervisor: death / hang). Read by ettr, view,

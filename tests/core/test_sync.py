@@ -213,3 +213,104 @@ def test_straggler_csv(tmp_path):
     p.write_text("0,9,2\n")
     with pytest.raises(ValueError, match="group 9 outside"):
         slowdowns(str(p), 2, 8)
+
+
+# ----------------------------------------------------------------------------- runtime modes
+
+def test_predict_times_is_the_lower_envelope_and_waits_for_every_group():
+    from unbroken.core.sync import predict_times
+
+    assert predict_times([]) is None
+    # a group not measured on any step of the window (left out, not probed): no prediction
+    assert predict_times([[1.0, 0.0], [2.0, 0.0]]) is None
+    # the load of a shared machine only adds time: the fastest measurement is the prediction
+    assert predict_times([[1.0, 3.0], [5.0, 0.0], [1.2, 2.9]]) == [1.0, 2.9]
+
+
+def test_mask_bench_leaves_out_a_3x_straggler_but_not_a_2x_one():
+    from unbroken.core.sync import mask_bench
+
+    cm = CostModel(shard_batch=8, redundancy=2)
+    out, why = mask_bench([1.0, 3.0, 1.0, 1.0], (), cm)
+    assert out == (1,) and "leaves out [1]" in why
+    # 2x: the survivor's 2-deep stack takes as long as the wait: no sooner, keep it
+    out, why = mask_bench([1.0, 2.0, 1.0, 1.0], (), cm)
+    assert out == () and "leaving no straggler out is soonest" in why
+    assert mask_bench([1.0, 1.05, 1.0, 1.0], (), cm) == ((), "mask: no straggler predicted")
+    # two adjacent stragglers at r = 2 share a type: leaving both out is a wipe-out, so only
+    # the slower one goes, and leaving it out must still pay against the other's wait
+    out, _ = mask_bench([1.0, 1.0, 1.0, 1.0, 5.0, 4.0, 1.0, 1.0], (), cm)
+    assert out == (4,)
+    # no redundancy: nothing can be left out
+    assert mask_bench([1.0, 3.0, 1.0, 1.0], (), CostModel(redundancy=1))[0] == ()
+
+
+def test_mask_bench_hysteresis_keeps_a_benched_group_until_it_is_near_the_fastest():
+    from unbroken.core.sync import mask_bench
+
+    cm = CostModel(shard_batch=8, redundancy=2, min_gain=0.0)
+    # a benched group measured at 1.15x: still over the 1.1x release bar, but leaving it out
+    # now costs a 2-deep stack, so it comes back (the estimate, not the flag, decides)
+    assert mask_bench([1.0, 1.15, 1.0, 1.0], (1,), cm)[0] == ()
+    assert mask_bench([1.0, 2.5, 1.0, 1.0], (1,), cm)[0] == (1,)
+
+
+def test_select_and_decide_choose_only_allowed_modes_but_estimate_all():
+    from unbroken.core.sync import bench_for_mode
+
+    cm = CostModel(shard_batch=8, redundancy=2, noise_scale=0.0)
+    t = [1.0, 3.0, 1.0, 1.0]
+    assert select(t, cm).mode != "mask"  # with phi = 0 an asynchronous mode is cheapest
+    s = select(t, cm, allowed=("sync", "mask"), greedy_mask=True)
+    assert s.mode == "mask" and set(s.estimates) == {"sync", "mask", "ksync", "groups", "async"}
+    assert s.estimates["mask"].left_out == (1,)
+    st = AutoState()
+    for _ in range(2):
+        d = decide(st, t, cm, allowed=("sync", "mask"), greedy_mask=True)
+        st = d.state
+    assert d.mode == "mask" and d.switched and bench_for_mode(d, ()) == (1,)
+    # unchanged stragglers: no re-selection, the bench in force stays
+    d2 = decide(st, t, cm, allowed=("sync", "mask"), greedy_mask=True)
+    assert not d2.switched and d2.selection is None and bench_for_mode(d2, (1,)) == (1,)
+    # stragglers gone (confirmed twice): back to sync, nobody left out
+    for _ in range(2):
+        d3 = decide(st, [1.0] * 4, cm, allowed=("sync", "mask"), greedy_mask=True)
+        st = d3.state
+    assert d3.mode == "sync" and d3.switched and bench_for_mode(d3, (1,)) == ()
+
+
+def test_ksync_step_defers_the_slowest_and_catches_up_in_balanced_steps():
+    from unbroken.core.sync import ksync_step
+
+    t = [1.0, 3.0, 1.1, 0.9]
+    s = ksync_step(t, 4, 3, [], last=False)
+    assert s.late == (1,) and s.catch_up == ()
+    # fewer deferred shards than fast groups: wait; as many: one each, oldest first
+    assert ksync_step(t, 4, 3, [(0, 1), (1, 1)], last=False).catch_up == ()
+    s = ksync_step(t, 4, 3, [(0, 1), (1, 1), (2, 1), (3, 1)], last=False)
+    assert s.catch_up == ((0, 0, 1), (2, 1, 1), (3, 2, 1))
+    # K < N/2: each fast group takes ceil((N-K)/K) so the backlog stays bounded
+    s = ksync_step(t, 4, 1, [(0, 1), (0, 2), (0, 0), (1, 1)], last=False)
+    assert s.late == (0, 1, 2) and s.catch_up == ((3, 0, 1), (3, 0, 2), (3, 0, 0))
+    # the last step defers nothing and spreads the whole backlog over every group
+    s = ksync_step(t, 4, 3, [(5, 1), (6, 1), (7, 1)], last=True)
+    assert s.late == () and s.catch_up == ((0, 5, 1), (1, 6, 1), (2, 7, 1))
+    # no prediction yet: every group takes part; K = N: plain sync
+    assert ksync_step(None, 4, 3, [], last=False).late == ()
+    assert ksync_step(t, 4, 4, [], last=False).late == ()
+    with pytest.raises(ValueError, match="k 5 outside"):
+        ksync_step(t, 4, 5, [], last=False)
+
+
+def test_ksync_backlog_stays_under_2n_for_every_k():
+    from unbroken.core.sync import ksync_step
+
+    n = 6
+    t = [1.0 + i for i in range(n)]
+    for k in range(1, n + 1):
+        backlog: list = []
+        for step in range(50):
+            s = ksync_step(t, n, k, backlog, last=False)
+            done = {(a, b) for _w, a, b in s.catch_up}
+            backlog = [b for b in backlog if b not in done] + [(step, g) for g in s.late]
+            assert len(backlog) < 2 * n, (k, step, len(backlog))

@@ -51,7 +51,8 @@ class Job:
                  hooks: dict[int, dict] | None = None,
                  on_event: Callable[[int, dict, Any], None] | None = None,
                  prepare: Callable[[int, StackedRunner], None] | None = None,
-                 faults: dict[int, Faults] | None = None) -> None:
+                 faults: dict[int, Faults] | None = None,
+                 runner: Callable[..., StackedRunner] = StackedRunner) -> None:
         self.cfg = cfg
         self.uids = list(range(cfg.groups))
         self.group = FakeGroup(self.uids, stores=stores)
@@ -66,8 +67,8 @@ class Job:
                 if on_event is not None:
                     on_event(u, ev, self.comms[u])
             f = (faults or {}).get(u)  # a member's injected faults wrap its comm and trainer
-            self.runners[u] = StackedRunner(cfg, u, f.comm(self.comms[u]) if f else self.comms[u],
-                                            journal, hooks=f.hooks if f else None)
+            self.runners[u] = runner(cfg, u, f.comm(self.comms[u]) if f else self.comms[u],
+                                     journal, hooks=f.hooks if f else None)
             if prepare is not None:
                 prepare(u, self.runners[u])
 

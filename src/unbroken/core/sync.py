@@ -64,7 +64,8 @@ from unbroken.core import placement, rectlr
 __all__ = ["MODES", "Mode", "parse_mode", "CostModel", "ModeEstimate", "Selection",
            "ksync_gap", "GapEstimate", "cluster_times", "star_k_scan", "select",
            "flag_stragglers", "tta_of", "estimates", "AutoState", "AutoDecision", "decide", "noise_scale_terms",
-           "NoiseScale"]
+           "NoiseScale", "RUNTIME_MODES", "predict_times", "mask_bench", "bench_for_mode",
+           "KsyncStep", "ksync_step"]
 
 MODES = ("sync", "mask", "ksync", "groups", "async", "auto")
 #: the order ties are broken in: the safest (most synchronous) mode first
@@ -241,6 +242,7 @@ class ModeEstimate:
     batch: float
     staleness: float
     note: str = ""
+    left_out: tuple[int, ...] = ()   # mask only: the groups it leaves out
 
 
 @dataclass(frozen=True)
@@ -301,9 +303,12 @@ def _mask_estimate(t: np.ndarray, flagged: Sequence[int], cm: CostModel) -> Mode
 
 
 def estimates(times: Sequence[float], cm: CostModel,
-              flagged: Sequence[int] | None = None) -> dict[str, ModeEstimate]:
+              flagged: Sequence[int] | None = None,
+              greedy_mask: bool = False) -> dict[str, ModeEstimate]:
     """Every mode's estimate for per-group predicted step times ``times`` (one per group).
-    ``flagged``: the groups mask leaves out (default: those over the straggler ratio)."""
+    ``flagged``: the groups mask leaves out (default: those over the straggler ratio), or
+    with ``greedy_mask`` the candidates of which it leaves out the best subset (the runtime:
+    a group flagged by noise must not make mask look impossible)."""
     t = _times(times)
     if t.ndim != 1:
         raise ValueError("estimates take one predicted time per group")
@@ -313,7 +318,11 @@ def estimates(times: Sequence[float], cm: CostModel,
     if flagged is None:
         flagged = flag_stragglers(t, cm.straggler_ratio)
     out = {"sync": ModeEstimate("sync", float(t.max()), float(t.max()), n * b, 0.0)}
-    out["mask"] = _mask_estimate(t, flagged, cm)
+    if greedy_mask:
+        out["mask"] = _mask_greedy(t, flagged, cm)
+    else:
+        m = _mask_estimate(t, flagged, cm)
+        out["mask"] = replace(m, left_out=tuple(flagged) if math.isfinite(m.tta) else ())
     k, _ = star_k_scan(t, cm)
     g = ksync_gap(t, k, cm.mc_updates, cm.seed)
     tta_k = g.gap * cm.iters(k * b) / ref * (1 + lam * g.staleness)
@@ -334,11 +343,13 @@ def estimates(times: Sequence[float], cm: CostModel,
 
 
 def select(times: Sequence[float], cm: CostModel,
-           flagged: Sequence[int] | None = None) -> Selection:
+           flagged: Sequence[int] | None = None,
+           allowed: Sequence[str] = _PREFERENCE, greedy_mask: bool = False) -> Selection:
     """The heuristic: ``sync`` when no group is flagged (``flagged``, default: over the
     straggler ratio); else the mode with the lowest predicted TTA, where a mode other than sync
-    must beat sync by ``cm.min_gain`` and ties go to the more synchronous mode."""
-    est = estimates(times, cm, flagged)
+    must beat sync by ``cm.min_gain`` and ties go to the more synchronous mode. ``allowed``:
+    the modes that may be chosen (the runtime's built ones); every mode is still estimated."""
+    est = estimates(times, cm, flagged, greedy_mask)
     if flagged is None:
         flagged = flag_stragglers(times, cm.straggler_ratio)
     listing = ", ".join(f"{e.mode} {e.tta:.4g}" for e in est.values())
@@ -346,7 +357,8 @@ def select(times: Sequence[float], cm: CostModel,
         return Selection("sync", est, f"sync: no straggler predicted; predicted s/step: "
                                       f"{listing}")
     sync = est["sync"].tta
-    ok = [m for m in _PREFERENCE if m == "sync" or est[m].tta < sync * (1 - cm.min_gain)]
+    ok = [m for m in _PREFERENCE if m == "sync" or (
+        m in allowed and est[m].tta < sync * (1 - cm.min_gain))]
     best = min(ok, key=lambda m: (est[m].tta, _PREFERENCE.index(m)))
     chosen = est[best].mode
     if best == "sync":
@@ -450,7 +462,8 @@ class AutoDecision:
 
 
 def decide(state: AutoState, times: Sequence[float] | np.ndarray, cm: CostModel,
-           confirm: int = 2) -> AutoDecision:
+           confirm: int = 2, allowed: Sequence[str] = _PREFERENCE,
+           greedy_mask: bool = False) -> AutoDecision:
     """One ``auto`` decision from the predicted per-group step times.
 
     ``times``: (N,) predicted step time per group, or (H, N) predictions for the next H steps
@@ -460,7 +473,8 @@ def decide(state: AutoState, times: Sequence[float] | np.ndarray, cm: CostModel,
     a decision), the mode is re-chosen for the latest set: ``sync`` when nothing is flagged,
     else :func:`select`'s choice. Otherwise the mode in force stays. Call it as often as
     predictions arrive; ``confirm`` counts calls, so at a call per 30-step window (the
-    planner) 1 is enough.
+    planner) 1 is enough. ``allowed``: the modes :func:`select` may choose; ``greedy_mask``:
+    see :func:`estimates`.
     """
     t = _times(times)
     mean = t.mean(axis=0) if t.ndim == 2 else t
@@ -479,7 +493,7 @@ def decide(state: AutoState, times: Sequence[float] | np.ndarray, cm: CostModel,
         new = AutoState("sync", ())
         return AutoDecision("sync", "sync: no straggler predicted any more", new,
                             state.mode != "sync")
-    sel = select(mean, cm, flagged)
+    sel = select(mean, cm, flagged, allowed, greedy_mask)
     new = AutoState(sel.mode, flagged)
     return AutoDecision(sel.mode, f"stragglers {list(flagged)}: {sel.reason}", new,
                         sel.mode != state.mode, sel)
@@ -534,3 +548,127 @@ class NoiseScale:
         corr = 1 - self.beta ** self.n
         g2, s = self.g2 / corr, self.s / corr
         return s / g2 if g2 > 0 else None
+
+
+# ----------------------------------------------------------------------------- runtime modes
+
+#: the modes the runtime (``unbroken.runtime.syncmodes``) carries out; ``auto`` chooses among
+#: the first two
+RUNTIME_MODES = ("sync", "mask", "ksync", "auto")
+
+
+def predict_times(window: Sequence[Sequence[float]]) -> list[float] | None:
+    """Each group's predicted per-shard compute time from its recent measurements (one row
+    per step, one column per group; 0 or less: not measured that step, e.g. a group left out
+    and not probed): the *fastest* of its measured values. The load of a shared machine only
+    ever adds time to a measurement (a median of a few steps still followed it: groups were
+    flagged by the scheduler, not by their speed), while a slow machine is slow on every step,
+    so the lower envelope keeps the ratio a trace injects and flags a group only once it was
+    slow on every step of the window; it sees a recovery at the first fast step. None while
+    some group has no measurement."""
+    if not window:
+        return None
+    cols = np.asarray(window, dtype=float).T
+    out = []
+    for c in cols:
+        v = c[c > 0]
+        if v.size == 0:
+            return None
+        out.append(float(v.min()))
+    return out
+
+
+def _mask_greedy(t: np.ndarray, flagged: Sequence[int], cm: CostModel) -> ModeEstimate:
+    """``mask`` leaving out the best subset of ``flagged``: slowest first, a group is added
+    while leaving it out too lowers the predicted step by ``cm.min_gain`` and RECTLR can give
+    its types to other hosts. The estimate's ``left_out`` is the subset (empty: the sync
+    step)."""
+    best = ModeEstimate("mask", float(t.max()), float(t.max()), t.size * cm.shard_batch, 0.0,
+                        "leaving no straggler out is soonest: the sync step")
+    out: tuple[int, ...] = ()
+    for g in sorted(flagged, key=lambda i: (-t[i], i)):
+        est = _mask_estimate(t, out + (g,), cm)
+        if math.isfinite(est.tta) and est.tta < best.tta * (1 - cm.min_gain):
+            out = tuple(sorted(out + (g,)))
+            best = replace(est, left_out=out)
+    return best
+
+
+def mask_bench(times: Sequence[float], benched: Sequence[int],
+               cm: CostModel) -> tuple[tuple[int, ...], str]:
+    """``mask``'s decision for the next step: which groups to leave out.
+
+    Candidates are the groups predicted over ``cm.straggler_ratio`` x the fastest (with the
+    hysteresis of :func:`flag_stragglers` around the ones left out now); of them the subset of
+    :func:`_mask_greedy` (each one left out must make the predicted step sooner: the
+    survivors' deeper stacks against the wait). So a 3x straggler at r = 2 is left out (a
+    2-deep stack is sooner) and a 2x one is not (a wash). Returns (groups, reason)."""
+    t = _times(times)
+    flagged = flag_stragglers(t, cm.straggler_ratio, benched)
+    if not flagged:
+        return (), "mask: no straggler predicted"
+    est = _mask_greedy(t, flagged, cm)
+    return est.left_out, (f"mask: stragglers {list(flagged)}: {est.note}; predicted step "
+                          f"{est.tta:.4g} s vs sync {t.max():.4g} s")
+
+
+def bench_for_mode(d: AutoDecision, benched: Sequence[int]) -> tuple[int, ...]:
+    """The groups ``auto`` leaves out after decision ``d``: under ``mask`` the subset its
+    selection estimated (``benched``, the ones out now, while it did not re-select); none
+    under any other mode."""
+    if d.mode != "mask":
+        return ()
+    if d.selection is not None:
+        return d.selection.estimates["mask"].left_out
+    return tuple(benched)
+
+
+@dataclass(frozen=True)
+class KsyncStep:
+    """One ``ksync:K`` step in the runtime.
+
+    ``late``: the groups predicted slowest (N - K of them) whose own shard types this step
+    does *not* compute: those samples are deferred (``deferred`` is filled by the caller from
+    the plan); ``catch_up``: ``(group, data step, type)`` deferred shards computed this step,
+    oldest first; ``reason``: the journal line."""
+
+    late: tuple[int, ...]
+    catch_up: tuple[tuple[int, int, int], ...]
+    reason: str
+
+
+def ksync_step(times: Sequence[float] | None, groups: int, k: int,
+               backlog: Sequence[tuple[int, int]], last: bool) -> KsyncStep:
+    """``ksync:K``'s plan for the next step, the same on every member.
+
+    The step commits with the K groups predicted fastest (``times``, one per group; None: no
+    prediction yet, every group takes part); the other N - K defer their shard types.
+    Deferred shards (``backlog``: (data step, type), oldest first) are caught up so that every
+    sample is used exactly once: once there are ``m`` per fast group (m = ceil((N - K) / K),
+    what keeps the backlog bounded: under 2N), each fast group computes m of them (a step in
+    which all of them carry m more shards costs m shards more, not a wait for the straggler),
+    and the ``last`` step of the run defers nothing and spreads the whole backlog over every
+    group. A shard is computed on the parameters of the
+    step that uses it: the data order changes, not the staleness."""
+    if not 1 <= k <= groups:
+        raise ValueError(f"k {k} outside [1, {groups}]")
+    if last:
+        cu = tuple((i % groups, int(s), int(ty)) for i, (s, ty) in enumerate(backlog))
+        return KsyncStep((), cu, f"ksync:{k}: last step, {len(cu)} deferred shard(s) caught "
+                                 f"up over every group")
+    if times is None:
+        return KsyncStep((), (), f"ksync:{k}: no prediction yet, every group takes part")
+    t = _times(times)
+    if t.size != groups:
+        raise ValueError(f"{t.size} times for {groups} groups")
+    order = sorted(range(groups), key=lambda i: (t[i], i))
+    late = tuple(sorted(order[k:]))
+    fast = sorted(order[:k])
+    m = -(-(groups - k) // k)
+    cu: tuple[tuple[int, int, int], ...] = ()
+    if m and len(backlog) >= m * k:
+        cu = tuple((fast[i % k], int(s), int(ty))
+                   for i, (s, ty) in enumerate(backlog[:m * k]))
+    why = (f"ksync:{k}: commits with {fast}, defers {list(late)}"
+           + (f", {len(cu)} deferred shard(s) caught up" if cu else ""))
+    return KsyncStep(late, cu, why)

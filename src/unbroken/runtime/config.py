@@ -41,6 +41,9 @@ class TrainConfig:
     # a straggler trace (``unbroken.core.stragglers``: a pattern, or a CSV file's absolute
     # path): each worker computes its own per-step slowdown from it and the seed. None: none
     stragglers: str | None = None
+    # the sync mode (``unbroken.core.sync.parse_mode``; the runtime builds sync, mask and auto:
+    # ``unbroken.runtime.syncmodes``). "sync": today's synchronous step
+    sync: str = "sync"
 
     @property
     def backend(self) -> str:
@@ -50,6 +53,8 @@ class TrainConfig:
         d = asdict(self)
         if d["stragglers"] is None:  # a straggler-free config is byte for byte today's (the
             del d["stragglers"]      # reference cache is keyed by it)
+        if d["sync"] == "sync":
+            del d["sync"]
         return json.dumps(d)
 
     @classmethod

@@ -28,18 +28,27 @@ def ledger_records(journals: dict[int, list[dict]]) -> list[tuple[int, int, int]
     a group that died between the all-reduce and its journal line counted, and a group's
     ``mine`` must match the plan. A ``restore`` to step c (a roll-back) discards commits of
     steps >= c made before it.
+
+    ``--sync ksync:K`` (``unbroken.runtime.syncmodes``): a commit's plan leaves out the types
+    it ``deferred``, and its ``catch_up`` lists ``[data step, type, group]`` of earlier steps'
+    deferred shards used by it: they count for their data step.
     """
     events = sorted(((e["t"], g, e) for g, evs in journals.items() for e in evs
                      if e.get("event") in (Event.COMMIT, Event.RESTORE)), key=lambda x: x[0])
     plans: dict[int, dict] = {}
+    late: dict[int, list] = {}  # commit step -> its catch-up records
     for _t, g, e in events:
         if e["event"] == Event.RESTORE:
             plans = {k: p for k, p in plans.items() if k < e["step"]}
+            late = {k: c for k, c in late.items() if k < e["step"]}
             continue
         k, plan = e["step"], e["plan"]
         if plans.setdefault(k, plan) != plan:
             raise DivergenceError(f"step {k}: groups committed different plans")
+        if "catch_up" in e and late.setdefault(k, e["catch_up"]) != e["catch_up"]:
+            raise DivergenceError(f"step {k}: groups committed different catch-ups")
         if any(plan.get(str(t)) != g for t in e["mine"]):
             raise DivergenceError(f"step {k}: group {g} journaled types {e['mine']} that the "
                                   f"plan {plan} gives to others")
-    return [(k, int(t), int(w)) for k, plan in sorted(plans.items()) for t, w in plan.items()]
+    return [(k, int(t), int(w)) for k, plan in sorted(plans.items()) for t, w in plan.items()] + \
+        [(int(s), int(t), int(w)) for _k, cu in sorted(late.items()) for s, t, w in cu]

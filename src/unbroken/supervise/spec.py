@@ -139,6 +139,7 @@ class JobSpec:
     stragglers: str | None = None  # a straggler trace (unbroken.core.stragglers) or "none"
     target_loss: float | None = None  # report the time the committed loss first reaches it
     local_nodes: int = 0          # run the groups under K node agents on this machine (0: none)
+    sync: str = "sync"            # the sync mode (unbroken.core.sync.parse_mode)
     ft: FTConfig = field(default_factory=FTConfig)
 
     def fault_list(self) -> list[Fault]:
@@ -197,6 +198,8 @@ def check(spec: JobSpec) -> list[Fault]:
         from unbroken.runtime.stragglers import load_trace
 
         load_trace(spec.stragglers, spec.groups)  # StragglerSpecError (a ValueError)
+    if spec.sync != "sync":
+        check_sync(spec.sync, spec.groups, ft.redundancy)
     if spec.target_loss is not None and not math.isfinite(spec.target_loss):
         raise ValueError(f"--target-loss {spec.target_loss}: expected a finite number")
     try:
@@ -220,6 +223,24 @@ def node_warning(spec: JobSpec) -> str | None:
         return place_groups(spec.groups, spec.ft.redundancy, spec.local_nodes)[1]
     except ValueError as e:
         raise ValueError(f"--local-nodes: {e}") from None
+
+
+def check_sync(text: str, groups: int, redundancy: int) -> None:
+    """``--sync``: a known mode with K in range (``core.sync.parse_mode``) that the runtime
+    builds; ValueError (one line) otherwise."""
+    from unbroken.core.sync import RUNTIME_MODES, parse_mode
+
+    try:
+        mode = parse_mode(text, groups)
+    except ValueError as e:
+        raise ValueError(f"--sync: {e}") from None
+    if mode.name not in RUNTIME_MODES:
+        raise ValueError(f"--sync {text}: not built in the runtime yet (built: "
+                         f"{', '.join(RUNTIME_MODES)}; groups and async exist only in the "
+                         f"planner's TTA model, unbroken.core.sync)")
+    if redundancy < 2 and mode.name in ("mask", "auto"):
+        raise ValueError(f"--sync {text}: leaving a group out needs --redundancy >= 2 (got "
+                         f"{redundancy})")
 
 
 def spares_for(spec: JobSpec, faults: list[Fault]) -> int:
@@ -255,7 +276,7 @@ def train_config(spec: JobSpec, sdc_every: int = 0):
     return TrainConfig(groups=spec.groups, redundancy=spec.ft.redundancy, steps=spec.steps,
                        seed=spec.seed, model=spec.trainer, trainer_args=args,
                        shard_size=spec.shard_size, sdc_every=sdc_every,
-                       stragglers=normalize_spec(spec.stragglers))
+                       stragglers=normalize_spec(spec.stragglers), sync=spec.sync)
 
 
 def load_trainer(cfg):

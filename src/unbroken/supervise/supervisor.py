@@ -248,7 +248,7 @@ class Supervisor:
             "model": cfg.model, "trainer_args": spec.trainer_args,
             "staleness": spec.ft.staleness, "guard": spec.ft.guard, "chaos": spec.chaos,
             "sdc_every": cfg.sdc_every, "resume": spec.resume, "stragglers": cfg.stragglers,
-            "resume_step": found["resume_step"]},
+            "sync": cfg.sync, "resume_step": found["resume_step"]},
             "faults": [{"kind": f.kind, "group": f.group, "step": f.step,
                         **({"code": f.code} if f.code is not None else {})} for f in faults],
             "fault_spec": format_faults(faults)})

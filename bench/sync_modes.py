@@ -1,0 +1,151 @@
+"""Sync modes under stragglers on this machine (issue 11): the GPT to a target loss under each
+straggler trace, in every sync mode the runtime builds (``sync``, ``mask``, ``ksync:3``) and ``auto``.
+Prints ONE JSON object; progress goes to stderr.
+
+Each run is the product as a user runs it (``unbroken run --trainer gpt --faults none --sync
+MODE --stragglers SPEC``: the Supervisor, 4 worker processes of 1 torch thread each, no spare,
+the guard log-only), ``--steps`` steps. Traces (``bench/stragglers.py`` says what each is):
+
+* ``none``; ``persistent:1@2`` (one 2x straggler); ``persistent:1@1.5,persistent:2@3`` (two:
+  1.5x and 3x); ``bursty:0``; ``rotating:0.3``; ``cpu_hog`` (five busy loops pinned with group
+  1 on one core, the other groups on the other: a real cause, no trace).
+
+The target loss is the lowest loss the straggler-free ``sync`` run commits by step ``--steps``
+(a per-step loss is one global batch's and noisy), plus 1e-9 relative (``mask`` sums the same
+gradients in another order). Every mode built here computes the synchronous gradient, so all
+reach it at the same step and TTA differences are wall-time differences; the bench checks that
+(``same_losses``) -- except ``ksync:3``, which changes the data order (a deferred shard is
+used at a later step, on that step's parameters), so it reaches the target at its own step. Per
+run: ``tta_train_s`` (from step 0's commit: start-up left out; the TTA
+compared), ``tta_s`` (from the run's start), ``final_loss`` (the mean committed loss of the
+last 10 steps: the fixed sample budget is ``steps x 4 x shard``), ``straggler_frequency``,
+``sync_modes``, ``mode_switches``. Medians over ``--repeats``; ``ceiling_tta_train_s``: the
+straggler-free ``sync`` run's.
+
+Bars (issue 11), computed here as met / not met: one persistent straggler: ``auto`` >= 25 %
+sooner than ``sync``; no stragglers: ``auto`` within 5 % of ``sync``; every trace: ``auto``
+within 10 % of the best static mode in hindsight; final loss within 2 % of ``sync``'s.
+``groups`` and ``async`` are not built in the runtime, so they are not run; ``auto`` chooses
+between ``sync`` and ``mask`` only.
+
+Usage: ``.venv/bin/python bench/sync_modes.py [--steps 200] [--repeats 1]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from stragglers import log, losses, run_case  # noqa: E402
+
+TRACES = ("none", "persistent:1@2", "persistent:1@1.5,persistent:2@3", "bursty:0",
+          "rotating:0.3", "cpu_hog")
+MODES = ("sync", "mask", "ksync:3", "auto")
+STATIC = ("sync", "mask", "ksync:3")
+
+
+def run(trace: str, mode: str, steps: int, seed: int, hogs: int) -> dict:
+    return run_case(trace, steps, seed, hogs, sync=mode)
+
+
+def summarise(raw: dict, target: float) -> dict:
+    from unbroken.demo_report import straggler_report
+
+    events, r = raw["events"], raw["report"]
+    t0 = next(e["t"] for e in events if e.get("event") == "start")
+    sr = straggler_report(events, t0, target)
+    ls = losses(raw)
+    return {"tta_train_s": sr["tta_train_s"], "tta_s": sr["tta_s"], "wall_s": r["wall_s"],
+            "final_loss": statistics.fmean(ls[-10:]),
+            "straggler_frequency": sr["straggler_frequency"],
+            "sync_modes": sr["sync_modes"], "mode_switches": sr["mode_switches"],
+            "exactly_once": r.get("exactly_once")}
+
+
+def _med(xs: list) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return round(statistics.median(xs), 4) if xs else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--hogs", type=int, default=5)
+    ap.add_argument("--traces", default=";".join(TRACES),
+                    help="traces separated by ';' (the first must be none: the reference)")
+    a = ap.parse_args()
+    traces = a.traces.split(";")
+    raws: dict[str, dict[str, list[dict]]] = {t: {m: [] for m in MODES} for t in traces}
+    for i in range(a.repeats):
+        for t in traces:
+            for m in MODES:
+                log(f"[sync_modes] repeat {i + 1}/{a.repeats}: {t} / {m}")
+                raws[t][m].append(run(t, m, a.steps, a.seed, a.hogs))
+    ref = losses(raws["none"]["sync"][0])
+    target = min(ref[:a.steps]) * (1 + 1e-9)
+    same = all(max(abs(x - y) for x, y in zip(losses(r), ref)) < 1e-6
+               for ms in raws.values() for m, rs in ms.items() for r in rs
+               if len(losses(r)) == len(ref) and not m.startswith("ksync"))
+    runs = {t: {m: [summarise(r, target) for r in rs] for m, rs in ms.items()}
+            for t, ms in raws.items()}
+    summary: dict[str, dict] = {}
+    for t, ms in runs.items():
+        s = {m: {k: _med([x[k] for x in xs]) for k in
+                 ("tta_train_s", "tta_s", "wall_s", "final_loss", "straggler_frequency",
+                  "mode_switches")} | {"sync_modes": xs[-1]["sync_modes"],
+                                      "exactly_once": all(x["exactly_once"] for x in xs)}
+             for m, xs in ms.items()}
+        best = min(STATIC, key=lambda m: s[m]["tta_train_s"] or float("inf"))
+        auto, sync = s["auto"]["tta_train_s"], s["sync"]["tta_train_s"]
+        s["best_static"] = best
+        s["auto_over_best_static"] = round(auto / s[best]["tta_train_s"], 3) \
+            if auto and s[best]["tta_train_s"] else None
+        s["auto_over_sync"] = round(auto / sync, 3) if auto and sync else None
+        s["final_loss_auto_over_sync"] = round(s["auto"]["final_loss"]
+                                               / s["sync"]["final_loss"], 5)
+        s["final_loss_ksync_over_sync"] = round(s["ksync:3"]["final_loss"]
+                                                / s["sync"]["final_loss"], 5)
+        s["ksync_over_sync"] = round(s["ksync:3"]["tta_train_s"] / sync, 3) \
+            if s["ksync:3"]["tta_train_s"] and sync else None
+        summary[t] = s
+    ceiling = summary.get("none", {}).get("sync", {}).get("tta_train_s")
+    one = summary.get("persistent:1@2")
+    bars = {
+        "one_persistent_straggler_auto_25pct_sooner_than_sync": None if one is None else {
+            "auto_over_sync": one["auto_over_sync"],
+            "met": bool(one["auto_over_sync"] and one["auto_over_sync"] <= 0.75)},
+        "no_stragglers_auto_within_5pct_of_sync": {
+            "auto_over_sync": summary["none"]["auto_over_sync"],
+            "met": bool(summary["none"]["auto_over_sync"]
+                        and summary["none"]["auto_over_sync"] <= 1.05)},
+        "every_trace_auto_within_10pct_of_best_static": {
+            t: {"auto_over_best_static": s["auto_over_best_static"], "best": s["best_static"],
+                "met": bool(s["auto_over_best_static"] and s["auto_over_best_static"] <= 1.10)}
+            for t, s in summary.items()},
+        "final_loss_within_2pct_of_sync": {
+            t: {"ratio": s["final_loss_auto_over_sync"],
+                "met": abs(s["final_loss_auto_over_sync"] - 1) <= 0.02}
+            for t, s in summary.items()},
+    }
+    out = {"bench": "sync_modes", "machine": {"cpus": os.cpu_count(),
+                                              "python": platform.python_version(),
+                                              "loadavg_at_end": os.getloadavg()},
+           "steps": a.steps, "repeats": a.repeats, "seed": a.seed, "modes": list(MODES),
+           "not_built": ["groups", "async"],
+           "target_loss": target, "target_reached_at_step": next(
+               k for k, x in enumerate(ref) if x <= target),
+           "same_losses_in_every_run": same, "ceiling_tta_train_s": ceiling,
+           "bars": bars, "summary": summary, "runs": runs}
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,306 @@
+"""Sync modes at run time (``--sync mask``, ``ksync:K`` and ``auto``): the stacked step of
+:mod:`unbroken.runtime.stacked`, plus a decision at every step boundary about which groups
+the next step leaves out. ``--sync sync`` (the default) does not build this runner at all:
+the synchronous step stays byte for byte :class:`~unbroken.runtime.stacked.StackedRunner`.
+
+``mask``: SPARe's redundancy turned on stragglers
+-------------------------------------------------
+A group predicted to be late is *benched*: it is left out of the next step like a failed one
+and :func:`unbroken.core.rectlr.decide` gives its shard types to their other hosts (the plan
+a failure would get). It stays a member: it keeps the state, applies every commit, and joins
+the all-reduce with zeros for the types it no longer computes, so nothing re-forms and the
+gradient is exactly the synchronous one (up to the order of a float sum). It pays when the
+straggler is slower than the deepest stack a survivor then carries (a 3x straggler at r = 2:
+a 2-deep stack instead of waiting 3x; a 2x one: a wash, and ``auto`` stays ``sync``).
+
+``ksync:K``: commit with the first K
+------------------------------------
+The N - K groups predicted slowest compute nothing of their own this step: their shard types
+are *deferred* (a (data step, type) backlog every member keeps alike). The in-band coverage
+reads 0 for them, which the shared plan accounts for, and the update is the mean over the
+shards actually summed. Deferred shards are caught up by the fast groups in balanced steps
+(:func:`unbroken.core.sync.ksync_step`: all fast groups carry the same extra shards, so the
+step costs that much more instead of the straggler's wait) and the run's last step drains the
+rest over every group: each sample is used exactly once, the ledger counts a caught-up shard at
+its data step (commit fields ``deferred`` and ``catch_up``). Unlike STAR's k-sync the late
+gradient is not stale: a deferred shard is computed on the parameters of the step that uses
+it; what changes is the data order (so the trajectory is not the synchronous one). A new
+generation keeps the backlog (the exactly-once state; a joiner gets it with the state copy)
+and runs the interrupted step under the runtime's failure plan; a run whose last step has a
+group down ends with the backlog undrained (the ledger then reports it missing).
+
+What every member decides from
+------------------------------
+The step buffer carries, past the digests, two cells per group (one writer each, so the sum
+is the value) and 2N catch-up coverage cells (ksync): the group's own compute per shard type
+this step (0: computed nothing) and the squared norm of one of its shard gradients (the noise scale's small batch; the reduced
+gradient's norm is the big batch: :class:`unbroken.core.sync.NoiseScale`, McCandlish et al.).
+Every member reads the same reduced bytes, keeps the same window of the last
+:data:`WINDOW` steps, and calls the same pure functions of :mod:`unbroken.core.sync`
+(:func:`~unbroken.core.sync.predict_times`, :func:`~unbroken.core.sync.mask_bench`,
+:func:`~unbroken.core.sync.decide`), so all take the same plan at the same boundary without
+a message of their own. A benched group has no compute to report, so every :data:`PROBE`
+steps it computes its own first shard type for the clock only (not contributed): that is how
+``mask`` and ``auto`` see a straggler recover.
+
+A new generation (a failure re-plan, an admission) resets this state on every member at its
+settle (a joiner has no history), and the next boundaries rebuild it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import torch
+
+from unbroken.core.sync import (RUNTIME_MODES, AutoState, CostModel, KsyncStep, NoiseScale,
+                                bench_for_mode, decide, ksync_step, mask_bench, parse_mode,
+                                predict_times)
+from unbroken.core.rectlr import WipeOut
+from unbroken.events import Event
+from unbroken.runtime import stepbuf as sb
+from unbroken.runtime.ledger import DivergenceError
+from unbroken.runtime.stacked import StackedRunner
+
+__all__ = ["ModeRunner", "make_runner", "WINDOW", "PROBE"]
+
+#: steps of per-group compute times behind a prediction (their minimum)
+WINDOW = 5
+#: a benched group computes its own shard type for the clock every PROBE steps
+PROBE = 4
+#: updates of the ksync Monte-Carlo when ``auto`` re-selects (STAR's 1,000 cost ~20 ms)
+MC_UPDATES = 200
+
+
+def make_runner(cfg: Any, *args: Any, **kw: Any) -> StackedRunner:
+    """The runner for ``cfg.sync``: the plain :class:`StackedRunner` for ``sync``."""
+    return (StackedRunner if getattr(cfg, "sync", "sync") == "sync" else ModeRunner)(
+        cfg, *args, **kw)
+
+
+class ModeRunner(StackedRunner):
+    """:class:`StackedRunner` with ``mask`` / ``auto`` decisions at every step boundary."""
+
+    def __init__(self, cfg: Any, uid: int, comm: Any,
+                 journal: Callable[[dict], None] = lambda e: None, **kw: Any) -> None:
+        mode = parse_mode(cfg.sync, cfg.groups)
+        if mode.name not in RUNTIME_MODES:
+            raise ValueError(f"--sync {cfg.sync}: not built in the runtime (built: "
+                             f"{', '.join(RUNTIME_MODES)})")
+        self.sync_mode, self.k = mode.name, mode.k
+        self.backlog: list[tuple[int, int]] = []  # ksync: deferred (data step, type), oldest first
+        self._ks: tuple[int, KsyncStep, dict] | None = None  # (step, plan, deferred {type: slot})
+        self._extra: tuple[int, torch.Tensor, float, int] | None = None  # my catch-up: (step,
+        #                                                     sum, seconds, shards)
+        self._outer_journal = journal
+        n = cfg.groups
+        self._off = n + (n * n if cfg.sdc_every > 0 else 0)  # the region, from the gradient's end
+        self.cost = CostModel(shard_batch=cfg.shard_size, redundancy=cfg.redundancy)
+        self._reset_modes()
+        super().__init__(cfg, uid, comm, self._journal, **kw)
+
+    # ------------------------------------------------------------------ state
+    def _reset_modes(self) -> None:
+        self.window: list[list[float]] = []
+        self.bench: tuple[int, ...] = ()
+        self._replan = False              # the plan came from a settle: set ours again
+        self.auto = AutoState()
+        self.noise = NoiseScale()
+        self.effective = "sync"           # the mode of the steps now: sync, or mask (benched)
+        self._probe: tuple[int, float] | None = None   # (step, seconds per type)
+        self._sq: tuple[int, float] | None = None      # (step, |g_type|^2)
+
+    def _journal(self, ev: dict) -> None:
+        if ev.get("event") == Event.COMMIT:
+            ev["sync"] = self.effective
+            ev["bench"] = list(self.bench)
+            ks = self._ks
+            if ks is not None and ks[0] == ev["step"]:
+                # the ledger: deferred shards of this step, and earlier ones used by it
+                ev["deferred"] = sorted(int(t) for t in ks[2])
+                ev["catch_up"] = [[s, t, self._uid_of(w, self.op_members)]
+                                  for w, s, t in ks[1].catch_up]
+        self._outer_journal(ev)
+
+    def _buflen(self) -> int:
+        # time and |g|^2 per group, then one coverage cell per caught-up shard (< 2N)
+        return super()._buflen() + 4 * self.cfg.groups
+
+    def _meta(self) -> dict:
+        return {**super()._meta(), "backlog": [list(b) for b in self.backlog]}
+
+    def _ks_now(self) -> tuple[int, KsyncStep, dict] | None:
+        ks = self._ks
+        return ks if ks is not None and ks[0] == self.step else None
+
+    # ------------------------------------------------------------------ the step
+    def _ensure_grads(self) -> None:
+        super()._ensure_grads()
+        k, slot = self.step, self.my_slot
+        ks = self._ks_now()
+        if ks is not None and ks[1].catch_up and (self._extra is None or self._extra[0] != k) \
+                and self.step_error is None:
+            t0, acc, n_cu = time.perf_counter(), None, 0
+            own_loss = dict(self.trainer.last_loss)  # the step's loss is its own shards'
+            for w, s, t in ks[1].catch_up:
+                if w == slot:  # a deferred shard, on today's parameters
+                    g = self.trainer.grad(s, t)
+                    acc = g.clone() if acc is None else acc.add_(g)
+                    n_cu += 1
+            self.trainer.last_loss.clear()
+            self.trainer.last_loss.update(own_loss)
+            self._extra = (k, acc, time.perf_counter() - t0, n_cu)
+        mine = self.contrib.get(slot, ())
+        if mine:
+            if (self._sq is None or self._sq[0] != k) and mine[0] in self.grads \
+                    and self.step_error is None:
+                g = self.grads[mine[0]]
+                self._sq = (k, float(torch.dot(g, g)))
+        elif k % PROBE == 0 and (self._probe is None or self._probe[0] != k) \
+                and self.step_error is None:
+            # benched: the own shard type for the clock only (not contributed)
+            t0 = time.perf_counter()
+            self.trainer.grad(k, self.layout.stack(slot)[0])
+            self._probe = (k, time.perf_counter() - t0)
+
+    def _own_time(self) -> float:
+        ex = self._extra if self._extra is not None and self._extra[0] == self.step else None
+        if ex is not None and ex[3] > 0:
+            c_s = (self.compute_s if self.grads_step == self.step else 0.0) + ex[2]
+            c_n = (self.compute_n if self.grads_step == self.step else 0) + ex[3]
+            return c_s / c_n
+        if self.compute_n > 0 and self.grads_step == self.step:
+            return self.compute_s / self.compute_n
+        if self._probe is not None and self._probe[0] == self.step:
+            return self._probe[1]
+        return 0.0
+
+    def _pack(self) -> torch.Tensor:
+        buf = super()._pack()
+        base, n, w = self.trainer.numel + self._off, self.cfg.groups, self.my_slot
+        buf[base + w] = self._own_time()
+        if self._sq is not None and self._sq[0] == self.step:
+            buf[base + n + w] = self._sq[1]
+        ks = self._ks_now()
+        if ks is not None and self.step_error is None:
+            ex = self._extra
+            if ex is not None and ex[0] == self.step and ex[1] is not None:
+                buf[:self.trainer.numel].add_(ex[1])
+            for j, (g, _s, _t) in enumerate(ks[1].catch_up):
+                if g == w:
+                    buf[base + 2 * n + j] = 1.0
+        return buf
+
+    def _settle(self, members: list[int], *, planned: bool, restart: bool = False) -> bool:
+        joiner = self.needs_state
+        ok = super()._settle(members, planned=planned, restart=restart)
+        if ok:  # a new generation: every member starts over (a joiner has no history)
+            self._reset_modes()
+            self._replan = True
+            # the step goes on under the runtime's plan: nothing deferred, nothing caught up
+            # (the backlog is kept: it is the exactly-once state; a joiner gets it with the
+            # state copy)
+            self._ks, self._extra = None, None
+            if joiner and self.snap is not None and self.snap.meta is not None:
+                self.backlog = [(int(s), int(t)) for s, t in self.snap.meta.get("backlog", [])]
+        return ok
+
+    def _commit(self, buf: torch.Tensor, rolled: bool = False) -> None:
+        n = self.cfg.groups
+        ks = self._ks_now()
+        orig = buf
+        if ks is not None:
+            # deferred types are 0 in the sum by the shared plan: they count as covered; each
+            # caught-up shard's cell must read 1; the update is the mean over the shards used
+            nm, base = self.trainer.numel, self.trainer.numel + self._off
+            rest = self._check_region(buf)
+            cu = ks[1].catch_up
+            cells = rest[self._off + 2 * n:self._off + 2 * n + len(cu)]
+            if any(rest[t] != 0.0 for t in ks[2]) or any(c != 1.0 for c in cells):
+                raise DivergenceError(
+                    f"step {self.step}: ksync coverage: deferred {sorted(ks[2])} read "
+                    f"{[rest[t] for t in sorted(ks[2])]}, caught-up cells {cells}")
+            used = n - len(ks[2]) + len(cu)
+            buf = buf.clone()
+            if used != n:
+                buf[:nm].mul_(n / used)
+            for t in ks[2]:
+                buf[nm + t] = 1.0
+            if ks[2]:  # the journal's loss: the mean over the shards of this step computed
+                buf[sb.LOSS] = buf[sb.LOSS] * n / (n - len(ks[2]))
+            for j in range(len(cu)):
+                buf[base + 2 * n + j] = 0.0
+        super()._commit(buf, rolled)
+        if ks is not None:
+            self.last_buf = orig  # a roll-forward re-commits the sum, not the scaled copy
+            done = {(s, t) for _w, s, t in ks[1].catch_up}
+            self.backlog = [b for b in self.backlog if b not in done] + \
+                [(self.step - 1, t) for t in sorted(ks[2])]
+        rest = self._check_region(buf)
+        times = rest[self._off:self._off + n]
+        sqs = [v for v in rest[self._off + n:self._off + 2 * n] if v > 0]
+        live = set(self.live_slots(self.op_members))
+        self.window = (self.window + [[t if w in live else 0.0 for w, t in enumerate(times)]]
+                       )[-WINDOW:]
+        if sqs:
+            mean_g = self._grad_norm(buf) / n  # the reduced sum's norm / N: the mean gradient
+            self.noise.update(sqs, self.cfg.shard_size, mean_g * mean_g,
+                              n * self.cfg.shard_size)
+        self._decide(self.step, live)
+
+    # ------------------------------------------------------------------ the decision
+    def _decide(self, step: int, live: set[int]) -> None:
+        """The bench for step ``step`` (the next one), the same on every member."""
+        if len(live) < self.cfg.groups:  # a failure plan is in force: the runtime's, not ours
+            return
+        pred = predict_times(self.window)
+        if self.sync_mode == "ksync":
+            self._decide_ksync(step, pred, live)
+            return
+        if pred is None:
+            want, why = (), "no prediction yet"
+        elif self.sync_mode == "mask":
+            want, why = mask_bench(pred, self.bench, self.cost)
+        else:
+            phi = self.noise.phi
+            cm = CostModel(shard_batch=self.cfg.shard_size, redundancy=self.cfg.redundancy,
+                           noise_scale=max(0.0, phi) if phi is not None else 0.0,
+                           mc_updates=MC_UPDATES)
+            d = decide(self.auto, pred, cm, allowed=("sync", "mask"), greedy_mask=True)
+            if d.switched:
+                self.journal({"event": Event.MODE_SWITCH, "step": step, "from": self.auto.mode,
+                              "to": d.mode, "reason": d.reason,
+                              "predicted": {k: round(v, 6) for k, v in
+                                            (d.selection.tta() if d.selection else {}).items()},
+                              "times": [round(t, 6) for t in pred], "noise_scale": phi,
+                              "t": time.time()})
+            self.auto = d.state
+            want, why = bench_for_mode(d, self.bench), d.reason
+        if want == self.bench and not self._replan:
+            return
+        self._replan = False
+        d = self._fresh_plan(sorted(set(live) - set(want)))
+        if isinstance(d, WipeOut):  # cannot leave them out (mask_bench checked; defensive)
+            want, d = (), self._fresh_plan(sorted(live))
+        self.stacks, self.depth, self.contrib = d.stacks, d.depth, d.contributions()
+        self.bench = tuple(want)
+        self.effective = "mask" if want else "sync"
+        self.journal({"event": Event.BENCH, "step": step, "bench": list(want), "reason": why,
+                      "depth": d.depth, "t": time.time()})
+
+    def _decide_ksync(self, step: int, pred: list[float] | None, live: set[int]) -> None:
+        ks = ksync_step(pred, self.cfg.groups, self.k, self.backlog,
+                        last=step == self.cfg.steps - 1)
+        full = self._fresh_plan(sorted(live))
+        contrib = full.contributions()
+        deferred = {t: w for w in ks.late for t in contrib.get(w, ())}
+        self.stacks, self.depth = full.stacks, full.depth
+        self.contrib = {w: ts for w, ts in contrib.items() if w not in ks.late}
+        self._ks = (step, ks, deferred)
+        self._replan = False
+        if tuple(ks.late) != self.bench:
+            self.journal({"event": Event.BENCH, "step": step, "bench": list(ks.late),
+                          "reason": ks.reason, "depth": full.depth, "t": time.time()})
+        self.bench = tuple(ks.late)
+        self.effective = f"ksync:{self.k}" if (ks.late or ks.catch_up) else "sync"

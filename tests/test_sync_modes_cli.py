@@ -1,0 +1,83 @@
+"""``--sync`` on ``unbroken run`` / ``demo`` as a user types it: an unknown mode, K out of
+range, a mode the runtime does not build, or a mode that needs redundancy it lacks is one line
+naming the value, exit 2, nothing started; ``sync`` is today's run byte for byte."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.mark.mp  # the CLI in a subprocess
+@pytest.mark.parametrize("cmd, args, named", [
+    ("run", ["--sync", "fast"], "unknown sync mode 'fast'"),
+    ("demo", ["--sync", "groups"], "--sync groups: not built in the runtime yet"),
+])
+@pytest.mark.timeout(60)
+def test_bad_sync_mode_is_one_line_exit_2_and_nothing_started(cli, tmp_path, cmd, args, named):
+    trainer = ["--trainer", "mlp"] if cmd == "run" else []
+    p = cli(cmd, *trainer, *args, "--out", str(tmp_path / "out"), "--json")
+    assert p.returncode == 2, p.stderr
+    assert named in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert p.stdout == "" and not (tmp_path / "out").exists()
+
+
+def test_sync_gives_the_config_of_a_run_without_the_flag_and_mask_reaches_the_workers():
+    from unbroken.runtime.config import TrainConfig
+    from unbroken.supervise.spec import JobSpec, train_config
+
+    plain = train_config(JobSpec(trainer="mlp")).to_json()
+    assert train_config(JobSpec(trainer="mlp", sync="sync")).to_json() == plain
+    assert "sync" not in plain  # the reference cache's key is today's
+    cfg = train_config(JobSpec(trainer="mlp", sync="auto"))
+    assert TrainConfig.from_json(cfg.to_json()).sync == "auto"
+
+
+@pytest.mark.parametrize("text, groups, r, named", [
+    ("ksync:5", 4, 2, "K 5 outside [1, 4]"),
+    ("ksync:x", 4, 2, "K 'x' is not an integer"),
+    ("groups", 4, 2, "--sync groups: not built in the runtime yet"),
+    ("async", 4, 2, "--sync async: not built in the runtime yet"),
+    ("auto", 4, 1, "--sync auto: leaving a group out needs --redundancy >= 2"),
+])
+def test_check_sync_names_the_bad_value(text, groups, r, named):
+    from unbroken.supervise.spec import check_sync
+
+    with pytest.raises(ValueError, match=named.replace("[", r"\[")):
+        check_sync(text, groups, r)
+    for ok in ("sync", "mask", "auto", "ksync:3", "ksync:1"):
+        check_sync(ok, 4, 2)
+
+
+def test_sync_builds_the_plain_runner_and_the_others_the_mode_runner():
+    from unbroken.runtime.config import TrainConfig
+    from unbroken.runtime.stacked import StackedRunner
+    from unbroken.runtime.syncmodes import ModeRunner, make_runner
+
+    class Comm:  # what the constructors touch
+        members, rank, generation, store_lost = [0, 1, 2, 3], 0, 0, False
+
+    assert type(make_runner(TrainConfig(), 0, Comm())) is StackedRunner
+    assert type(make_runner(TrainConfig(sync="mask"), 0, Comm())) is ModeRunner
+
+
+def test_the_ledger_counts_a_caught_up_shard_at_its_data_step():
+    from unbroken.core.shards import exactly_once
+    from unbroken.runtime.ledger import DivergenceError, ledger_records
+
+    def commit(k, plan, t, **kw):
+        return {"event": "commit", "step": k, "plan": plan, "mine": [], "t": t, **kw}
+
+    # 2 groups, 2 steps: step 0 defers type 1, step 1 catches it up on group 0
+    j = {0: [commit(0, {"0": 0}, 1.0, deferred=[1], catch_up=[]),
+             commit(1, {"0": 0, "1": 1}, 2.0, deferred=[], catch_up=[[0, 1, 0]])],
+         1: [commit(0, {"0": 0}, 1.1, deferred=[1], catch_up=[]),
+             commit(1, {"0": 0, "1": 1}, 2.1, deferred=[], catch_up=[[0, 1, 0]])]}
+    recs = ledger_records(j)
+    assert sorted(recs) == [(0, 0, 0), (0, 1, 0), (1, 0, 0), (1, 1, 1)]
+    assert exactly_once(recs, 2, 2).ok
+    # without the catch-up the deferred shard is missing; members disagreeing is divergence
+    j0 = {0: [commit(0, {"0": 0}, 1.0), commit(1, {"0": 0, "1": 1}, 2.0)]}
+    assert not exactly_once(ledger_records(j0), 2, 2).ok
+    j[1][1] = commit(1, {"0": 0, "1": 1}, 2.1, catch_up=[[0, 1, 1]])
+    with pytest.raises(DivergenceError, match="different catch-ups"):
+        ledger_records(j)
