@@ -25,7 +25,9 @@ from unbroken.runtime.stacked_worker import StackedCluster  # noqa: E402
 
 pytestmark = pytest.mark.mp
 
-CFG = TrainConfig(groups=4, redundancy=2, steps=40, seed=7)
+# long enough that the coordinator is killed mid-run however late the kill lands (a
+# busy CI machine let a 40-step job finish before the kill: every worker exited 0)
+CFG = TrainConfig(groups=4, redundancy=2, steps=400, seed=7)
 
 
 @pytest.mark.timeout(180)
