@@ -33,7 +33,10 @@ So survivors do not try to fix the old group. They *abandon* it and build a new 
    publishes the member list once every member with a fresh heartbeat has joined, or at a
    deadline; after a gloo connection error, which means a peer *process* is gone, "fresh"
    is two heartbeat periods instead of ``staleness``; whoever joins is kept), destroys the old default group and calls ``init_process_group("gloo",
-   store=PrefixStore(f"pg/{g+1}", store), ...)`` with the new, smaller world.
+   store=PrefixStore(f"pg/{g+1}", store), ...)`` with the new, smaller world. Pairs connect
+   on first use (``TORCH_GLOO_LAZY_INIT``), so a re-form costs O(1) connections per member,
+   not gloo's full mesh; a member lost between the rendezvous and its first op is then found
+   like any dead or silent member, in the op.
 
 The store must be hosted by a long-lived process that is not a worker (a launcher /
 coordinator), so any worker, PG rank 0 included, may die. The store itself is a single point of
@@ -59,6 +62,7 @@ Known limits (by design of this building block)
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from datetime import timedelta
@@ -81,6 +85,9 @@ from unbroken.core.membership import (
 )
 
 __all__ = ["FTComm", "RendezvousError", "StoreLostError", "declare_dead"]
+
+#: gloo's switch for connecting a pair of ranks on its first use instead of at group creation
+LAZY_INIT_ENV = "TORCH_GLOO_LAZY_INIT"
 
 
 class RendezvousError(RuntimeError):
@@ -294,8 +301,9 @@ class FTComm:
             raise ValueError("send needs a contiguous tensor (it is received in place)")
         buf = tensor.detach()
         if r == src:
-            return self._run(gen, lambda: [dist.isend(buf, dst=d) for d in to if d != src], buf)
-        return self._run(gen, lambda: [dist.irecv(buf, src=src)], buf)
+            return self._run(gen, lambda: [dist.isend(buf, dst=d) for d in to if d != src], buf,
+                             p2p=True)
+        return self._run(gen, lambda: [dist.irecv(buf, src=src)], buf, p2p=True)
 
     def _refused(self, gen: int) -> bool:
         """An op on a generation already aborted fails at once. The local flag only: a peer's
@@ -306,26 +314,32 @@ class FTComm:
             return True
         return False
 
-    def _run(self, gen: int, issue: Callable[[], list], buf: torch.Tensor) -> bool:
-        """Issue an op's works and sleep until they complete or ``gen`` is aborted."""
+    def _run(self, gen: int, issue: Callable[[], list], buf: torch.Tensor,
+             p2p: bool = False) -> bool:
+        """Issue an op's works and sleep until they complete or ``gen`` is aborted.
+
+        ``p2p``: gloo's send/recv run in the issuing thread, and with pairs connected on first
+        use the issue itself waits for the peer (a dead one: until the group's timeout), so a
+        thread issues and waits them and an abort still wakes the caller."""
         if not self.aborted:  # _wake is set by an abort (checked below) or by this op's end
             self._wake.clear()
-        try:
-            works = issue()
-        except RuntimeError as exc:  # broken PG: fails at once
-            self._abandon(gen, None, buf, f"gloo error at issue: {_short(exc)}")
-            return False
         futs: list = []
-        blocking: list = []
-        for work in works:
-            try:  # wake the moment the op completes, instead of polling it every millisecond:
-                #   four workers on two cores spent measurable CPU in 1 kHz wake-ups
+        works: list | None = None
+        if p2p:
+            waited = self._in_thread(issue)
+        else:
+            try:
+                works = issue()
+            except RuntimeError as exc:  # broken PG: fails at once
+                self._abandon(gen, None, buf, f"gloo error at issue: {_short(exc)}")
+                return False
+            for work in works:  # wake the moment the op completes, instead of polling it
+                #   every millisecond: four workers on two cores spent measurable CPU in
+                #   1 kHz wake-ups
                 fut = work.get_future()
                 fut.add_done_callback(lambda _f: self._wake.set())
                 futs.append((work, fut))
-            except (RuntimeError, AttributeError):  # no future (gloo send/recv): such a work
-                blocking.append(work)  # completes only inside wait(), so a thread waits
-        waited = self._wait_in_thread(blocking)
+            waited = _NOTHING_TO_WAIT
         if self.on_issue is not None:
             hook, self.on_issue = self.on_issue, None
             hook()
@@ -355,16 +369,14 @@ class FTComm:
             if not self.aborted:  # woken by this op's future (tested above) or the timeout
                 self._wake.clear()
 
-    def _wait_in_thread(self, works: list) -> tuple[threading.Event, list]:
-        """``wait()`` on works that have no future, on a thread that wakes the op's caller
-        when they are done: (done, [error]). An abandoned one ends with the group's timeout."""
-        if not works:
-            return _NOTHING_TO_WAIT
+    def _in_thread(self, issue: Callable[[], list]) -> tuple[threading.Event, list]:
+        """Issue works and ``wait()`` on them on a thread that wakes the op's caller when they
+        are done: (done, [error]). An abandoned one ends with the group's timeout."""
         done, err = threading.Event(), []
 
         def wait_all() -> None:
             try:
-                for work in works:
+                for work in issue():
                     work.wait()
             except RuntimeError as exc:
                 err.append(exc)
@@ -555,6 +567,12 @@ class FTComm:
         # member that hung or died after the rendezvous costs that long, not the ops' safety
         # net (generation 0 waits for every process to start up: the full timeout)
         short = gen > 0 and self.init_timeout < self.pg_timeout
+        # connect only the pairs an op uses (a ring all-reduce: two neighbours; the state copy
+        # to a joiner: one pair) instead of gloo's full mesh: eagerly, every re-form at N
+        # members made N(N-1) connections through the one store, the part of recovery that
+        # grew fastest with N (bench/recovery_scaling.py). Read when the group is created;
+        # TORCH_GLOO_LAZY_INIT=0 in the environment restores the full mesh.
+        os.environ.setdefault(LAZY_INIT_ENV, "1")
         dist.init_process_group(
             self.backend,
             store=dist.PrefixStore(f"pg/{gen}", self.store),
@@ -704,7 +722,7 @@ class FTComm:
                     self.store_lost = True
 
 
-#: ``_wait_in_thread`` of no works (a collective: every op of a step): nothing to start
+#: a collective's works complete through their futures: no thread to wait for
 _NOTHING_TO_WAIT: tuple[threading.Event, list] = (threading.Event(), [])
 _NOTHING_TO_WAIT[0].set()
 
