@@ -50,8 +50,10 @@ def test_persistent_straggler_is_3x_slower_and_changes_nothing_but_time(tmp_path
     # wander with the machine's load while the minima show the injected ratio
     fast = statistics.median(min(own[u]) for u in (0, 2, 3))
     ratio = min(own[1]) / fast
-    # 3x (not applied gives 1x, applied twice 9x)
-    assert 2.5 < ratio < 3.6, (ratio, {u: min(v) for u, v in own.items()})
+    # 3x (not applied gives 1x, applied twice 9x). The bound above is loose: the injected
+    # delay is a sleep, and on a loaded machine (a suite run beside other work: load 17 on two
+    # cores) each wake-up comes late, which only the straggler pays (measured 4.6x there)
+    assert 2.5 < ratio < 6.0, (ratio, {u: min(v) for u, v in own.items()})
     # without the trace the same group is not the slow one
     base = {u: statistics.median(e["own_s"] for e in events(plain[u], "commit")[1:])
             for u in plain}
