@@ -20,13 +20,20 @@ recovery numbers can be read against the step: on two cores N processes share th
 step itself slows with N, and so does anything CPU-bound; ``*_in_steps`` divides it out. Medians over repeats per N. Nothing else should
 run on the machine: 2 cores carry up to 33 processes at N = 32.
 
-Usage: ``.venv/bin/python bench/recovery_scaling.py [--sizes 4,8,16,32] [--repeats 3]``.
+Pairs of gloo ranks connect on first use (``TORCH_GLOO_LAZY_INIT``, ftcomm's default). With
+``--eager-too`` every run is repeated, interleaved, with gloo's full mesh
+(``TORCH_GLOO_LAZY_INIT=0``: torch's default, what a re-form cost before), and the ratios
+lazy / eager are reported per N.
+
+Usage: ``.venv/bin/python bench/recovery_scaling.py [--sizes 4,8,16,32] [--repeats 3]
+[--eager-too]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -89,38 +96,64 @@ def one(n: int) -> dict:
     }
 
 
+KEYS = ("kill_to_commit_s", "admit_s", "admit_event_s", "hang_to_commit_s", "step_s")
+
+
+def one_with(n: int, lazy: str) -> dict:
+    """``one(n)`` with gloo pairs connected lazily ("1") or as a full mesh ("0")."""
+    os.environ["TORCH_GLOO_LAZY_INIT"] = lazy  # the workers take the environment at spawn
+    try:
+        return one(n)
+    finally:
+        del os.environ["TORCH_GLOO_LAZY_INIT"]
+
+
+def summarise(runs: list[dict]) -> dict:
+    return {**{f"median_{k}": round(statistics.median(r[k] for r in runs), 4) for k in KEYS},
+            # on two cores the step itself slows with N (N processes share them): recovery
+            # in units of the step separates the protocol from the box
+            **{f"median_{k[:-2]}_in_steps": round(statistics.median(
+                r[k] / r["step_s"] for r in runs), 2) for k in KEYS[:-1]},
+            "runs": [{k: round(r[k], 4) for k in KEYS} for r in runs],
+            "hung_group_dropped": all(HUNG not in r["hang_commit_members"] for r in runs)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--sizes", default="4,8,16,32")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--eager-too", action="store_true",
+                    help="also every run with gloo's full mesh, interleaved (the baseline)")
     a = ap.parse_args()
     sizes = [int(x) for x in a.sizes.split(",")]
+    modes = ["1", "0"] if a.eager_too else ["1"]
     t0 = time.time()
     out: dict = {}
-    keys = ("kill_to_commit_s", "admit_s", "admit_event_s", "hang_to_commit_s", "step_s")
+    eager: dict = {}
     for n in sizes:
-        runs = []
+        runs: dict[str, list[dict]] = {m: [] for m in modes}
         for i in range(a.repeats):
-            r = one(n)
-            log(f"N={n} rep {i}: " + ", ".join(f"{k} {r[k] * 1e3:.0f} ms" for k in keys))
-            runs.append(r)
-        out[str(n)] = {**{f"median_{k}": round(statistics.median(r[k] for r in runs), 4)
-                          for k in keys},
-                       # on two cores the step itself slows with N (N processes share them):
-                       # recovery in units of the step separates the protocol from the box
-                       **{f"median_{k[:-2]}_in_steps": round(statistics.median(
-                           r[k] / r["step_s"] for r in runs), 2) for k in keys[:-1]},
-                       "runs": [{k: round(r[k], 4) for k in keys} for r in runs],
-                       "hung_group_dropped": all(HUNG not in r["hang_commit_members"]
-                                                 for r in runs)}
+            for m in modes if i % 2 == 0 else modes[::-1]:  # alternate which goes first
+                r = one_with(n, m)
+                log(f"N={n} rep {i} {'lazy' if m == '1' else 'eager'}: "
+                    + ", ".join(f"{k} {r[k] * 1e3:.0f} ms" for k in KEYS))
+                runs[m].append(r)
+        out[str(n)] = summarise(runs["1"])
+        if a.eager_too:
+            eager[str(n)] = summarise(runs["0"])
     lo, hi = str(sizes[0]), str(sizes[-1])
+    extra = {} if not a.eager_too else {
+        "eager_full_mesh_by_n": eager,
+        "lazy_over_eager": {n: {k: round(out[n][f"median_{k}"] / eager[n][f"median_{k}"], 3)
+                                for k in KEYS} for n in out}}
     print(json.dumps({
         "bench": "recovery_scaling", "redundancy": R, "model": "mlp (TrainConfig default)",
         "kill_at": KILL_AT, "hang_at": HANG_AT, "steps": STEPS, "heartbeat_s": HEARTBEAT,
-        "staleness_s": STALENESS, "repeats": a.repeats, "sizes": sizes, "by_n": out,
+        "staleness_s": STALENESS, "repeats": a.repeats, "sizes": sizes,
+        "gloo_pairs": "lazy (TORCH_GLOO_LAZY_INIT=1)", "by_n": out, **extra,
         "growth_smallest_to_largest": {k: round(out[hi][f"median_{k}"]
                                                 / max(out[lo][f"median_{k}"], 1e-9), 3)
-                                       for k in keys},
+                                       for k in KEYS},
         "torch": torch.__version__, "python": platform.python_version(), "cpus": 2,
         "wall_s": round(time.time() - t0, 1),
     }))

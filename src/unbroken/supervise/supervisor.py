@@ -276,7 +276,10 @@ class Supervisor:
             pending = [f for f in faults if f not in fired]
             c = _cluster(cfg, jdir, spares, spec, out / "ckpt",
                          resume=attempt > 0 or spec.resume, pending=pending)
-            beat = _Heartbeat(c.store, spec.ft.heartbeat)
+            # ten beats per window the members judge it by: faster is store traffic that
+            # tells them nothing more
+            beat = _Heartbeat(c.store, max(spec.ft.heartbeat,
+                                           spec.ft.supervisor_staleness / 10))
             guard.new_attempt()
             try:
                 done = _Attempt(self, c, fired, guard, pending, xid_log, holders,
