@@ -30,7 +30,7 @@ import threading
 import time
 from datetime import timedelta
 
-from unbroken.core.membership import beat_clock, observe
+from unbroken.core.membership import beat_clock, observe, starved_observer
 from unbroken.core.nodes import spare_node, stale_nodes
 from unbroken.events import Event
 from unbroken.protocol import (NODE_EXITS, node_exit_key, node_fenced_key, node_hb_key,
@@ -237,8 +237,8 @@ class NodeCluster(StackedCluster):
                     continue
                 live = [k for k in range(self.nodes) if k not in self.lost]
                 counters = {k: int(st.add(node_hb_key(k), 0)) for k in live}
-                if now - last_judged > self.node_staleness / 2:  # this thread was starved:
-                    obs = {k: (c, now, beats) for k, (c, _t, _b) in obs.items()}  # judge none
+                obs, _starved = starved_observer(obs, last_judged, now, self.node_staleness,
+                                                 beats)
                 beats += beat_clock(obs, counters)
                 obs = observe(obs, counters, now, beats)
                 last_judged = now
