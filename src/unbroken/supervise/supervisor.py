@@ -234,10 +234,7 @@ class Supervisor:
             signal.signal(s, h)
 
     def _run(self, faults, cfg, out: Path, jdir: Path, xid_log, found, repaired) -> RunResult:
-        from unbroken.core.shards import exactly_once
-        from unbroken.demo_report import build_report, straggler_report
         from unbroken.guard import Guard
-        from unbroken.runtime.ledger import ledger_records
 
         spec = self.spec
         t_start = time.time()
@@ -259,12 +256,32 @@ class Supervisor:
         guard = Guard(self.emit, xid_log=xid_log, act=spec.ft.guard == "act",
                       base_model=cfg.model, uid_of_pid=holders.get,
                       ckpt_every=spec.ckpt_interval(), policy=spec.ft.policy())
+        directory = _directory(spec, self._line)  # node agents: one for the job's life
+        try:
+            done, ended = self._attempts(faults, cfg, out, jdir, xid_log, spares, guard,
+                                         holders, directory)
+        except BaseException as exc:
+            if directory is not None:
+                from unbroken.nodes.directory import NodeSetupError
+
+                directory.end(str(exc) if isinstance(exc, NodeSetupError) else None)
+            raise
+        finally:
+            if directory is not None:
+                directory.close()
+        return self._finish(done, ended, cfg, out, jdir, t_start)
+
+    def _attempts(self, faults, cfg, out: Path, jdir: Path, xid_log, spares: int, guard,
+                  holders: dict, directory) -> tuple[dict | None, _Ended | None]:
+        """Attempts of the job until one finishes or the job ends: (done, ended)."""
+        spec = self.spec
         fired: set[Fault] = set()  # the schedule's faults that fired (kind, slot, step named)
         attempt, done, ended, backoff = 0, None, None, 0.0
         while done is None and ended is None:
             pending = [f for f in faults if f not in fired]
             c = _cluster(cfg, jdir, spares, spec, out / "ckpt",
-                         resume=attempt > 0 or spec.resume, pending=pending)
+                         resume=attempt > 0 or spec.resume, pending=pending,
+                         directory=directory)
             beat = _Heartbeat(c.store, spec.ft.heartbeat)
             guard.new_attempt()
             try:
@@ -282,6 +299,14 @@ class Supervisor:
                 c.close()
             if ended is None and done is None:
                 ended = self._backoff(backoff)
+        return done, ended
+
+    def _finish(self, done, ended, cfg, out: Path, jdir: Path, t_start: float) -> RunResult:
+        from unbroken.core.shards import exactly_once
+        from unbroken.demo_report import build_report, straggler_report
+        from unbroken.runtime.ledger import ledger_records
+
+        spec = self.spec
         journals = {int(f.stem.split("-")[1]): read_journal(f)
                     for f in sorted(jdir.glob("group-*.jsonl"))}
         wall = time.time() - t_start
@@ -348,7 +373,7 @@ class _Heartbeat:
 
 
 def _cluster(cfg, jdir: Path, spares: int, spec: JobSpec, ckdir: Path, *, resume: bool,
-             pending: list[Fault]):
+             pending: list[Fault], directory=None):
     """The cluster for one attempt; the victims inject ``pending`` faults (the ones not
     injected by an earlier attempt) themselves, each process its slot's share
     (``core.faults.holder_faults``; a spare gets its share when assigned)."""
@@ -361,14 +386,37 @@ def _cluster(cfg, jdir: Path, spares: int, spec: JobSpec, ckdir: Path, *, resume
               drill={g: [(f.kind, f.step) for f in fs] for g, fs in drill.items() if fs},
               verdicts=spec.ft.guard == "act", store_process=True,
               supervisor_staleness=spec.ft.supervisor_staleness)
-    if spec.local_nodes:  # the same surface, the workers under node agents (unbroken.nodes)
-        from unbroken.core.nodes import place_groups
+    if directory is not None:  # the same surface, the workers under node agents
+        from unbroken.core.nodes import on_live_nodes
         from unbroken.nodes.cluster import NodeCluster
 
-        node_of, _warning = place_groups(cfg.groups, spec.ft.redundancy, spec.local_nodes)
-        return NodeCluster(cfg, str(jdir), node_of=node_of,
+        # a restart places the groups on the nodes still live (a lost one stays fenced)
+        node_of, _warning = on_live_nodes(cfg.groups, spec.ft.redundancy, directory.live())
+        return NodeCluster(cfg, str(jdir), directory=directory, node_of=node_of,
+                           out=str(Path(spec.out).resolve()),
                            node_staleness=spec.ft.node_staleness, **kw)
     return StackedCluster(cfg, str(jdir), **kw)
+
+
+def _directory(spec: JobSpec, emit_line: Callable[[str], None]):
+    """The job's node directory (``unbroken.nodes.directory``), alive across its attempts:
+    ``--local-nodes K`` starts K agents here; ``--nodes K`` waits for K agents elsewhere."""
+    if not (spec.local_nodes or spec.nodes):
+        return None
+    import socket
+
+    from unbroken.core.nodes import place_groups
+    from unbroken.nodes.directory import NodeDirectory
+
+    k = spec.local_nodes or spec.nodes
+    node_of, _warning = place_groups(spec.groups, spec.ft.redundancy, k)
+    d = NodeDirectory(k, port=spec.listen, local=bool(spec.local_nodes),
+                      slots=[node_of.count(i) for i in range(k)],
+                      heartbeat=spec.ft.heartbeat)
+    if spec.nodes:
+        emit_line(f"waiting for {k} node agents: unbroken agent --coordinator "
+                  f"{socket.getfqdn()}:{d.port} on each node")
+    return d
 
 
 class _Attempt:
@@ -480,7 +528,8 @@ class _Attempt:
                 self.stall_pool = ThreadPoolExecutor(1, thread_name_prefix="stall")
             self.stall_job = self.stall_pool.submit(
                 locate_stall, {u: self.c.procs[u].pid for u in live},
-                {u: self.slot_of[u] for u in live}, fault_dir=Path(self.c.journal_dir))
+                {u: self.slot_of[u] for u in live}, fault_dir=Path(self.c.journal_dir),
+                dump=getattr(self.c, "dump_stacks", None))  # node agents dump their own
 
     def _post_stop(self, why: str | None = None) -> None:
         """Ask every member to stop after the next committed step (rank 0 reads the key)."""
