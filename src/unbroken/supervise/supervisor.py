@@ -414,8 +414,14 @@ def _directory(spec: JobSpec, emit_line: Callable[[str], None]):
                       slots=[node_of.count(i) for i in range(k)],
                       heartbeat=spec.ft.heartbeat)
     if spec.nodes:
+        try:  # the address on the default route (a UDP connect sends nothing)
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect(("192.0.2.254", 9))
+                host = s.getsockname()[0]
+        except OSError:
+            host = socket.gethostname()
         emit_line(f"waiting for {k} node agents: unbroken agent --coordinator "
-                  f"{socket.getfqdn()}:{d.port} on each node")
+                  f"{host}:{d.port} on each node")
     return d
 
 
