@@ -55,3 +55,47 @@ def test_the_interface_is_the_one_holding_the_address_that_reaches_the_coordinat
     assert (socket.if_nametoindex(name) > 0)
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth7")  # the user's choice wins
     assert agent_mod.gloo_ifname(mine, 1) == "eth7"
+
+
+class _Directory(_Store):
+    """The directory's calls an agent makes between attempts, on a dict."""
+
+    def check(self, keys) -> bool:
+        return all(k in self.kv for k in keys)
+
+    def get(self, key: str) -> bytes:
+        return self.kv[key].encode()
+
+    def add(self, key: str, n: int) -> int:
+        self.kv[key] = str(int(self.kv.get(key, "0")) + n)
+        return int(self.kv[key])
+
+    def delete_key(self, key: str) -> None:
+        self.kv.pop(key, None)
+
+
+def test_an_agent_that_does_not_see_the_run_directory_refuses_in_one_line(tmp_path):
+    import json
+
+    from unbroken.protocol import JOB_ATTEMPTS, JOB_NODES, job_attempt_key, node_error_key
+
+    d = _Directory()
+    d.kv[JOB_NODES] = "2"
+    d.kv[job_attempt_key(1)] = json.dumps({"port": 1, "out": str(tmp_path / "elsewhere")})
+    d.kv[JOB_ATTEMPTS] = "1"
+    with pytest.raises(agent_mod.AgentError) as e:
+        agent_mod.follow(d, "10.1.2.3", 1, {}, str(tmp_path), ifname=None, connect_timeout=1)
+    assert str(e.value).startswith(f"the run directory {tmp_path / 'elsewhere'} is not visible "
+                                   f"on this node")
+    assert d.kv[node_error_key(1)] == str(e.value)  # the coordinator raises it as its own line
+
+
+def test_an_agent_past_the_jobs_nodes_leaves_and_frees_its_claim(tmp_path):
+    from unbroken.protocol import JOB_NODES, node_key
+
+    d = _Directory()
+    d.kv[JOB_NODES] = "2"
+    d.kv[node_key(2)] = "{}"
+    with pytest.raises(agent_mod.AgentError, match=r"--node 2: the job has 2 nodes \(0\.\.1\)"):
+        agent_mod.follow(d, "10.1.2.3", 2, {}, str(tmp_path), ifname=None, connect_timeout=1)
+    assert node_key(2) not in d.kv
