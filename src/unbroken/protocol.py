@@ -36,7 +36,7 @@ __all__ = ["ExitCode", "SUPERVISOR_HB", "STOP_KEY", "JOIN_COUNT", "CODE_COUNT", 
            "wipeout_failed_key", "code_key", "incident_key", "verdict_key", "replay_key",
            "NODE_EXITS", "node_key", "node_hb_key", "node_fenced_key", "node_order_key",
            "node_orders_key", "node_exit_key", "node_pid_key", "node_left_key", "node_error_key",
-           "node_stacks_key", "JOB_NODES", "JOB_ATTEMPTS", "job_attempt_key"]
+           "node_stacks_key", "node_rejoin_key", "JOB_NODES", "JOB_ATTEMPTS", "job_attempt_key"]
 
 
 class ExitCode(enum.IntEnum):
@@ -203,6 +203,13 @@ def node_error_key(i: int) -> str:
     """Agent ``i``'s one-line refusal (it cannot run the job: the run directory is not
     visible there, its slots do not fit the placement), in the directory; it exits 2."""
     return f"node_error/{i}"
+
+
+def node_rejoin_key(i: int) -> str:
+    """Set by fenced agent ``i`` (``--rejoin``) in the directory once it killed what it ran:
+    it offers its node again. The coordinator lifts the fence (deletes ``node_fenced_key``)
+    when its heartbeat moves again (``core.nodes.rejoining``) and deletes this key."""
+    return f"node_rejoin/{i}"
 
 
 def node_left_key(i: int) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from unbroken.core.nodes import (check_room, gloo_interface, on_live_nodes, place_groups,
-                                 spare_node, stale_nodes)
+                                 rejoining, spare_node, stale_nodes)
 
 
 def test_six_groups_on_three_nodes_are_placed_safely():
@@ -81,6 +81,15 @@ def test_gloo_binds_the_interface_that_holds_the_address_the_coordinator_is_reac
     assert gloo_interface(addrs, "127.0.0.1")[0] == "lo"  # local nodes
     name, why = gloo_interface(addrs, "172.16.0.1")
     assert name is None and "gloo picks by the host name" in why
+
+
+def test_a_fenced_node_comes_back_when_its_agent_asked_and_beats_again():
+    fenced_at = {1: 40, 2: 17}
+    # 1 asked and beat on since its fence; 2 asked but its counter stands (a stale request);
+    # 3 asked but was never fenced
+    back, why = rejoining([1, 2, 3], fenced_at, {1: 45, 2: 17, 3: 99})
+    assert back == [1] and "take spares" in why
+    assert rejoining([], fenced_at, {1: 45})[0] == []  # beating is not asking
 
 
 def test_run_warns_when_its_local_nodes_cannot_keep_a_node_loss_safe():

@@ -52,8 +52,9 @@ def _free_port() -> int:
 class _Job:
     """The supervisor on a thread of this process, K agents as processes of their own."""
 
-    def __init__(self, tmp_path, nodes: int, **spec) -> None:
+    def __init__(self, tmp_path, nodes: int, agent_args=(), **spec) -> None:
         self.addr, port = _address(), _free_port()
+        self.port = port
         self.spec = JobSpec(trainer="mlp", nodes=nodes, listen=port, out=str(tmp_path / "run"),
                             timeout=240, **spec)
         self.sup = Supervisor(self.spec)
@@ -62,7 +63,7 @@ class _Job:
         self.thread.start()
         self.agents = [subprocess.Popen(
             [sys.executable, "-m", "unbroken", "agent", "--coordinator", f"{self.addr}:{port}",
-             "--node", str(k), "--connect-timeout", "120"],
+             "--node", str(k), "--connect-timeout", "120", *agent_args],
             stderr=open(tmp_path / f"agent-{k}.err", "w"), start_new_session=True)
             for k in range(nodes)]
 
@@ -79,6 +80,21 @@ class _Job:
             seen = len(events)
             assert self.thread.is_alive() and time.monotonic() < deadline
             time.sleep(0.02)  # polling the supervisor's own list: it has no wake-up to give
+
+    def attempt_store(self):
+        """A client of the running attempt's store (its port is in the directory)."""
+        import json
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        from unbroken.protocol import JOB_ATTEMPTS, job_attempt_key
+
+        d = dist.TCPStore(self.addr, self.port, is_master=False, wait_for_workers=False,
+                          timeout=timedelta(seconds=30))
+        rec = json.loads(d.get(job_attempt_key(int(d.add(JOB_ATTEMPTS, 0)))))
+        return dist.TCPStore(self.addr, rec["port"], is_master=False, wait_for_workers=False,
+                             timeout=timedelta(seconds=30))
 
     def finish(self) -> list[int]:
         self.thread.join(timeout=200)
@@ -130,3 +146,44 @@ def test_remote_agents_a_node_killed_from_outside_and_a_restart_on_the_nodes_lef
     assert after == {f"group-{g}" for g in range(4)}  # all four, on node 0 alone
     _check_exact(job)
     assert codes == [ExitCode.OK, -signal.SIGKILL]
+
+
+@pytest.mark.timeout(300)
+def test_a_cut_off_remote_node_rejoins_as_spare_capacity(tmp_path):
+    """Agent 1 (``--rejoin``) is SIGSTOPped: fenced by its silence, its groups masked and
+    replaced elsewhere. Continued, it kills what it ran, asks to come back and beats: the
+    coordinator lifts the fence. The next spare (after group 0 is killed from outside) is
+    started there, the least loaded node, and agent 1 stays to the end (exit 0, not 10)."""
+    import json
+
+    from unbroken.protocol import node_order_key, node_orders_key, node_pid_key
+
+    job = _Job(tmp_path, 3, groups=6, steps=600, agent_args=["--rejoin"],
+               ft=FTConfig(node_staleness=1.0))
+    try:
+        job.wait_for(lambda e: e["event"] == Event.COMMIT and e["step"] >= 4)
+        job.agents[1].send_signal(signal.SIGSTOP)  # the agent only: its workers run on
+        job.wait_for(lambda e: e["event"] == Event.NODE_LOST)
+        job.agents[1].send_signal(signal.SIGCONT)
+        job.wait_for(lambda e: e["event"] == Event.NODE_REJOINED and e["node"] == 1)
+        for slot in (1, 4):  # node 1's slots held again (by spares elsewhere) before a kill
+            job.wait_for(lambda e: e["event"] == Event.JOIN and e["slot"] == slot)
+        att = job.attempt_store()
+        before = int(att.add(node_orders_key(1), 0))
+        os.kill(int(att.get(node_pid_key(0))), signal.SIGKILL)
+        deadline, spawned = time.monotonic() + 60, []
+        while not spawned:  # the refill after group 0's replacement goes to node 1
+            assert time.monotonic() < deadline and job.thread.is_alive()
+            n = int(att.add(node_orders_key(1), 0))
+            spawned = [json.loads(att.get(node_order_key(1, i)))["op"]
+                       for i in range(before + 1, n + 1)]
+            spawned = [op for op in spawned if op == "spawn"]
+            time.sleep(0.02)  # polling the store the test does not own: no wake-up to wait on
+        codes = job.finish()
+    finally:
+        for a in job.agents:
+            if a.poll() is None:
+                a.send_signal(signal.SIGCONT)
+        job.close()
+    _check_exact(job)
+    assert codes == [ExitCode.OK, ExitCode.OK, ExitCode.OK]

@@ -6,6 +6,7 @@
   member's (``core.membership``): silent for ``staleness`` s while the other agents beat as
   many periods as fit in it, or three times as long whatever they do (a starved coordinator
   judges nobody by the wall clock alone);
+* which fenced nodes come back (their agent asked, and beats again) as spare capacity;
 * where a new warm spare goes: the least loaded live node with room left;
 * whether the agents' declared room (``--slots``, ``--spares``) holds the placement;
 * which network interface a node's workers bind gloo to: the one whose address routes to
@@ -19,8 +20,8 @@ from typing import Hashable, Iterable, Mapping
 from unbroken.core.membership import Observation, silence_rule, silent_members
 from unbroken.core.placement import check_nodes, make_layout, node_placement, nodes_needed
 
-__all__ = ["place_groups", "on_live_nodes", "stale_nodes", "spare_node", "check_room",
-           "gloo_interface"]
+__all__ = ["place_groups", "on_live_nodes", "stale_nodes", "rejoining", "spare_node",
+           "check_room", "gloo_interface"]
 
 
 def place_groups(groups: int, redundancy: int, nodes: int) -> tuple[list[int], str | None]:
@@ -51,6 +52,18 @@ def on_live_nodes(groups: int, redundancy: int, live: list[int]) -> tuple[list[i
         raise ValueError("no node is left to run the job (every node was lost)")
     node_of, warning = place_groups(groups, redundancy, min(len(live), groups))
     return [sorted(live)[k] for k in node_of], warning
+
+
+def rejoining(asked: Iterable[int], fenced_at: Mapping[int, int],
+              counters: Mapping[int, int]) -> tuple[list[int], str]:
+    """Fenced nodes to take back, and why: those whose agent asked (``asked``: it woke up and
+    killed what it ran) and whose heartbeat counter moved past its value when the node was
+    fenced (``fenced_at``): a live agent, not a stale request. They come back as spare
+    capacity only: their groups were re-placed or masked, and a group is never moved back."""
+    back = sorted(k for k in set(asked) if k in fenced_at
+                  and counters.get(k, 0) > fenced_at[k])
+    return back, (f"nodes {back}: their agents asked to rejoin and beat again; they take "
+                  f"spares" if back else "no fenced node asked and beats again")
 
 
 def spare_node(load: Mapping[int, int], live: Iterable[int],

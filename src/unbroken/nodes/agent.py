@@ -23,7 +23,8 @@ stores the coordinator already hosts (no second protocol):
 * its workers die with it: they keep ``PR_SET_PDEATHSIG`` on the agent's fork server
   (``stacked_worker --node``), which ends with the agent, so a killed agent is a lost node,
   as on a real machine; an agent that wakes up fenced (``node_fenced/<i>``: the coordinator
-  gave its node up) kills what it started and exits 10.
+  gave its node up) kills what it started and exits 10, or with ``--rejoin`` asks to come
+  back (``node_rejoin/<i>``) and, once the coordinator lifts the fence, takes spares again.
 
 The workers fork from a server that is a fork of the agent itself (``spawn.fork_server``): the
 agent has imported torch already, so a worker costs a fork, not a second import.
@@ -47,7 +48,7 @@ from datetime import timedelta
 from unbroken.protocol import (JOB_ATTEMPTS, JOB_NODES, NODE_EXITS, ExitCode, job_attempt_key,
                                node_error_key, node_exit_key, node_fenced_key, node_hb_key,
                                node_key, node_left_key, node_order_key, node_orders_key,
-                               node_pid_key, node_stacks_key)
+                               node_pid_key, node_rejoin_key, node_stacks_key)
 
 __all__ = ["main", "AgentError"]
 
@@ -306,14 +307,22 @@ class Agent:
 
 
 def follow(directory, host: str, node: int, record: dict, stderr_dir: str, *,
-           ifname: str | None, connect_timeout: float) -> int:
+           ifname: str | None, connect_timeout: float, rejoin: bool = False) -> int:
     """Follow the job's attempts in the directory until it ends: attach to each attempt's
-    store, run its orders, leave it. Returns the exit code (AgentError: exit 2)."""
+    store, run its orders, leave it. Fenced: exit 10, or with ``rejoin`` ask to come back
+    (what it ran is killed already) and, once the coordinator lifts the fence, carry on in
+    the attempt it was in (its orders not redone). Returns the exit code (AgentError: 2)."""
     seen, errors, tick = 0, 0, 0.05
+    agent, attached = None, 0  # the attempt this agent is in, and its orders done so far
     while True:
         try:
             if directory.check([node_fenced_key(node)]):
-                return ExitCode.FENCED
+                if not rejoin:
+                    return ExitCode.FENCED
+                if not directory.check([node_rejoin_key(node)]):
+                    directory.set(node_rejoin_key(node), "1")
+                time.sleep(tick)  # until the coordinator lifts the fence (or goes)
+                continue
             if directory.check([JOB_NODES]) and node >= (total := int(directory.get(JOB_NODES))):
                 directory.delete_key(node_key(node))
                 raise AgentError(f"--node {node}: the job has {total} nodes (0..{total - 1})")
@@ -327,31 +336,38 @@ def follow(directory, host: str, node: int, record: dict, stderr_dir: str, *,
                 return ExitCode.COORDINATOR_LOST
             time.sleep(tick)
             continue
-        if n <= seen:
+        if agent is not None and n == attached:  # back from a fence, in the same attempt
+            code = agent.run()
+        elif n <= seen:
             time.sleep(tick)  # between attempts: nothing runs here, a poll costs nothing
             continue
-        seen = n
-        rec = json.loads(directory.get(job_attempt_key(n)))
-        if rec.get("end"):
-            directory.set(node_left_key(node), "1")  # the coordinator may close the directory
-            if rec.get("error"):
-                raise AgentError(rec["error"])
-            return ExitCode.OK
-        if rec.get("out") and not os.path.isdir(rec["out"]):
-            why = (f"the run directory {rec['out']} is not visible on this node "
-                   f"({socket.gethostname()}): --out must be on a filesystem every node "
-                   f"mounts at the same path")
-            directory.set(node_error_key(node), why)
-            raise AgentError(why)
-        try:
-            st = connect(host, int(rec["port"]), connect_timeout)
-        except AgentError:
-            continue  # the attempt ended before we got there; the directory says what next
-        st.set(node_key(node), json.dumps(record))
-        code = Agent(st, node, stderr_dir, host=host, ifname=ifname,
-                     directory=directory).run()
+        else:
+            seen = n
+            rec = json.loads(directory.get(job_attempt_key(n)))
+            if rec.get("end"):
+                directory.set(node_left_key(node), "1")  # the coordinator may close it now
+                if rec.get("error"):
+                    raise AgentError(rec["error"])
+                return ExitCode.OK
+            if rec.get("out") and not os.path.isdir(rec["out"]):
+                why = (f"the run directory {rec['out']} is not visible on this node "
+                       f"({socket.gethostname()}): --out must be on a filesystem every node "
+                       f"mounts at the same path")
+                directory.set(node_error_key(node), why)
+                raise AgentError(why)
+            try:
+                st = connect(host, int(rec["port"]), connect_timeout)
+            except AgentError:
+                continue  # the attempt ended before we got there; the directory says next
+            st.set(node_key(node), json.dumps(record))
+            agent, attached = Agent(st, node, stderr_dir, host=host, ifname=ifname,
+                                    directory=directory), n
+            code = agent.run()
+        if code == ExitCode.FENCED and rejoin:
+            continue  # the directory's fence follows the attempt's: wait there
         if code is not None:
             return code
+        agent = None  # the attempt ended
 
 
 def build_parser(ap: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -367,6 +383,10 @@ def build_parser(ap: argparse.ArgumentParser | None = None) -> argparse.Argument
     ap.add_argument("--spares", type=int, default=None, metavar="K",
                     help="warm spares and replacements this node can host besides its groups "
                          "(default: no limit)")
+    ap.add_argument("--rejoin", action="store_true",
+                    help="fenced (cut off, given up by the coordinator): kill what it ran and "
+                         "offer this node again as spare capacity once it beats again, "
+                         "instead of exit 10")
     ap.add_argument("--heartbeat", type=float, default=0.1, metavar="S",
                     help="the agent's heartbeat period (the coordinator judges its silence)")
     ap.add_argument("--connect-timeout", type=float, default=10.0, metavar="S",
@@ -399,7 +419,8 @@ def run(a: argparse.Namespace) -> int:
     try:
         return follow(directory, host, node, record,
                       a.stderr_dir or tempfile.mkdtemp(prefix="unbroken-node-"),
-                      ifname=gloo_ifname(host, port), connect_timeout=a.connect_timeout)
+                      ifname=gloo_ifname(host, port), connect_timeout=a.connect_timeout,
+                      rejoin=a.rejoin)
     finally:
         beat.stop()
 

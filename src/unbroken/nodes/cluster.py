@@ -31,11 +31,11 @@ import time
 from datetime import timedelta
 
 from unbroken.core.membership import beat_clock, observe, starved_observer
-from unbroken.core.nodes import spare_node, stale_nodes
+from unbroken.core.nodes import rejoining, spare_node, stale_nodes
 from unbroken.events import Event
 from unbroken.protocol import (NODE_EXITS, node_exit_key, node_fenced_key, node_hb_key,
                                node_key, node_left_key, node_order_key, node_orders_key,
-                               node_pid_key, node_stacks_key)
+                               node_pid_key, node_rejoin_key, node_stacks_key)
 from unbroken.runtime.stacked_worker import StackedCluster
 
 __all__ = ["NodeCluster", "RemoteProc"]
@@ -115,6 +115,7 @@ class NodeCluster(StackedCluster):
         self.agents = directory.agents  # local agents: node -> process
         self.lost: dict[int, str] = dict(directory.fenced)  # node -> why
         self.room: dict[int, int] = {}  # node -> the processes its agent may run
+        self._fenced_at: dict[int, int] = {}  # lost node -> its heartbeat counter then
         self._events: list[dict] = []
         self._order_lock = threading.Lock()
         self._orders: dict[int, int] = {}
@@ -268,17 +269,43 @@ class NodeCluster(StackedCluster):
                 for k in stale_nodes({k: obs[k] for k in live}, now, self.node_staleness,
                                      beats, self.node_heartbeat):
                     silent = now - obs[k][1]
-                    self._node_lost(st, k, f"its heartbeat was silent for {silent:.2f}s")
+                    self._node_lost(st, k, f"its heartbeat was silent for {silent:.2f}s",
+                                    int(counters[k]))
+                self._rejoins(st, hb)
             except Exception:  # the store is going away (close): nothing left to watch
                 if self._stop_r in select.select([self._stop_r], [], [], 0)[0]:
                     return
 
-    def _node_lost(self, st, node: int, why: str) -> None:
+    def _rejoins(self, st, hb) -> None:
+        """Fenced nodes whose agent asked to rejoin (``--rejoin``) and beats again come back
+        as spare capacity (``core.nodes.rejoining``): the fence is lifted (this attempt's
+        store first: the agent re-reads it when it re-attaches) and spares may go there."""
+        if not self.lost:
+            return
+        for k in self.lost:  # fenced before this attempt: its counter from the first look
+            if k not in self._fenced_at:
+                self._fenced_at[k] = int(hb.add(node_hb_key(k), 0))
+        asked = [k for k in self.lost if hb.check([node_rejoin_key(k)])]
+        if not asked:
+            return
+        back, why = rejoining(asked, self._fenced_at,
+                              {k: int(hb.add(node_hb_key(k), 0)) for k in asked})
+        for k in back:
+            st.delete_key(node_fenced_key(k))
+            self.directory.rejoin(k)
+            del self.lost[k], self._fenced_at[k]
+            with self._order_lock:
+                self._events.append({"event": Event.NODE_REJOINED, "node": k, "reason": why,
+                                     "t": time.time()})
+
+    def _node_lost(self, st, node: int, why: str, counter: int | None = None) -> None:
         from unbroken.runtime.ftcomm import declare_dead
 
         if node in self.lost:
             return
         self.lost[node] = why
+        if counter is not None:
+            self._fenced_at[node] = counter  # a rejoin needs the heartbeat past this
         t = time.time()
         st.set(node_fenced_key(node), why)  # its workers leave (stacked_worker._fence)
         self.directory.fence(node, why)  # ... and its agent, for the rest of the job

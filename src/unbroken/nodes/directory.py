@@ -26,7 +26,7 @@ import time
 from datetime import timedelta
 
 from unbroken.protocol import (JOB_ATTEMPTS, JOB_NODES, job_attempt_key, node_error_key,
-                               node_fenced_key, node_key, node_left_key)
+                               node_fenced_key, node_key, node_left_key, node_rejoin_key)
 
 __all__ = ["NodeDirectory", "NodeSetupError"]
 
@@ -157,6 +157,14 @@ class NodeDirectory:
         with self._lock:
             self.fenced[node] = why
             self.store.set(node_fenced_key(node), why)
+
+    def rejoin(self, node: int) -> None:
+        """Lift node ``node``'s fence: its agent (``--rejoin``), waiting for this, attaches
+        again to the running attempt."""
+        with self._lock:
+            self.fenced.pop(node, None)
+            self.store.delete_key(node_rejoin_key(node))
+            self.store.delete_key(node_fenced_key(node))
 
     def end(self, error: str | None = None) -> None:
         """The job is over (agents exit 0), or cannot run on these nodes (``error``: the
