@@ -8,15 +8,21 @@ only changes where a worker runs: ``procs[uid]`` is a :class:`RemoteProc` whose 
 ``sentinel`` becomes readable when the agent reports the exit, so the supervisor's
 ``ExitWaiter`` sleeps on remote deaths exactly as on local ones. Nothing else changes.
 
-A watcher thread (its own store client) turns the agents' records into exits, and declares a
-node lost when its agent process ended (local nodes: the coordinator started it, the exit is
-seen at once) or its heartbeat went silent (``core.nodes.stale_nodes``: a cut-off or stopped
-agent). A lost node's processes are declared dead at once (the survivors mask them), its
-``node_fenced/<i>`` is set (an agent that wakes up kills what it started), and a
-``node_lost`` event is queued for the supervisor's journal (:meth:`drain_events`).
+One ``NodeCluster`` is one attempt of the job: it posts its store to the job's directory
+(``nodes.directory``, which the agents follow from attempt to attempt) and waits until every
+live node's agent attached. A watcher thread (its own store clients) turns the agents' records
+into exits, and declares a node lost when its agent process ended (local nodes: the
+coordinator started it, the exit is seen at once) or its heartbeat in the directory went
+silent (``core.nodes.stale_nodes``: a cut-off, stopped or dead agent elsewhere). A lost node's
+processes are declared dead at once (the survivors mask them), ``node_fenced/<i>`` is set in
+this attempt's store (its workers leave) and in the directory (the node stays lost for the
+job), and a ``node_lost`` event is queued for the supervisor's journal (:meth:`drain_events`).
+A fenced agent that asks to rejoin and beats again gets its fence lifted
+(``core.nodes.rejoining``): spares may go there again (``node_rejoined``).
 
-Placement: group g runs on node ``node_of[g]`` (``core.nodes.place_groups``); a warm spare on
-the least loaded live node (``core.nodes.spare_node``).
+Placement: group g runs on node ``node_of[g]`` (``core.nodes.on_live_nodes``); a warm spare
+on the least loaded live node with room left (``core.nodes.spare_node``). Stack dumps for the
+stall vote are taken by each worker's own agent (:meth:`dump_stacks`).
 """
 
 from __future__ import annotations
