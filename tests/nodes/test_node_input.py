@@ -49,3 +49,17 @@ def test_a_listen_port_taken_is_one_line_exit_2(capsys, tmp_path):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"--listen {port}: cannot listen there" in err[0], err
     assert not (tmp_path / "run").exists()
+
+
+def test_agents_that_never_come_are_one_line_exit_1(capsys, monkeypatch, tmp_path):
+    """``--nodes 2`` and no agent: after the claim timeout, one line naming the node and how
+    to start its agent; exit 1 (the run could not start), no traceback."""
+    from unbroken.nodes.directory import NodeDirectory
+
+    monkeypatch.setattr(NodeDirectory, "CLAIM_TIMEOUT_S", 0.5)
+    assert main(["run", "--trainer", "mlp", "--groups", "4", "--nodes", "2",
+                 "--out", str(tmp_path / "run")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "Traceback" not in "\n".join(err)
+    assert err[-1].startswith("unbroken: run failed: node 0: no agent claimed it within 0.5s "
+                              "(unbroken agent --coordinator HOST:"), err

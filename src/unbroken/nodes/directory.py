@@ -28,7 +28,7 @@ from datetime import timedelta
 from unbroken.protocol import (JOB_ATTEMPTS, JOB_NODES, job_attempt_key, node_error_key,
                                node_fenced_key, node_key, node_left_key, node_rejoin_key)
 
-__all__ = ["NodeDirectory", "NodeSetupError"]
+__all__ = ["NodeDirectory", "NodeSetupError", "NodeStartError"]
 
 
 class NodeSetupError(ValueError):
@@ -36,21 +36,27 @@ class NodeSetupError(ValueError):
     directory): one line, exit 2 like any bad input."""
 
 
+class NodeStartError(RuntimeError):
+    """The agents did not come (none claimed a node in time, one exited first), or the
+    directory did not start: the run cannot start, exit 1 (the supervisor's RunError)."""
+
+
 class NodeDirectory:
     """``nodes`` nodes; ``local``: start their agents here (``--local-nodes``), with
     ``slots[k]`` groups each; otherwise agents elsewhere claim them (``--nodes``)."""
 
     TICK_S = 0.02
+    CLAIM_TIMEOUT_S = 120.0  # agents started by hand on K machines: give people time
 
     def __init__(self, nodes: int, *, port: int = 0, local: bool = False,
                  slots: list[int] | None = None, heartbeat: float = 0.1,
-                 claim_timeout: float = 120.0) -> None:
+                 claim_timeout: float | None = None) -> None:
         import torch.distributed as dist
 
         from unbroken import spawn
 
         self.count, self.local, self.heartbeat = nodes, local, heartbeat
-        self.claim_timeout = claim_timeout
+        self.claim_timeout = self.CLAIM_TIMEOUT_S if claim_timeout is None else claim_timeout
         self.errdir = tempfile.mkdtemp(prefix="unbroken-nodes-")
         self.agents: dict[int, object] = {}  # local agents: node -> process
         self.fenced: dict[int, str] = {}     # node -> why (this coordinator's own record)
@@ -63,7 +69,7 @@ class NodeDirectory:
         try:
             self.port = int(self.host_proc.receive(timeout=120))
         except (TimeoutError, EOFError):
-            raise RuntimeError(f"the node directory did not start on port {port}: "
+            raise NodeStartError(f"the node directory did not start on port {port}: "
                                f"{self._stderr('directory')[-300:]}") from None
         self.store = dist.TCPStore("127.0.0.1", self.port, is_master=False,
                                    wait_for_workers=False, timeout=timedelta(seconds=30))
@@ -118,11 +124,11 @@ class NodeDirectory:
                     break
                 self.agent_error(k)
                 if gone:
-                    raise RuntimeError(f"node agent {k} exited with code {a.returncode} before "
+                    raise NodeStartError(f"node agent {k} exited with code {a.returncode} before "
                                        f"it {what}: {self.stderr(k)[-500:]}")
                 if late:
-                    raise RuntimeError(f"node {k}: no agent {what} within "
-                                       f"{self.claim_timeout:.0f}s{hint}")
+                    raise NodeStartError(f"node {k}: no agent {what} within "
+                                       f"{self.claim_timeout:g}s{hint}")
                 if a is not None:
                     exits.wait([a], self.TICK_S)  # a local agent: its exit wakes us
                 else:

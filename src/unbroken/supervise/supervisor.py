@@ -256,14 +256,20 @@ class Supervisor:
         guard = Guard(self.emit, xid_log=xid_log, act=spec.ft.guard == "act",
                       base_model=cfg.model, uid_of_pid=holders.get,
                       ckpt_every=spec.ckpt_interval(), policy=spec.ft.policy())
-        directory = _directory(spec, self._line)  # node agents: one for the job's life
+        from unbroken.nodes.directory import NodeSetupError, NodeStartError
+
+        try:
+            directory = _directory(spec, self._line)  # node agents: one for the job's life
+        except NodeStartError as e:
+            raise RunError(str(e).splitlines()[0]) from None
         try:
             done, ended = self._attempts(faults, cfg, out, jdir, xid_log, spares, guard,
                                          holders, directory)
+        except NodeStartError as e:  # the agents did not come: the run cannot start
+            directory.end()
+            raise RunError(str(e).splitlines()[0]) from None
         except BaseException as exc:
             if directory is not None:
-                from unbroken.nodes.directory import NodeSetupError
-
                 directory.end(str(exc) if isinstance(exc, NodeSetupError) else None)
             raise
         finally:
