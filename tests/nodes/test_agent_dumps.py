@@ -49,3 +49,4 @@ def test_the_agent_dumps_its_own_worker_on_order_and_the_coordinator_gets_the_te
     finally:
         worker.kill()
         worker.wait()
+

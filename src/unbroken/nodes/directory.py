@@ -26,7 +26,8 @@ import time
 from datetime import timedelta
 
 from unbroken.protocol import (JOB_ATTEMPTS, JOB_NODES, job_attempt_key, node_error_key,
-                               node_fenced_key, node_key, node_left_key, node_rejoin_key)
+                               node_fenced_key, node_hb_key, node_key, node_left_key,
+                               node_rejoin_key)
 
 __all__ = ["NodeDirectory", "NodeSetupError", "NodeStartError"]
 
@@ -149,6 +150,26 @@ class NodeDirectory:
     def live(self) -> list[int]:
         """Nodes not fenced (their agents follow the job)."""
         return [k for k in range(self.count) if k not in self.fenced]
+
+    def fence_silent(self, window: float) -> dict[int, str]:
+        """Between attempts nobody watches the agents' heartbeats: before a restart, fence
+        the live nodes whose counter did not move within ``window`` s (an agent that died
+        during the backoff), so the next attempt is placed on the others. Returns them, and
+        why. Costs about one heartbeat period when every agent beats."""
+        nodes = self.live()
+        with self._lock:
+            first = {k: int(self.store.add(node_hb_key(k), 0)) for k in nodes}
+        deadline, moving = time.monotonic() + window, set()
+        while len(moving) < len(nodes) and time.monotonic() < deadline:
+            time.sleep(self.TICK_S)
+            with self._lock:
+                moving |= {k for k in nodes if k not in moving
+                           and int(self.store.add(node_hb_key(k), 0)) != first[k]}
+        silent = {k: f"its heartbeat did not move for {window:g}s before a restart"
+                  for k in nodes if k not in moving}
+        for k, why in silent.items():
+            self.fence(k, why)
+        return silent
 
     def publish(self, port: int, out: str) -> int:
         """Post a new attempt (its store's port, the run directory): the agents attach."""

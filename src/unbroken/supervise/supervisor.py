@@ -285,6 +285,9 @@ class Supervisor:
         attempt, done, ended, backoff = 0, None, None, 0.0
         while done is None and ended is None:
             pending = [f for f in faults if f not in fired]
+            if attempt > 0 and directory is not None:  # agents that died during the backoff
+                for k, why in directory.fence_silent(3 * spec.ft.node_staleness).items():
+                    self.emit({"event": Event.NODE_LOST, "node": k, "reason": why, "uids": []})
             c = _cluster(cfg, jdir, spares, spec, out / "ckpt",
                          resume=attempt > 0 or spec.resume, pending=pending,
                          directory=directory)
