@@ -153,10 +153,11 @@ def test_a_cut_off_remote_node_rejoins_as_spare_capacity(tmp_path):
     """Agent 1 (``--rejoin``) is SIGSTOPped: fenced by its silence, its groups masked and
     replaced elsewhere. Continued, it kills what it ran, asks to come back and beats: the
     coordinator lifts the fence. The next spare (after group 0 is killed from outside) is
-    started there, the least loaded node, and agent 1 stays to the end (exit 0, not 10)."""
+    started there, the least loaded node; the job is then stopped (every member after the
+    same step, exactly once) and agent 1 stays to the end (exit 0, not 10)."""
     import json
 
-    from unbroken.protocol import node_order_key, node_orders_key, node_pid_key
+    from unbroken.protocol import STOP_KEY, node_order_key, node_orders_key, node_pid_key
 
     job = _Job(tmp_path, 3, groups=6, steps=600, agent_args=["--rejoin"],
                ft=FTConfig(node_staleness=1.0))
@@ -179,11 +180,13 @@ def test_a_cut_off_remote_node_rejoins_as_spare_capacity(tmp_path):
                        for i in range(before + 1, n + 1)]
             spawned = [op for op in spawned if op == "spawn"]
             time.sleep(0.02)  # polling the store the test does not own: no wake-up to wait on
+        att.add(STOP_KEY, 1)  # seen: the rest of the run would show nothing more
         codes = job.finish()
     finally:
         for a in job.agents:
             if a.poll() is None:
                 a.send_signal(signal.SIGCONT)
         job.close()
-    _check_exact(job)
+    res = job.result  # stopped on purpose after the spawn: every member after one step
+    assert res.checkpoint and res.report["exactly_once"] is True, res.message
     assert codes == [ExitCode.OK, ExitCode.OK, ExitCode.OK]
