@@ -29,6 +29,8 @@ from unbroken.cli import main
     (["run", "--trainer", "mlp", "--groups", "4", "--nodes", "2", "--listen", "70000"],
      "--listen 70000: expected a port 0..65535"),
     (["agent", "--coordinator", "h:1", "--slots", "-1"], "--slots -1: must be >= 0"),
+    (["run", "--trainer", "mlp", "--groups", "4", "--local-nodes", "2", "--listen", "29500"],
+     "--listen 29500: needs --nodes K"),
 ])
 def test_bad_node_input_is_one_line_exit_2(capsys, tmp_path, args, named):
     assert main([*args, "--out", str(tmp_path / "run")] if args[0] != "agent" else args) == 2

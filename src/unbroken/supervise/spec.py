@@ -190,6 +190,8 @@ def check(spec: JobSpec) -> list[Fault]:
         node_warning(spec)  # more nodes than groups: ValueError
     if spec.nodes:
         check_listen(spec.listen)
+    elif spec.listen:
+        raise ValueError(f"--listen {spec.listen}: needs --nodes K (the agents it is for)")
     needy = [f for f in spec.fault_list() if f.kind in NEED_ACT]
     if needy and ft.guard != "act" and not spec.unguarded:
         raise ValueError(f"fault {needy[0].spec!r} needs --guard act (a log-only guard cannot "
