@@ -23,9 +23,9 @@ def test_before_a_restart_a_node_whose_agent_stopped_beating_is_fenced():
         beat = _Beat(d.store, 0, 0.05)
         d.store.add("node_hb/1", 1)  # its one beat, long ago
         d.claims()
-        silent = d.fence_silent(0.5)
+        silent = d.fence_silent(1.5)  # node 0 beats every 0.05 s: room for a busy machine
         beat.stop()
-        assert list(silent) == [1] and "did not move for 0.5s" in silent[1]
+        assert list(silent) == [1] and "did not move for 1.5s" in silent[1]
         assert d.live() == [0] and d.store.check([node_fenced_key(1)])
         d.store.set(node_left_key(0), "1")  # node 0's agent read the job's end
     finally:

@@ -122,11 +122,12 @@ def _check_exact(job: _Job) -> None:
 def test_remote_agents_a_node_killed_from_outside_and_a_restart_on_the_nodes_left(tmp_path):
     """Two agents, four groups, no spare. Agent 1 is SIGKILLed from outside once step 4 is
     in: only its silence tells (the coordinator did not start it). Group 0 kills itself at
-    step 20 (a drill); with node 1's groups gone that is a wipe-out (in whichever order the
-    two land), so the ladder restarts from the last checkpoint in a new attempt with a
-    new store, placed on the node left: agent 0, the same process, runs all four groups to
-    the end, exactly once, and leaves with exit 0."""
-    job = _Job(tmp_path, 2, groups=4, steps=30, faults="kill:0@20",
+    step 40 (a drill, late enough for a busy machine's test thread that sees step 4 late);
+    with node 1's groups gone that is a wipe-out (in whichever order the two land), so the
+    ladder restarts from the last checkpoint in a new attempt with a new store, placed on
+    the node left: agent 0, the same process, runs all four groups to the end, exactly
+    once, and leaves with exit 0."""
+    job = _Job(tmp_path, 2, groups=4, steps=80, faults="kill:0@40",
                ft=FTConfig(spares=0, ckpt_every=5, ladder="retry=0", node_staleness=1.0))
     try:
         job.wait_for(lambda e: e["event"] == Event.COMMIT and e["step"] >= 4)
