@@ -8,7 +8,11 @@ fault per run at step 10 of ``--steps``, ``--repeats`` runs per case, median / m
 * ``cut``: ``cut:1@10``, the agent SIGSTOPped, its workers running on (found by silence,
   ``--node-staleness``);
 * ``group_kill`` (the baseline: what the supervisor already does for one process, no agents):
-  ``kill:1@10`` under the plain ``StackedCluster``.
+  ``kill:1@10`` under the plain ``StackedCluster``;
+* ``remote_kill``: ``--nodes 3``, the three agents started as processes of their own
+  (``unbroken agent --coordinator <this host's default-route address>:PORT``, as on other
+  machines) and agent 1's process group SIGKILLed from outside once step 10 is in: the
+  coordinator did not start it, so only silence tells. Times from the kill.
 
 Metrics from the merged journal, all relative to the fault event's wall time: ``node_lost_s``
 (the coordinator's ``node_lost``), ``detected_s`` (the supervisor's last ``detected`` of the
@@ -16,7 +20,7 @@ fault's members), ``masked_s`` (the first ``replan`` whose members exclude them,
 survivors re-formed without them); plus ``exactly_once`` and ``restarts`` of each run.
 
 Usage: ``.venv/bin/python bench/node_loss.py [--repeats 3] [--steps 200]
-[--node-staleness 1.0]``.
+[--node-staleness 1.0] [--cases kill,cut,group_kill,remote_kill]``.
 """
 
 from __future__ import annotations
@@ -32,18 +36,24 @@ from unbroken.events import Event
 from unbroken.supervise import JobSpec, Supervisor
 from unbroken.supervise.spec import FTConfig
 
-CASES = {"kill": ("node:1@10", 3), "cut": ("cut:1@10", 3), "group_kill": ("kill:1@10", 0)}
+CASES = {"kill": ("node:1@10", 3), "cut": ("cut:1@10", 3), "group_kill": ("kill:1@10", 0),
+         "remote_kill": (None, 3)}
 
 
 def one(case: str, steps: int, staleness: float, out: Path) -> dict:
+    if case == "remote_kill":
+        return one_remote(steps, staleness, out)
     faults, nodes = CASES[case]
     spec = JobSpec(trainer="mlp", groups=6, steps=steps, faults=faults, local_nodes=nodes,
                    out=str(out), timeout=600, ft=FTConfig(node_staleness=staleness))
     sup = Supervisor(spec)
     res = sup.run()
-    ev = sup.events
-    hit = [e for e in ev if e["event"] == Event.FAULT]
-    t0, uids = hit[0]["t"], {e.get("uid", e["group"]) for e in hit}
+    hit = [e for e in sup.events if e["event"] == Event.FAULT]
+    return metrics(sup.events, hit[0]["t"], {e.get("uid", e["group"]) for e in hit}, res)
+
+
+def metrics(ev: list[dict], t0: float, uids: set, res) -> dict:
+    """One run's times after the fault at ``t0`` that took ``uids``, and its checks."""
     lost = [e["t"] - t0 for e in ev if e["event"] == Event.NODE_LOST]
     det = [e["t"] - t0 for e in ev if e["event"] == Event.DETECTED and e["group"] in uids]
     masked = [e["t"] - t0 for e in ev if e["event"] == Event.REPLAN
@@ -52,6 +62,48 @@ def one(case: str, steps: int, staleness: float, out: Path) -> dict:
             "masked_s": min(masked) if masked else None,
             "exactly_once": res.report.get("exactly_once"),
             "restarts": res.report.get("restarts"), "ok": res.ok}
+
+
+def one_remote(steps: int, staleness: float, out: Path) -> dict:
+    """Agents started by hand, one killed from outside at step 10 (see the module doc)."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import threading
+    import time
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("192.0.2.254", 9))  # the default route's address; nothing is sent
+        addr = s.getsockname()[0]
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    spec = JobSpec(trainer="mlp", groups=6, steps=steps, nodes=3, listen=port, out=str(out),
+                   timeout=600, ft=FTConfig(node_staleness=staleness))
+    sup, got = Supervisor(spec), {}
+    run = threading.Thread(target=lambda: got.update(res=sup.run()), daemon=True)
+    run.start()
+    agents = [subprocess.Popen([sys.executable, "-m", "unbroken", "agent", "--coordinator",
+                                f"{addr}:{port}", "--node", str(k), "--connect-timeout", "120"],
+                               stderr=subprocess.DEVNULL, start_new_session=True)
+              for k in range(3)]
+    try:
+        while not any(e["event"] == Event.COMMIT and e["step"] >= 10 for e in list(sup.events)):
+            if not run.is_alive():
+                raise RuntimeError("the job ended before step 10")
+            time.sleep(0.005)
+        t0 = time.time()
+        os.killpg(agents[1].pid, signal.SIGKILL)
+        run.join()
+    finally:  # the others leave when the job ends (exit 0)
+        for a in agents:
+            try:
+                a.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(a.pid, signal.SIGKILL)
+                a.wait()
+    return metrics(sup.events, t0, {1, 4}, got["res"])  # node 1 of 3 holds groups 1 and 4
 
 
 def summary(xs: list) -> dict | None:
@@ -67,11 +119,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--node-staleness", type=float, default=1.0)
+    ap.add_argument("--cases", default=",".join(CASES),
+                    help=f"comma-separated, of {', '.join(CASES)}")
     a = ap.parse_args()
     out: dict = {"groups": 6, "redundancy": 2, "nodes": 3, "steps": a.steps,
                  "node_staleness_s": a.node_staleness, "cases": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        for case in CASES:
+        for case in a.cases.split(","):
             runs = []
             for i in range(a.repeats):
                 print(f"{case} {i + 1}/{a.repeats}", file=sys.stderr, flush=True)

@@ -35,7 +35,7 @@ def test_key_functions_give_the_old_strings():
 def test_every_key_function_is_exported_and_covered():
     names = {n for n in p.__all__ if n.endswith("_key")}
     assert names == {n for n in dir(p) if n.endswith("_key") and callable(getattr(p, n))}
-    assert len(names) == 25
+    assert len(names) == 30
 
 
 def test_node_agent_keys():
@@ -47,6 +47,12 @@ def test_node_agent_keys():
         assert f(2) == want, f.__name__
     assert p.node_order_key(2, 5) == "node_order/2/5"
     assert p.ExitCode.FENCED == 10
+    # the directory's (unbroken.nodes.directory) and the agents' newer keys
+    assert (p.JOB_NODES, p.JOB_ATTEMPTS) == ("job/nodes", "job/attempts")
+    assert p.job_attempt_key(3) == "job/attempt/3"
+    assert p.node_error_key(2) == "node_error/2" and p.node_left_key(2) == "node_left/2"
+    assert p.node_stacks_key(2, 5) == "node_stacks/2/5"
+    assert p.node_rejoin_key(2) == "node_rejoin/2"
 
 
 # the building blocks' private keys: ftcomm's rendezvous and the probe worker's results

@@ -182,6 +182,14 @@ def _job_args(p: argparse.ArgumentParser, *, steps: int, out: str) -> None:
                    help="run the groups under K node agents on this machine, each a process "
                         "tree of its own (unbroken.nodes; a node:I@S fault kills agent I with "
                         "everything it started); K > groups: exit 2")
+    p.add_argument("--nodes", type=_int, default=0, metavar="K",
+                   help="run the groups under K node agents started on other machines with "
+                        "`unbroken agent --coordinator THIS_HOST:PORT` (PORT: --listen); they "
+                        "outlive a restart; --out must be on a filesystem every node mounts at "
+                        "the same path")
+    p.add_argument("--listen", type=_int, default=0, metavar="PORT",
+                   help="with --nodes: the port the agents are given (0: any free one, "
+                        "printed); one that cannot be listened on: exit 2")
     p.add_argument("--node-staleness", type=_positive_float, default=1.0,
                    help="with node agents: an agent silent this long (cut off) loses its node")
     p.add_argument("--ckpt-every", type=_int, default=None,
@@ -218,6 +226,7 @@ def _job_kwargs(a: argparse.Namespace) -> dict:
     return dict(groups=a.groups, steps=a.steps, seed=a.seed, faults=a.faults, chaos=a.chaos,
                 chaos_faults=a.chaos_faults, out=a.out, resume=a.resume, ft=ft,
                 stragglers=a.stragglers, target_loss=a.target_loss, local_nodes=a.local_nodes,
+                nodes=a.nodes, listen=a.listen,
                 sync=a.sync)
 
 
@@ -585,8 +594,9 @@ def _node_warning(spec) -> None:
     """With node agents, a placement that cannot keep a node loss safe is a warning."""
     from unbroken.supervise.spec import node_warning
 
-    if spec.local_nodes and (warn := node_warning(spec)):
-        sys.stderr.write(f"unbroken: warning: --local-nodes {warn}\n")
+    if (spec.local_nodes or spec.nodes) and (warn := node_warning(spec)):
+        flag = "--local-nodes" if spec.local_nodes else "--nodes"
+        sys.stderr.write(f"unbroken: warning: {flag} {warn}\n")
 
 
 def cmd_agent(a: argparse.Namespace) -> int:

@@ -122,6 +122,9 @@ class Event(enum.StrEnum):
     NODE_LOST = "node_lost"
     """node, reason, uids, t: a node agent gone (its process ended) or cut off (its heartbeat
     silent); its processes are declared dead at once (``nodes.cluster``, via the supervisor)."""
+    NODE_REJOINED = "node_rejoined"
+    """node, reason, t: a fenced node's agent (``unbroken agent --rejoin``) woke up, killed
+    what it ran and beats again: its node takes spares again (``nodes.cluster``)."""
     NO_SPARE = "no_spare"
     """slot: no warm spare for a lost slot (the supervisor)."""
     ASSIGN = "assign"

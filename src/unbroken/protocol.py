@@ -35,7 +35,8 @@ __all__ = ["ExitCode", "SUPERVISOR_HB", "STOP_KEY", "JOIN_COUNT", "CODE_COUNT", 
            "standby_key", "assign_key", "drill_key", "join_key", "admit_key", "state_key", "wipeout_key",
            "wipeout_failed_key", "code_key", "incident_key", "verdict_key", "replay_key",
            "NODE_EXITS", "node_key", "node_hb_key", "node_fenced_key", "node_order_key",
-           "node_orders_key", "node_exit_key", "node_pid_key"]
+           "node_orders_key", "node_exit_key", "node_pid_key", "node_left_key", "node_error_key",
+           "node_stacks_key", "node_rejoin_key", "JOB_NODES", "JOB_ATTEMPTS", "job_attempt_key"]
 
 
 class ExitCode(enum.IntEnum):
@@ -178,6 +179,49 @@ def replay_key(step: int, n: int) -> str:
 
 
 # -- node agents (``unbroken.nodes``): one agent per machine, the coordinator hosts the store --
+# Two stores: the job's *directory* (``nodes.directory``, the address agents are given; it
+# lives as long as the job) holds the claims, the fences and the attempts; each attempt's own
+# store (new after a wipe-out restart) holds the rest. ``node_key`` and ``node_fenced_key``
+# are written to both.
+
+#: the job's node count, in the directory (an agent with a higher index leaves: exit 2)
+JOB_NODES = "job/nodes"
+
+#: counter of the job's attempts, in the directory: each attempt bumps it after it wrote
+#: ``job_attempt_key``; the agents watch it
+JOB_ATTEMPTS = "job/attempts"
+
+
+def job_attempt_key(n: int) -> str:
+    """Attempt ``n`` (1-based), in the directory, JSON: ``{"port", "out"}`` (the attempt's
+    store on the directory's host; the run directory every node must see) or
+    ``{"end": true}`` (the job is over: agents exit 0)."""
+    return f"job/attempt/{n}"
+
+
+def node_error_key(i: int) -> str:
+    """Agent ``i``'s one-line refusal (it cannot run the job: the run directory is not
+    visible there, its slots do not fit the placement), in the directory; it exits 2."""
+    return f"node_error/{i}"
+
+
+def node_rejoin_key(i: int) -> str:
+    """Set by fenced agent ``i`` (``--rejoin``) in the directory once it killed what it ran:
+    it offers its node again. The coordinator lifts the fence (deletes ``node_fenced_key``)
+    when its heartbeat moves again (``core.nodes.rejoining``) and deletes this key."""
+    return f"node_rejoin/{i}"
+
+
+def node_left_key(i: int) -> str:
+    """Set by agent ``i`` in an attempt's store once it carried out ``{"op": "exit"}`` (its
+    workers killed and reaped): the attempt may close its store."""
+    return f"node_left/{i}"
+
+
+def node_stacks_key(uid: int, n: int) -> str:
+    """The stacks of worker ``uid`` for dump order ``n`` (JSON ``{"ok", "text"}``), written
+    by its node's agent (py-spy on its own worker)."""
+    return f"node_stacks/{uid}/{n}"
 
 #: bumped by an agent after each ``node_exit_key`` it posts; the coordinator's watcher reads it
 NODE_EXITS = "node/exits"

@@ -78,6 +78,27 @@ def test_silence_is_judged_by_the_peers_beats_not_wall_time_alone():
                         ceiling=0.9) == [1, 2]
 
 
+def test_a_starved_observer_restarts_every_observation_and_judges_nobody_on_its_sleep():
+    from unbroken.core.membership import starved_observer
+
+    # peer 2 went quiet at t=10; the observer's thread read at t=10.2, then slept until 11.0
+    obs = {1: (50, 10.2, 104.0), 2: (30, 10.0, 100.0)}
+    fresh, why = starved_observer(obs, last_read=10.2, now=11.0, staleness=0.3, beats=104.0)
+    assert why is not None and "starved" in why
+    assert fresh == {1: (50, 11.0, 104.0), 2: (30, 11.0, 104.0)}  # counters kept
+    judge = dict(staleness=0.3, min_beats=3, ceiling=0.9)
+    assert silent_members(obs, now=11.0, beats=104.0, **judge) == [2]  # judged on its sleep
+    assert silent_members(fresh, now=11.0, beats=104.0, **judge) == []
+    # the silence it does watch after waking still counts: 2 stays quiet, 1 beats on
+    later = observe(fresh, {1: 60, 2: 30}, now=11.35, beats=107.0)
+    assert silent_members(later, now=11.35, beats=107.0, **judge) == [2]
+    # reads less than staleness/2 apart: the observer watched, nothing changes
+    same, why = starved_observer(obs, last_read=10.9, now=11.0, staleness=0.3, beats=104.0)
+    assert same == obs and why is None
+    with pytest.raises(ValueError):
+        starved_observer(obs, last_read=10.0, now=11.0, staleness=0)
+
+
 def test_silence_rule_fits_the_beats_in_the_staleness():
     from unbroken.core.membership import silence_rule
 

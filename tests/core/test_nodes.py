@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from unbroken.core.nodes import place_groups, spare_node, stale_nodes
+from unbroken.core.nodes import (check_room, gloo_interface, on_live_nodes, place_groups,
+                                 rejoining, spare_node, stale_nodes)
 
 
 def test_six_groups_on_three_nodes_are_placed_safely():
@@ -45,6 +46,50 @@ def test_a_spare_goes_to_the_least_loaded_live_node():
     assert spare_node({0: 3, 1: 2, 2: 2}, [0, 2]) == 2
     assert spare_node({}, [2, 1]) == 1
     assert spare_node({0: 1}, []) is None
+
+
+def test_a_spare_goes_only_where_the_agent_has_room():
+    # node 1 is the least loaded but its agent said it runs 2 processes at most
+    assert spare_node({0: 3, 1: 2, 2: 3}, [0, 1, 2], room={1: 2}) == 0
+    assert spare_node({0: 3, 1: 2}, [0, 1], room={0: 3, 1: 2}) is None  # no room anywhere
+
+
+def test_a_restart_places_the_groups_on_the_nodes_still_live():
+    node_of, warning = on_live_nodes(6, 2, [0, 2])  # node 1 was lost
+    assert set(node_of) == {0, 2} and node_of.count(0) == node_of.count(2) == 3
+    assert warning is None  # 6 groups at r=2 on 2 nodes: still safe
+    node_of, warning = on_live_nodes(4, 2, [3])  # one node left: every group there
+    assert node_of == [3, 3, 3, 3] and "it takes 2 nodes" in warning
+    with pytest.raises(ValueError, match="every node was lost"):
+        on_live_nodes(6, 2, [])
+
+
+def test_room_names_the_node_whose_slots_the_placement_overfills():
+    node_of, _ = place_groups(6, 2, 3)  # two groups a node
+    assert check_room(node_of, 2, {0: 2, 1: 2, 2: None}, {0: 1, 1: 1, 2: 0}) is None
+    why = check_room(node_of, 0, {0: 2, 1: 1, 2: 2}, {0: None, 1: None, 2: None})
+    assert why.startswith("node 1: --slots 1 but the placement puts 2 groups there")
+    why = check_room(node_of, 3, {0: None, 1: None, 2: None}, {0: 1, 1: 1, 2: 0})
+    assert why.startswith("3 warm spares but the nodes' --spares add up to 2")
+    # an agent without --spares takes any number
+    assert check_room(node_of, 3, {0: None, 1: None, 2: None}, {0: 1, 1: None, 2: 0}) is None
+
+
+def test_gloo_binds_the_interface_that_holds_the_address_the_coordinator_is_reached_from():
+    addrs = {"lo": "127.0.0.1", "eth0": "10.0.0.5", "ib0": "192.168.1.5"}
+    assert gloo_interface(addrs, "192.168.1.5")[0] == "ib0"
+    assert gloo_interface(addrs, "127.0.0.1")[0] == "lo"  # local nodes
+    name, why = gloo_interface(addrs, "172.16.0.1")
+    assert name is None and "gloo picks by the host name" in why
+
+
+def test_a_fenced_node_comes_back_when_its_agent_asked_and_beats_again():
+    fenced_at = {1: 40, 2: 17}
+    # 1 asked and beat on since its fence; 2 asked but its counter stands (a stale request);
+    # 3 asked but was never fenced
+    back, why = rejoining([1, 2, 3], fenced_at, {1: 45, 2: 17, 3: 99})
+    assert back == [1] and "take spares" in why
+    assert rejoining([], fenced_at, {1: 45})[0] == []  # beating is not asking
 
 
 def test_run_warns_when_its_local_nodes_cannot_keep_a_node_loss_safe():

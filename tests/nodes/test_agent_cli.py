@@ -81,3 +81,41 @@ def test_an_agent_that_wakes_up_fenced_leaves_with_exit_10():
         if agent.poll() is None:
             agent.kill()
             agent.wait()
+
+
+@pytest.mark.timeout(120)
+def test_agents_whose_slots_do_not_hold_the_placement_stop_the_job_in_one_line(capsys,
+                                                                               tmp_path):
+    """Four groups on two nodes put two on each; agent 0 said ``--slots 1``. The coordinator
+    (``unbroken run --nodes 2``, in-process) stops before any worker starts, with one line
+    naming the node (exit 2), and every agent leaves with that line (its AgentError: exit 2).
+    The agents are threads running what ``unbroken agent`` runs after its flags are parsed."""
+    import threading
+
+    from unbroken.cli import main
+    from unbroken.nodes.agent import AgentError, claim, connect, follow
+
+    port = _free_port()
+    refused: dict[int, str] = {}
+
+    def agent(k: int) -> None:
+        st = connect("127.0.0.1", port, 60)
+        node = claim(st, k, {"pid": k, "host": "here", "slots": 1 if k == 0 else None,
+                             "spares": None})
+        try:
+            follow(st, "127.0.0.1", node, {}, str(tmp_path), ifname=None, connect_timeout=5)
+        except AgentError as e:
+            refused[k] = str(e)
+    agents = [threading.Thread(target=agent, args=(k,), daemon=True) for k in range(2)]
+    for a in agents:
+        a.start()
+    code = main(["run", "--trainer", "mlp", "--groups", "4", "--nodes", "2", "--listen",
+                 str(port), "--out", str(tmp_path / "run")])
+    for a in agents:
+        a.join(timeout=30)
+    named = "node 0: --slots 1 but the placement puts 2 groups there (4 groups on 2 nodes)"
+    assert code == ExitCode.USAGE
+    err = capsys.readouterr().err.strip().splitlines()  # after the "waiting for" line
+    assert err[-1] == f"unbroken: error: {named}" and "Traceback" not in "\n".join(err)
+    assert refused == {0: named, 1: named}
+    assert not list((tmp_path / "run" / "groups").glob("group-*.jsonl"))  # none started

@@ -23,6 +23,9 @@ Rules
   up to ``staleness`` seconds, and a death notice removes that wait.
 * The members of a new generation are the joiners, in a deterministic order (sorted), so rank
   ``i`` of the new process group is ``members[i]`` on every survivor.
+* An observer whose own reads were more than ``staleness / 2`` apart was starved itself (its
+  thread got no CPU): the silence it could not watch says nothing about the peers, so every
+  observation restarts at ``now`` (``starved_observer``) and nobody is judged on it.
 * After a gloo connection error (a peer process is gone), the rendezvous waits for a silent
   member only a few heartbeat periods, not the full staleness (``rendezvous_staleness``).
 * The first collective of a generation carries every member's ``Report``; ``settle`` turns
@@ -41,6 +44,7 @@ __all__ = [
     "beat_clock",
     "silent_members",
     "silence_rule",
+    "starved_observer",
     "live_members",
     "rendezvous_ready",
     "rendezvous_staleness",
@@ -117,6 +121,30 @@ def silence_rule(staleness: float, heartbeat_period: float) -> tuple[int, float]
     others beat as many periods as fit in it, or silent three times as long whatever the clock
     says (most members silent at once)."""
     return int(staleness / heartbeat_period + 1e-9), 3 * staleness
+
+
+def starved_observer(
+    observations: Mapping[Hashable, Observation],
+    last_read: float,
+    now: float,
+    staleness: float,
+    beats: float = 0.0,
+) -> tuple[dict[Hashable, Observation], str | None]:
+    """The observations to judge by, and why they were restarted (None: they were not).
+
+    ``last_read`` is the observer's clock at its previous read. More than ``staleness / 2``
+    before ``now``, the observer itself was starved: half a staleness is the most a peer's
+    silence may be "watched" by nobody, or a starved observer would judge live peers on the
+    time it slept through. Each observation then keeps its counter and restarts at ``now``
+    and the beat clock ``beats``; the next reads judge from there.
+    """
+    if staleness <= 0:
+        raise ValueError(f"staleness must be > 0, got {staleness}")
+    gap = now - last_read
+    if gap <= staleness / 2:
+        return dict(observations), None
+    return ({u: (c, float(now), float(beats)) for u, (c, _t, _b) in observations.items()},
+            f"observer starved: {gap:.2f}s between reads > staleness/2 ({staleness / 2:g}s)")
 
 
 def stale_members(

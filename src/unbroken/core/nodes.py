@@ -6,7 +6,11 @@
   member's (``core.membership``): silent for ``staleness`` s while the other agents beat as
   many periods as fit in it, or three times as long whatever they do (a starved coordinator
   judges nobody by the wall clock alone);
-* where a new warm spare goes: the least loaded live node.
+* which fenced nodes come back (their agent asked, and beats again) as spare capacity;
+* where a new warm spare goes: the least loaded live node with room left;
+* whether the agents' declared room (``--slots``, ``--spares``) holds the placement;
+* which network interface a node's workers bind gloo to: the one whose address routes to
+  the coordinator (it reaches every peer that reaches the coordinator).
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from typing import Hashable, Iterable, Mapping
 from unbroken.core.membership import Observation, silence_rule, silent_members
 from unbroken.core.placement import check_nodes, make_layout, node_placement, nodes_needed
 
-__all__ = ["place_groups", "stale_nodes", "spare_node"]
+__all__ = ["place_groups", "on_live_nodes", "stale_nodes", "rejoining", "spare_node",
+           "check_room", "gloo_interface"]
 
 
 def place_groups(groups: int, redundancy: int, nodes: int) -> tuple[list[int], str | None]:
@@ -40,8 +45,62 @@ def stale_nodes(observations: Mapping[Hashable, Observation], now: float, stalen
     return silent_members(observations, now, staleness, beats, min_beats, ceiling)
 
 
-def spare_node(load: Mapping[int, int], live: Iterable[int]) -> int | None:
+def on_live_nodes(groups: int, redundancy: int, live: list[int]) -> tuple[list[int], str | None]:
+    """``place_groups`` on the nodes still live (a restart after node losses): group -> the
+    node index it runs on, and the warning. ValueError when no node is live."""
+    if not live:
+        raise ValueError("no node is left to run the job (every node was lost)")
+    node_of, warning = place_groups(groups, redundancy, min(len(live), groups))
+    return [sorted(live)[k] for k in node_of], warning
+
+
+def rejoining(asked: Iterable[int], fenced_at: Mapping[int, int],
+              counters: Mapping[int, int]) -> tuple[list[int], str]:
+    """Fenced nodes to take back, and why: those whose agent asked (``asked``: it woke up and
+    killed what it ran) and whose heartbeat counter moved past its value when the node was
+    fenced (``fenced_at``): a live agent, not a stale request. They come back as spare
+    capacity only: their groups were re-placed or masked, and a group is never moved back."""
+    back = sorted(k for k in set(asked) if k in fenced_at
+                  and counters.get(k, 0) > fenced_at[k])
+    return back, (f"nodes {back}: their agents asked to rejoin and beat again; they take "
+                  f"spares" if back else "no fenced node asked and beats again")
+
+
+def spare_node(load: Mapping[int, int], live: Iterable[int],
+               room: Mapping[int, int] | None = None) -> int | None:
     """The live node with the fewest processes (``load``: node -> processes it runs), the
-    lowest index on a tie; None when no node is live."""
-    nodes = sorted(live)
+    lowest index on a tie, among those with room left (``room``: node -> the processes it
+    may run, groups and spares; absent: no limit); None when there is none."""
+    nodes = [k for k in sorted(live) if room is None or k not in room
+             or load.get(k, 0) < room[k]]
     return min(nodes, key=lambda k: (load.get(k, 0), k)) if nodes else None
+
+
+def check_room(node_of: list[int], spares: int, slots: Mapping[int, int | None],
+               spare_slots: Mapping[int, int | None]) -> str | None:
+    """One line naming the first node whose declared room (``slots``: groups, ``spare_slots``:
+    warm spares; None: no limit) the placement overfills, or the spares that fit nowhere;
+    None when it all fits. The warm spares start on the least loaded nodes, so only their
+    total is checked against the room left."""
+    for k in sorted(slots):
+        placed = node_of.count(k)
+        if slots[k] is not None and placed > slots[k]:
+            return (f"node {k}: --slots {slots[k]} but the placement puts {placed} groups "
+                    f"there ({len(node_of)} groups on {len(slots)} nodes)")
+    if any(v is None for v in spare_slots.values()):
+        return None
+    free = sum(spare_slots.values())
+    if spares > free:
+        return (f"{spares} warm spares but the nodes' --spares add up to {free}; give the "
+                f"agents more --spares or the job fewer --spares")
+    return None
+
+
+def gloo_interface(addresses: Mapping[str, str], local: str) -> tuple[str | None, str]:
+    """The interface whose address is ``local`` (the address this node reaches the
+    coordinator from), and why; None when no interface has it (the caller leaves gloo's
+    default). ``addresses``: interface name -> its IPv4 address."""
+    for name in sorted(addresses):
+        if addresses[name] == local:
+            return name, f"{name} holds {local}, the address that reaches the coordinator"
+    return None, f"no interface holds {local}: gloo picks by the host name"

@@ -29,7 +29,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -210,11 +210,13 @@ def localise(
     fault_dir: str | os.PathLike | None = None,
     timeout: float = 5.0,
     native: bool = False,
+    dump: Callable[[Hashable], Dump] | None = None,
 ) -> Localisation:
     """Dump every rank's process (one at a time: each py-spy dump pauses its target
-    briefly) and aggregate. ``pids`` and ``coords`` are keyed by rank."""
+    briefly) and aggregate. ``pids`` and ``coords`` are keyed by rank; ``dump``: how to get
+    one rank's Dump instead (a node agent dumps its own workers, ``NodeCluster``)."""
     dumps = {
-        rank: dump_stacks(
+        rank: dump(rank) if dump is not None else dump_stacks(
             pid, use_pyspy=use_pyspy, fault_dir=fault_dir, timeout=timeout, native=native
         )
         for rank, pid in pids.items()
@@ -224,7 +226,8 @@ def localise(
 
 
 def locate_stall(pids: Mapping[Hashable, int], slots: Mapping[Hashable, int], *,
-                 fault_dir: str | os.PathLike | None = None, rounds: int = 5):
+                 fault_dir: str | os.PathLike | None = None, rounds: int = 5,
+                 dump: Callable[[Hashable], Dump] | None = None):
     """Dump every member's stacks up to ``rounds`` times until two rounds agree on the odd
     one's data-parallel group (byterobust §6). Returns ``(chosen, reason)`` from
     :func:`unbroken.core.stacks.vote` (``chosen`` None: no agreement). Slow (py-spy pauses each
@@ -234,7 +237,7 @@ def locate_stall(pids: Mapping[Hashable, int], slots: Mapping[Hashable, int], *,
     coords = {u: Coord(slots[u], 0, 0) for u in pids}
     verdicts, reason, chosen, last, failed = [], "", None, "", 0
     for _ in range(rounds):
-        loc = localise(pids, coords, fault_dir=fault_dir)
+        loc = localise(pids, coords, fault_dir=fault_dir, dump=dump)
         verdicts.append(loc.verdict)
         last = loc.reason
         failed += sum(1 for d in loc.dumps.values() if d.method == FAILED)

@@ -2,14 +2,20 @@
 
 Why an agent: across machines the supervisor can neither fork a worker nor ``waitpid`` one, so
 each machine runs one agent that does both for it and talks to the coordinator through the
-store the coordinator already hosts (no second protocol, no second port):
+stores the coordinator already hosts (no second protocol):
 
-* it claims ``node/<i>`` with ``compare_set`` (a second agent for the same index: one line,
-  exit 2) and beats ``node_hb/<i>`` from a thread of its own, so a stopped (cut-off) agent
-  stops beating and the coordinator declares the node lost (``core.nodes.stale_nodes``);
-* it carries out the orders ``node_order/<i>/<n>`` in sequence: spawn a worker with the argv
-  the coordinator gives, signal one (evict: SIGKILL; dump stacks: SIGUSR1, the workers'
-  faulthandler), exit;
+* ``HOST:PORT`` is the job's *directory* (``unbroken.nodes.directory``): a store that lives
+  as long as the job. The agent claims ``node/<i>`` there with ``compare_set`` (a second agent
+  for the same index, or an index past the job's nodes: one line, exit 2) and beats
+  ``node_hb/<i>`` from a thread of its own, so a stopped (cut-off) agent stops beating and
+  the coordinator declares the node lost (``core.nodes.stale_nodes``);
+* each attempt of the job (a wipe-out restart is a new one, with a new store) is posted to
+  the directory (``job/attempts``, ``job/attempt/<n>``); the agent attaches to the attempt's
+  store on the directory's host and leaves it when the attempt ends, so it outlives restarts;
+* in an attempt it carries out the orders ``node_order/<i>/<n>`` in sequence: spawn a worker
+  with the argv the coordinator gives (pointed at the coordinator's address as this agent
+  was given it, gloo bound to the interface that reaches it: ``core.nodes.gloo_interface``),
+  signal one (evict: SIGKILL), dump its stacks (py-spy here, the text posted back), exit;
 * it sleeps on its workers' exits (``ExitWaiter``) and, the moment one ends by a signal or
   left out of a generation, posts the death notice itself (``ftcomm.declare_dead``: the
   survivors drop it in milliseconds, no heartbeat wait, no round trip through the
@@ -17,13 +23,15 @@ store the coordinator already hosts (no second protocol, no second port):
 * its workers die with it: they keep ``PR_SET_PDEATHSIG`` on the agent's fork server
   (``stacked_worker --node``), which ends with the agent, so a killed agent is a lost node,
   as on a real machine; an agent that wakes up fenced (``node_fenced/<i>``: the coordinator
-  gave its node up) kills what it started and exits 10.
+  gave its node up) kills what it started and exits 10, or with ``--rejoin`` asks to come
+  back (``node_rejoin/<i>``) and, once the coordinator lifts the fence, takes spares again.
 
 The workers fork from a server that is a fork of the agent itself (``spawn.fork_server``): the
 agent has imported torch already, so a worker costs a fork, not a second import.
 
-Exit codes: 0 told to exit, 2 bad input (unreachable coordinator, a node index claimed twice),
-5 the coordinator's store went away, 10 fenced.
+Exit codes: 0 the job ended, 2 bad input (unreachable coordinator, a node index claimed twice
+or past the job's nodes, --slots/--spares that do not hold the placement, a run directory this
+node does not see), 5 the coordinator went away, 10 fenced.
 """
 
 from __future__ import annotations
@@ -37,9 +45,10 @@ import threading
 import time
 from datetime import timedelta
 
-from unbroken.protocol import (NODE_EXITS, ExitCode, node_exit_key,
-                               node_fenced_key, node_hb_key, node_key, node_order_key,
-                               node_orders_key, node_pid_key)
+from unbroken.protocol import (JOB_ATTEMPTS, JOB_NODES, NODE_EXITS, ExitCode, job_attempt_key,
+                               node_error_key, node_exit_key, node_fenced_key, node_hb_key,
+                               node_key, node_left_key, node_order_key, node_orders_key,
+                               node_pid_key, node_rejoin_key, node_stacks_key)
 
 __all__ = ["main", "AgentError"]
 
@@ -80,9 +89,11 @@ def connect(host: str, port: int, timeout: float):
 
 
 def claim(store, node: int | None, record: dict) -> int:
-    """Claim ``node`` (or the lowest free index) for this agent; AgentError when it is taken."""
+    """Claim ``node`` (or the lowest free index) for this agent in the directory; AgentError
+    when it is taken, or when every index of the job is."""
     mine = json.dumps(record)
-    for i in ([node] if node is not None else range(10_000)):
+    total = int(store.get(JOB_NODES)) if store.check([JOB_NODES]) else None
+    for i in ([node] if node is not None else range(total or 10_000)):
         got = store.compare_set(node_key(i), "", mine)
         got = got.decode() if isinstance(got, bytes) else got
         if got == mine:
@@ -91,7 +102,35 @@ def claim(store, node: int | None, record: dict) -> int:
             other = json.loads(got)
             raise AgentError(f"--node {i}: node {i} is claimed already by the agent pid "
                              f"{other.get('pid')} on {other.get('host')}")
-    raise AgentError("no free node index")  # pragma: no cover
+    raise AgentError(f"no free node index: the job's {total} nodes are claimed already")
+
+
+def gloo_ifname(host: str, port: int) -> str | None:
+    """The interface this node's workers bind gloo to: ``$GLOO_SOCKET_IFNAME`` when set, else
+    the one holding the address the coordinator is reached from (``core.nodes``); None:
+    gloo's own choice (by the host name)."""
+    import fcntl
+    import struct
+
+    from unbroken.core.nodes import gloo_interface
+
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        return os.environ["GLOO_SOCKET_IFNAME"]
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, port))  # no packet: it only asks the kernel for the route
+            local = s.getsockname()[0]
+    except OSError:
+        return None
+    addrs = {}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _i, name in socket.if_nameindex():
+            try:  # SIOCGIFADDR: the interface's IPv4 address
+                raw = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
+                addrs[name] = socket.inet_ntoa(raw[20:24])
+            except OSError:  # no IPv4 address there
+                pass
+    return gloo_interface(addrs, local)[0]
 
 
 class _Beat:
@@ -114,21 +153,36 @@ class _Beat:
         self._stop.set()
 
 
+def alive(store) -> bool:
+    """The store still answers."""
+    try:
+        store.add(JOB_ATTEMPTS, 0)
+        return True
+    except Exception:
+        return False
+
+
 class Agent:
-    """One node's agent; :meth:`run` returns its exit code."""
+    """One node's agent in one attempt of the job; :meth:`run` returns its exit code, or
+    None when the attempt ended and the agent follows the job to its next one."""
 
     TICK_S = 0.02  # orders are read this often; a worker's exit wakes the loop at once
 
-    def __init__(self, store, node: int, stderr_dir: str) -> None:
+    def __init__(self, store, node: int, stderr_dir: str, *, host: str = "127.0.0.1",
+                 ifname: str | None = None, directory=None) -> None:
         from unbroken.procwait import ExitWaiter
 
         self.st, self.node, self.stderr_dir = store, node, stderr_dir
+        self.host, self.ifname, self.directory = host, ifname, directory
         self.procs: dict[int, object] = {}
+        self.fault_dirs: dict[int, str] = {}
         self.reported: set[int] = set()
         self.done_orders = 0
         self.exits = ExitWaiter()
+        self._posts: list[tuple[str, str]] = []  # stack dumps done off the loop, to post
+        self._posts_lock = threading.Lock()
 
-    def run(self) -> int:
+    def run(self) -> int | None:
         errors = 0
         while True:
             live = [p for u, p in self.procs.items() if u not in self.reported]
@@ -138,15 +192,16 @@ class Agent:
                 if self.st.check([node_fenced_key(self.node)]):
                     self._kill_all()
                     return ExitCode.FENCED
-                code = self._orders()
+                done = self._orders()
+                self._post_dumps()
                 errors = 0
             except Exception:
                 errors += 1
-                if errors >= 3 / self.TICK_S:  # 3 s without the coordinator's store
-                    return self._orphaned()
+                if errors >= 3 / self.TICK_S:  # 3 s without the attempt's store
+                    return self._store_lost()
                 continue
-            if code is not None:
-                return code
+            if done:
+                return None
 
     def _report_exits(self) -> None:
         from unbroken.runtime.ftcomm import declare_dead
@@ -161,7 +216,8 @@ class Agent:
             self.st.add(NODE_EXITS, 1)
             self.reported.add(u)
 
-    def _orders(self) -> int | None:
+    def _orders(self) -> bool:
+        """Carry out the new orders; True once told the attempt is over."""
         count = int(self.st.add(node_orders_key(self.node), 0))
         while self.done_orders < count:
             self.done_orders += 1
@@ -173,19 +229,57 @@ class Agent:
                 p = self.procs.get(int(order["uid"]))
                 if p is not None:
                     p.send_signal(int(order["sig"]))
+            elif op == "dump":
+                self._dump(int(order["uid"]), int(order["n"]))
             elif op == "exit":
                 self._kill_all()
-                return ExitCode.OK
-        return None
+                self._report_exits()
+                self.st.set(node_left_key(self.node), "1")
+                return True
+        return False
 
     def _spawn(self, uid: int, argv: list[str], stderr: str | None) -> None:
         from unbroken import spawn
 
         path = stderr or os.path.join(self.stderr_dir, f"stderr-{uid}")
-        p = spawn.start(WORKER, [*argv, "--node", str(self.node)], stderr_path=path,
-                        env={"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"})
+        env = {"OMP_NUM_THREADS": "1"}
+        if self.ifname:
+            env["GLOO_SOCKET_IFNAME"] = self.ifname
+        # the coordinator's address as this agent reaches it, not the coordinator's own view
+        p = spawn.start(WORKER, [*argv, "--node", str(self.node), "--host", self.host],
+                        stderr_path=path, env=env)
         self.procs[uid] = p
+        if "--journal" in argv:  # where its faulthandler writes (stacked_worker)
+            j = argv[argv.index("--journal") + 1]
+            self.fault_dirs[uid] = os.path.join(j, "stacks") if os.path.isdir(
+                os.path.join(j, "stacks")) else j
         self.st.set(node_pid_key(uid), str(p.pid))
+
+    def _dump(self, uid: int, n: int) -> None:
+        """Our own worker ``uid``'s stacks (``detect.stacks.dump_stacks``: py-spy, else its
+        faulthandler file), off the loop (py-spy pauses the process); the ``Dump``'s fields
+        go to ``node_stacks/<uid>/<n>`` from the loop's own store client."""
+        from unbroken.detect.stacks import dump_stacks
+
+        p, key = self.procs.get(uid), node_stacks_key(uid, n)
+
+        def dump() -> None:
+            if p is None or p.poll() is not None:
+                d = {"method": "failed", "text": f"<dump failed: uid {uid} is not running on "
+                     f"node {self.node}>", "seconds": 0.0, "error": "not running"}
+            else:
+                got = dump_stacks(p.pid, fault_dir=self.fault_dirs.get(uid))
+                d = {"method": got.method, "text": got.text, "seconds": got.seconds,
+                     "error": got.error}
+            with self._posts_lock:
+                self._posts.append((key, json.dumps(d)))
+        threading.Thread(target=dump, name=f"dump-{uid}", daemon=True).start()
+
+    def _post_dumps(self) -> None:
+        with self._posts_lock:
+            posts, self._posts = self._posts, []
+        for key, value in posts:
+            self.st.set(key, value)
 
     def _kill_all(self) -> None:
         for p in self.procs.values():
@@ -196,9 +290,13 @@ class Agent:
             except Exception:  # pragma: no cover - a worker in D state
                 pass
 
-    def _orphaned(self) -> int:
-        """The coordinator's store is gone: the workers stop by themselves (exit 5 with a
-        checkpoint, ``stacked_worker``); wait for them, then go."""
+    def _store_lost(self) -> int | None:
+        """The attempt's store is gone. With the directory still there the attempt ended
+        under us (None: follow the job); otherwise the coordinator is gone: the workers stop
+        by themselves (exit 5 with a checkpoint, ``stacked_worker``), wait for them, go."""
+        if self.directory is not None and alive(self.directory):
+            self._kill_all()
+            return None
         deadline = time.monotonic() + 60
         for p in self.procs.values():
             try:
@@ -208,17 +306,87 @@ class Agent:
         return ExitCode.COORDINATOR_LOST
 
 
+def follow(directory, host: str, node: int, record: dict, stderr_dir: str, *,
+           ifname: str | None, connect_timeout: float, rejoin: bool = False) -> int:
+    """Follow the job's attempts in the directory until it ends: attach to each attempt's
+    store, run its orders, leave it. Fenced: exit 10, or with ``rejoin`` ask to come back
+    (what it ran is killed already) and, once the coordinator lifts the fence, carry on in
+    the attempt it was in (its orders not redone). Returns the exit code (AgentError: 2)."""
+    seen, errors, tick = 0, 0, 0.05
+    agent, attached = None, 0  # the attempt this agent is in, and its orders done so far
+    while True:
+        try:
+            if directory.check([node_fenced_key(node)]):
+                if not rejoin:
+                    return ExitCode.FENCED
+                if not directory.check([node_rejoin_key(node)]):
+                    directory.set(node_rejoin_key(node), "1")
+                time.sleep(tick)  # until the coordinator lifts the fence (or goes)
+                continue
+            if directory.check([JOB_NODES]) and node >= (total := int(directory.get(JOB_NODES))):
+                directory.delete_key(node_key(node))
+                raise AgentError(f"--node {node}: the job has {total} nodes (0..{total - 1})")
+            n = int(directory.add(JOB_ATTEMPTS, 0))
+            errors = 0
+        except AgentError:
+            raise
+        except Exception:
+            errors += 1
+            if errors * tick >= 3:  # 3 s without the directory: the coordinator is gone
+                return ExitCode.COORDINATOR_LOST
+            time.sleep(tick)
+            continue
+        if agent is not None and n == attached:  # back from a fence, in the same attempt
+            code = agent.run()
+        elif n <= seen:
+            time.sleep(tick)  # between attempts: nothing runs here, a poll costs nothing
+            continue
+        else:
+            seen = n
+            rec = json.loads(directory.get(job_attempt_key(n)))
+            if rec.get("end"):
+                directory.set(node_left_key(node), "1")  # the coordinator may close it now
+                if rec.get("error"):
+                    raise AgentError(rec["error"])
+                return ExitCode.OK
+            if rec.get("out") and not os.path.isdir(rec["out"]):
+                why = (f"the run directory {rec['out']} is not visible on this node "
+                       f"({socket.gethostname()}): --out must be on a filesystem every node "
+                       f"mounts at the same path")
+                directory.set(node_error_key(node), why)
+                raise AgentError(why)
+            try:
+                st = connect(host, int(rec["port"]), connect_timeout)
+            except AgentError:
+                continue  # the attempt ended before we got there; the directory says next
+            st.set(node_key(node), json.dumps(record))
+            agent, attached = Agent(st, node, stderr_dir, host=host, ifname=ifname,
+                                    directory=directory), n
+            code = agent.run()
+        if code == ExitCode.FENCED and rejoin:
+            continue  # the directory's fence follows the attempt's: wait there
+        if code is not None:
+            return code
+        agent = None  # the attempt ended
+
+
 def build_parser(ap: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     ap = ap or argparse.ArgumentParser(prog="unbroken agent", description=__doc__)
     ap.add_argument("--coordinator", required=True, metavar="HOST:PORT",
-                    help="the coordinator's store (`unbroken run --local-nodes K` starts its "
-                         "agents itself with its address)")
+                    help="the job's directory: `unbroken run --nodes K --listen PORT` on the "
+                         "coordinator's host (`--local-nodes K` starts its agents itself)")
     ap.add_argument("--node", type=int, default=None, metavar="I",
                     help="this node's index (default: the lowest free one)")
-    ap.add_argument("--slots", type=int, default=1, metavar="K",
-                    help="groups this node can host")
-    ap.add_argument("--spares", type=int, default=1, metavar="K",
-                    help="warm spares this node can host")
+    ap.add_argument("--slots", type=int, default=None, metavar="K",
+                    help="groups this node can host (default: as many as placed here); a "
+                         "placement that puts more here stops the job before it starts, exit 2")
+    ap.add_argument("--spares", type=int, default=None, metavar="K",
+                    help="warm spares and replacements this node can host besides its groups "
+                         "(default: no limit)")
+    ap.add_argument("--rejoin", action="store_true",
+                    help="fenced (cut off, given up by the coordinator): kill what it ran and "
+                         "offer this node again as spare capacity once it beats again, "
+                         "instead of exit 10")
     ap.add_argument("--heartbeat", type=float, default=0.1, metavar="S",
                     help="the agent's heartbeat period (the coordinator judges its silence)")
     ap.add_argument("--connect-timeout", type=float, default=10.0, metavar="S",
@@ -237,17 +405,22 @@ def run(a: argparse.Namespace) -> int:
     host, port = parse_address(a.coordinator)
     if a.node is not None and a.node < 0:
         raise AgentError(f"--node {a.node}: must be >= 0")
-    if a.slots < 0 or a.spares < 0:
-        raise AgentError(f"--slots {a.slots} / --spares {a.spares}: must be >= 0")
+    for flag, v in (("--slots", a.slots), ("--spares", a.spares)):
+        if v is not None and v < 0:
+            raise AgentError(f"{flag} {v}: must be >= 0")
     import torch.distributed  # noqa: F401 - before the fork server: its workers inherit it
 
     spawn.fork_server()  # no thread yet: this process is still safe to fork
-    store = connect(host, port, a.connect_timeout)
-    node = claim(store, a.node, {"pid": os.getpid(), "host": socket.gethostname(),
-                                 "slots": a.slots, "spares": a.spares})
-    beat = _Beat(store, node, a.heartbeat)
+    directory = connect(host, port, a.connect_timeout)
+    record = {"pid": os.getpid(), "host": socket.gethostname(), "slots": a.slots,
+              "spares": a.spares}
+    node = claim(directory, a.node, record)
+    beat = _Beat(directory, node, a.heartbeat)
     try:
-        return Agent(store, node, a.stderr_dir or tempfile.mkdtemp(prefix="unbroken-node-")).run()
+        return follow(directory, host, node, record,
+                      a.stderr_dir or tempfile.mkdtemp(prefix="unbroken-node-"),
+                      ifname=gloo_ifname(host, port), connect_timeout=a.connect_timeout,
+                      rejoin=a.rejoin)
     finally:
         beat.stop()
 

@@ -8,15 +8,21 @@ only changes where a worker runs: ``procs[uid]`` is a :class:`RemoteProc` whose 
 ``sentinel`` becomes readable when the agent reports the exit, so the supervisor's
 ``ExitWaiter`` sleeps on remote deaths exactly as on local ones. Nothing else changes.
 
-A watcher thread (its own store client) turns the agents' records into exits, and declares a
-node lost when its agent process ended (local nodes: the coordinator started it, the exit is
-seen at once) or its heartbeat went silent (``core.nodes.stale_nodes``: a cut-off or stopped
-agent). A lost node's processes are declared dead at once (the survivors mask them), its
-``node_fenced/<i>`` is set (an agent that wakes up kills what it started), and a
-``node_lost`` event is queued for the supervisor's journal (:meth:`drain_events`).
+One ``NodeCluster`` is one attempt of the job: it posts its store to the job's directory
+(``nodes.directory``, which the agents follow from attempt to attempt) and waits until every
+live node's agent attached. A watcher thread (its own store clients) turns the agents' records
+into exits, and declares a node lost when its agent process ended (local nodes: the
+coordinator started it, the exit is seen at once) or its heartbeat in the directory went
+silent (``core.nodes.stale_nodes``: a cut-off, stopped or dead agent elsewhere). A lost node's
+processes are declared dead at once (the survivors mask them), ``node_fenced/<i>`` is set in
+this attempt's store (its workers leave) and in the directory (the node stays lost for the
+job), and a ``node_lost`` event is queued for the supervisor's journal (:meth:`drain_events`).
+A fenced agent that asks to rejoin and beats again gets its fence lifted
+(``core.nodes.rejoining``): spares may go there again (``node_rejoined``).
 
-Placement: group g runs on node ``node_of[g]`` (``core.nodes.place_groups``); a warm spare on
-the least loaded live node (``core.nodes.spare_node``).
+Placement: group g runs on node ``node_of[g]`` (``core.nodes.on_live_nodes``); a warm spare
+on the least loaded live node with room left (``core.nodes.spare_node``). Stack dumps for the
+stall vote are taken by each worker's own agent (:meth:`dump_stacks`).
 """
 
 from __future__ import annotations
@@ -30,11 +36,12 @@ import threading
 import time
 from datetime import timedelta
 
-from unbroken.core.membership import beat_clock, observe
-from unbroken.core.nodes import spare_node, stale_nodes
+from unbroken.core.membership import beat_clock, observe, starved_observer
+from unbroken.core.nodes import rejoining, spare_node, stale_nodes
 from unbroken.events import Event
 from unbroken.protocol import (NODE_EXITS, node_exit_key, node_fenced_key, node_hb_key,
-                               node_key, node_order_key, node_orders_key, node_pid_key)
+                               node_key, node_left_key, node_order_key, node_orders_key,
+                               node_pid_key, node_rejoin_key, node_stacks_key)
 from unbroken.runtime.stacked_worker import StackedCluster
 
 __all__ = ["NodeCluster", "RemoteProc"]
@@ -95,72 +102,97 @@ class RemoteProc:
 
 
 class NodeCluster(StackedCluster):
-    """``StackedCluster`` whose workers run under node agents.
+    """``StackedCluster`` whose workers run under node agents, for one attempt of the job.
 
-    ``node_of``: group -> node (``core.nodes.place_groups``); ``local``: start the ``nodes``
-    agents here, each in a process tree of its own (``unbroken run --local-nodes K``);
-    otherwise wait for ``nodes`` agents to claim their index (``unbroken agent``)."""
+    ``directory``: the job's :class:`~unbroken.nodes.directory.NodeDirectory` (the agents, the
+    fences, the attempts); ``node_of``: group -> node (``core.nodes.on_live_nodes``, over the
+    nodes the directory still has live); ``out``: the run directory every node must see."""
 
     WORKER = "unbroken.runtime.stacked_worker:worker_main"
     TICK_S = 0.02
 
-    def __init__(self, cfg, journal_dir: str, *, node_of: list[int], local: bool = True,
-                 node_staleness: float = 1.0, node_heartbeat: float = 0.1,
-                 claim_timeout: float = 120.0, **kw) -> None:
-        self.nodes = max(node_of) + 1
-        self.node_of_group, self.local = list(node_of), local
-        self.node_staleness, self.node_heartbeat = node_staleness, node_heartbeat
-        self.claim_timeout = claim_timeout
+    def __init__(self, cfg, journal_dir: str, *, directory, node_of: list[int], out: str = "",
+                 node_staleness: float = 1.0, **kw) -> None:
+        self.directory, self.out = directory, out
+        self.nodes = directory.count
+        self.node_of_group = list(node_of)
+        self.node_staleness, self.node_heartbeat = node_staleness, directory.heartbeat
         self.node_of: dict[int, int] = {}  # uid -> node
-        self.agents: dict[int, object] = {}  # local agents: node -> process
-        self.lost: dict[int, str] = {}  # node -> why
+        self.agents = directory.agents  # local agents: node -> process
+        self.lost: dict[int, str] = dict(directory.fenced)  # node -> why
+        self.room: dict[int, int] = {}  # node -> the processes its agent may run
+        self._fenced_at: dict[int, int] = {}  # lost node -> its heartbeat counter then
         self._events: list[dict] = []
         self._order_lock = threading.Lock()
         self._orders: dict[int, int] = {}
         self._watcher: threading.Thread | None = None
         self._stop_r, self._stop_w = os.pipe()
         kw.setdefault("store_process", True)
-        super().__init__(cfg, journal_dir, **kw)
+        try:
+            super().__init__(cfg, journal_dir, **kw)
+        except BaseException:  # the agents refused the job: nothing of this attempt stays
+            if getattr(self, "store_host", None) is not None:
+                self.store_host.kill()
+                self.store_host.wait(timeout=10)
+            for fd in (self._stop_r, self._stop_w):
+                os.close(fd)
+            raise
 
     # ------------------------------------------------------------------ agents
     def _start_agents(self) -> None:
-        from unbroken import spawn
+        """Check the agents' room against the placement, post this attempt to the directory
+        and wait until every live node's agent attached to this attempt's store."""
+        from unbroken.core.nodes import check_room
+        from unbroken.nodes.directory import NodeSetupError
 
-        if self.local:
-            per = [self.node_of_group.count(k) for k in range(self.nodes)]
-            for k in range(self.nodes):
-                self.agents[k] = spawn.start(
-                    "unbroken.nodes.agent:main",
-                    ["--coordinator", f"127.0.0.1:{self.port}", "--node", str(k),
-                     "--slots", str(per[k]), "--heartbeat", str(self.node_heartbeat),
-                     "--stderr-dir", self._errdir],
-                    stderr_path=self._errpath(f"agent-{k}"))
-        deadline = time.monotonic() + self.claim_timeout
-        for k in range(self.nodes):
-            while not self.store.check([node_key(k)]):
-                a = self.agents.get(k)
-                if a is not None and a.poll() is not None:
-                    raise RuntimeError(f"node agent {k} exited with code {a.returncode} before "
-                                       f"it claimed its node: {self.stderr(f'agent-{k}')[-500:]}")
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"node agent {k} did not claim node {k} within "
-                                       f"{self.claim_timeout:.0f}s")
-                if a is not None:
-                    self._exits.wait([a], self.TICK_S)
-                else:
-                    try:
-                        self.store.wait([node_key(k)], timedelta(seconds=1))
-                    except Exception:
-                        pass
+        claims = self.directory.claims()
+        live = [k for k in range(self.nodes) if k not in self.lost]
+        slots = {k: claims[k].get("slots") for k in live}
+        spare_room = {k: claims[k].get("spares") for k in live}
+        problem = check_room(self.node_of_group, len(self.spares), slots, spare_room)
+        if problem is not None:
+            raise NodeSetupError(problem)
+        for k in live:
+            if slots[k] is not None and spare_room[k] is not None:
+                self.room[k] = slots[k] + spare_room[k]
+        self.directory.publish(self.port, self.out)
+        self.directory.await_nodes(lambda k: self.store.check([node_key(k)]), live,
+                                   "attached to the attempt")
         self._watcher = threading.Thread(target=self._watch, name="node-watch", daemon=True)
         self._watcher.start()
 
-    def order(self, node: int, order: dict) -> None:
-        """Post ``order`` to ``node``'s agent (it reads them in sequence)."""
+    def order(self, node: int, order: dict, store=None) -> None:
+        """Post ``order`` to ``node``'s agent (it reads them in sequence); ``store``: the
+        calling thread's own client (default: the main thread's)."""
+        st = store or self.store
         with self._order_lock:
             n = self._orders[node] = self._orders.get(node, 0) + 1
-            self.store.set(node_order_key(node, n), json.dumps(order))
-            self.store.add(node_orders_key(node), 1)
+            st.set(node_order_key(node, n), json.dumps(order))
+            st.add(node_orders_key(node), 1)
+
+    def dump_stacks(self, uid: int, timeout: float = 10.0):
+        """Worker ``uid``'s stacks, taken by its own node's agent (py-spy there: the
+        coordinator cannot ptrace another machine's process) -> a ``detect.stacks.Dump``.
+        Called from the supervisor's stall thread: its own store client."""
+        from unbroken.detect.stacks import FAILED, Dump
+
+        st = self.store.clone()
+        with self._order_lock:
+            self._dumps = getattr(self, "_dumps", 0) + 1
+            n = self._dumps
+        node = self.node_of.get(uid, -1)
+        t0 = time.perf_counter()
+        try:
+            if node < 0 or node in self.lost:
+                raise RuntimeError(f"uid {uid}: its node {node} is lost")
+            self.order(node, {"op": "dump", "uid": uid, "n": n}, store=st)
+            st.wait([node_stacks_key(uid, n)], timedelta(seconds=timeout))
+            d = json.loads(st.get(node_stacks_key(uid, n)))
+        except Exception as exc:
+            err = f"uid {uid} on node {node}: no dump ({str(exc).splitlines()[0][:120]})"
+            return Dump(-1, FAILED, f"<dump failed: {err}>", time.perf_counter() - t0, err)
+        return Dump(self.procs[uid].pid, d["method"], d["text"], float(d["seconds"]),
+                    d.get("error", ""))
 
     def _start(self, uid: int, entry: str, argv: list[str]) -> None:
         if entry != self.WORKER:
@@ -174,7 +206,8 @@ class NodeCluster(StackedCluster):
             for u, k in self.node_of.items():
                 if self.procs[u].returncode is None:
                     load[k] = load.get(k, 0) + 1
-            node = spare_node(load, [k for k in range(self.nodes) if k not in self.lost])
+            node = spare_node(load, [k for k in range(self.nodes) if k not in self.lost],
+                              self.room)
         self.node_of[uid] = node if node is not None else -1
         proc = self.procs[uid] = RemoteProc(self, uid, self.node_of[uid])
         if node is None or node in self.lost:
@@ -191,18 +224,14 @@ class NodeCluster(StackedCluster):
         (its fork server); its workers follow by ``PR_SET_PDEATHSIG``. Returns the uids that
         were running there."""
         running = [u for u in self.uids_on(node) if self.procs[u].returncode is None]
-        a = self.agents[node]
-        try:
-            os.killpg(a.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        self.directory.kill_node(node)
         return running
 
     def cut_node(self, node: int) -> list[int]:
         """Fault injection (``cut:I@S``): SIGSTOP local agent ``node`` only; its workers run
         on, so only its silent heartbeat tells. Returns the uids running there."""
         running = [u for u in self.uids_on(node) if self.procs[u].returncode is None]
-        self.agents[node].send_signal(signal.SIGSTOP)
+        self.directory.cut_node(node)
         return running
 
     def drain_events(self) -> list[dict]:
@@ -214,6 +243,7 @@ class NodeCluster(StackedCluster):
     # ------------------------------------------------------------------ the watcher
     def _watch(self) -> None:
         st = self.store.clone()
+        hb = self.directory.store.clone()  # the agents beat in the directory (job-long)
         obs: dict = {}
         beats, exits_seen = 0.0, 0
         last_judged = time.monotonic()
@@ -236,28 +266,55 @@ class NodeCluster(StackedCluster):
                 if now - last_judged < self.node_heartbeat:
                     continue
                 live = [k for k in range(self.nodes) if k not in self.lost]
-                counters = {k: int(st.add(node_hb_key(k), 0)) for k in live}
-                if now - last_judged > self.node_staleness / 2:  # this thread was starved:
-                    obs = {k: (c, now, beats) for k, (c, _t, _b) in obs.items()}  # judge none
+                counters = {k: int(hb.add(node_hb_key(k), 0)) for k in live}
+                obs, _starved = starved_observer(obs, last_judged, now, self.node_staleness,
+                                                 beats)
                 beats += beat_clock(obs, counters)
                 obs = observe(obs, counters, now, beats)
                 last_judged = now
                 for k in stale_nodes({k: obs[k] for k in live}, now, self.node_staleness,
                                      beats, self.node_heartbeat):
                     silent = now - obs[k][1]
-                    self._node_lost(st, k, f"its heartbeat was silent for {silent:.2f}s")
+                    self._node_lost(st, k, f"its heartbeat was silent for {silent:.2f}s",
+                                    int(counters[k]))
+                self._rejoins(st, hb)
             except Exception:  # the store is going away (close): nothing left to watch
                 if self._stop_r in select.select([self._stop_r], [], [], 0)[0]:
                     return
 
-    def _node_lost(self, st, node: int, why: str) -> None:
+    def _rejoins(self, st, hb) -> None:
+        """Fenced nodes whose agent asked to rejoin (``--rejoin``) and beats again come back
+        as spare capacity (``core.nodes.rejoining``): the fence is lifted (this attempt's
+        store first: the agent re-reads it when it re-attaches) and spares may go there."""
+        if not self.lost:
+            return
+        for k in self.lost:  # fenced before this attempt: its counter from the first look
+            if k not in self._fenced_at:
+                self._fenced_at[k] = int(hb.add(node_hb_key(k), 0))
+        asked = [k for k in self.lost if hb.check([node_rejoin_key(k)])]
+        if not asked:
+            return
+        back, why = rejoining(asked, self._fenced_at,
+                              {k: int(hb.add(node_hb_key(k), 0)) for k in asked})
+        for k in back:
+            st.delete_key(node_fenced_key(k))
+            self.directory.rejoin(k)
+            del self.lost[k], self._fenced_at[k]
+            with self._order_lock:
+                self._events.append({"event": Event.NODE_REJOINED, "node": k, "reason": why,
+                                     "t": time.time()})
+
+    def _node_lost(self, st, node: int, why: str, counter: int | None = None) -> None:
         from unbroken.runtime.ftcomm import declare_dead
 
         if node in self.lost:
             return
         self.lost[node] = why
+        if counter is not None:
+            self._fenced_at[node] = counter  # a rejoin needs the heartbeat past this
         t = time.time()
-        st.set(node_fenced_key(node), why)
+        st.set(node_fenced_key(node), why)  # its workers leave (stacked_worker._fence)
+        self.directory.fence(node, why)  # ... and its agent, for the rest of the job
         gone = []
         for u in self.uids_on(node):
             p = self.procs[u]
@@ -272,28 +329,19 @@ class NodeCluster(StackedCluster):
 
     # ------------------------------------------------------------------ shutdown
     def close(self) -> None:
+        """End the attempt: every live agent kills and reaps its workers and leaves this
+        store (``node_left/<i>``) before it goes; the agents themselves follow the job."""
         os.write(self._stop_w, b"x")
         if self._watcher is not None:
             self._watcher.join(timeout=5)
-        for k in range(self.nodes):
-            if k not in self.lost and k in self._orders:
-                try:
-                    self.order(k, {"op": "exit"})
-                except Exception:
-                    pass
-        deadline = time.monotonic() + 10
-        for k, a in self.agents.items():
+        told = [k for k in range(self.nodes) if k not in self.lost and k in self._orders]
+        for k in told:
             try:
-                a.wait(timeout=max(0.0, deadline - time.monotonic()) if k not in self.lost
-                       else 0)
-            except subprocess.TimeoutExpired:
-                pass
-            if a.poll() is None:  # a cut-off (stopped) agent: it goes with its group
-                try:
-                    os.killpg(a.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-                a.wait(timeout=10)
+                self.order(k, {"op": "exit"})
+            except Exception:
+                told.remove(k)
+        self.directory.await_nodes(lambda k: self.store.check([node_left_key(k)]), told,
+                                   "left the attempt", strict=False, timeout=10)
         for p in self.procs.values():
             p._exited(-signal.SIGKILL)
         super().close()

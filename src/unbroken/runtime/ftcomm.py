@@ -82,6 +82,7 @@ from unbroken.core.membership import (
     rendezvous_ready,
     rendezvous_staleness,
     silence_rule,
+    starved_observer,
 )
 
 __all__ = ["FTComm", "RendezvousError", "StoreLostError", "declare_dead"]
@@ -642,11 +643,12 @@ class FTComm:
         # take the value back
         self.watched[key] = max(self.watched.get(key, 0), int(value))
 
-    def _watch_supervisor(self, counter: int, now: float, blind: bool) -> None:
+    def _watch_supervisor(self, counter: int, now: float, last: float) -> None:
         """The supervisor's heartbeat, judged like a peer's (a starved observer judges
-        nobody); silent for ``supervisor_staleness`` s: ``supervisor_lost``."""
-        self._sup_obs = (observe(self._sup_obs, {"supervisor": counter}, now) if not blind
-                         else {"supervisor": (counter, now, 0.0)})
+        nobody: ``starved_observer``); silent for ``supervisor_staleness`` s:
+        ``supervisor_lost``."""
+        obs, _starved = starved_observer(self._sup_obs, last, now, self.staleness)
+        self._sup_obs = observe(obs, {"supervisor": counter}, now)
         silent = now - self._sup_obs["supervisor"][1]
         if silent > self.supervisor_staleness and not self.supervisor_lost:
             self.supervisor_lost = True
@@ -690,10 +692,9 @@ class FTComm:
                 if epoch != self._dead_epoch:
                     dead = {m for m in members if st.add(dead_key(m), 0) > 0}
                 now = time.monotonic()
-                # this thread itself was starved (the supervisor's silence then says nothing);
-                # peers need no such rule: the beat clock only moves as far as they beat
-                blind = now - last > self.staleness / 2
-                last = now
+                # the previous read, for the supervisor's starved-observer rule; peers need no
+                # such rule: the beat clock only moves as far as they beat
+                prev, last = last, now
                 with self._lock:
                     self._beats += beat_clock(self._obs, counters)
                     self._obs = observe(self._obs, counters, now, self._beats)
@@ -701,7 +702,7 @@ class FTComm:
                     self._dead_epoch = epoch
                     obs, all_dead, beats = dict(self._obs), set(self._dead), self._beats
                 if self.supervisor_staleness > 0:
-                    self._watch_supervisor(sup, now, blind)
+                    self._watch_supervisor(sup, now, prev)
                 live = self._judge(members, obs, now, self._staleness(), all_dead - {me}, beats)
                 lost = [m for m in members if m not in live and m != me]
                 if lost and self._aborted_gen < gen:

@@ -17,11 +17,15 @@ from datetime import timedelta
 
 
 def main(argv: list[str] | None = None) -> None:
+    """``argv``: ``[PORT]`` to serve on a given port (a node directory's, which agents on
+    other machines are given); default: any free one. It listens on every interface."""
     import torch.distributed as dist
 
     from unbroken import spawn
 
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+    argv = sys.argv[1:] if argv is None else argv
+    port = int(argv[0]) if argv else 0
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=60))
     if not spawn.tell(store.port):
         print(store.port, flush=True)

@@ -139,6 +139,8 @@ class JobSpec:
     stragglers: str | None = None  # a straggler trace (unbroken.core.stragglers) or "none"
     target_loss: float | None = None  # report the time the committed loss first reaches it
     local_nodes: int = 0          # run the groups under K node agents on this machine (0: none)
+    nodes: int = 0                # ... under K node agents started elsewhere (unbroken agent)
+    listen: int = 0               # with nodes: the directory's port the agents are given
     sync: str = "sync"            # the sync mode (unbroken.core.sync.parse_mode)
     ft: FTConfig = field(default_factory=FTConfig)
 
@@ -184,8 +186,12 @@ def check(spec: JobSpec) -> list[Fault]:
         raise ValueError(f"--chaos-faults {spec.chaos_faults}: needs --chaos SEED")
     if spec.resume and spec.fresh:
         raise ValueError("--resume and --fresh exclude each other")
-    if spec.local_nodes:
+    if spec.local_nodes or spec.nodes:
         node_warning(spec)  # more nodes than groups: ValueError
+    if spec.nodes:
+        check_listen(spec.listen)
+    elif spec.listen:
+        raise ValueError(f"--listen {spec.listen}: needs --nodes K (the agents it is for)")
     needy = [f for f in spec.fault_list() if f.kind in NEED_ACT]
     if needy and ft.guard != "act" and not spec.unguarded:
         raise ValueError(f"fault {needy[0].spec!r} needs --guard act (a log-only guard cannot "
@@ -217,12 +223,30 @@ def node_warning(spec: JobSpec) -> str | None:
     nodes it would take), None when it is; ValueError (bad input) unless 1 <= nodes <= groups."""
     from unbroken.core.nodes import place_groups
 
-    if spec.local_nodes < 0:
-        raise ValueError(f"--local-nodes {spec.local_nodes}: must be >= 0 (0: no agents)")
+    for flag, k in (("--local-nodes", spec.local_nodes), ("--nodes", spec.nodes)):
+        if k < 0:
+            raise ValueError(f"{flag} {k}: must be >= 0 (0: no agents)")
+    if spec.local_nodes and spec.nodes:
+        raise ValueError("--local-nodes and --nodes exclude each other")
+    flag = "--local-nodes" if spec.local_nodes else "--nodes"
     try:
-        return place_groups(spec.groups, spec.ft.redundancy, spec.local_nodes)[1]
+        return place_groups(spec.groups, spec.ft.redundancy, spec.local_nodes or spec.nodes)[1]
     except ValueError as e:
-        raise ValueError(f"--local-nodes: {e}") from None
+        raise ValueError(f"{flag}: {e}") from None
+
+
+def check_listen(port: int) -> None:
+    """``--listen``: a port this host can listen on (0: any); ValueError (one line)."""
+    import socket
+
+    if not 0 <= port < 65536:
+        raise ValueError(f"--listen {port}: expected a port 0..65535")
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+        except OSError as e:
+            raise ValueError(f"--listen {port}: cannot listen there ({e.strerror})") from None
 
 
 def check_sync(text: str, groups: int, redundancy: int) -> None:

@@ -245,10 +245,7 @@ class Supervisor:
             signal.signal(s, h)
 
     def _run(self, faults, cfg, out: Path, jdir: Path, xid_log, found, repaired) -> RunResult:
-        from unbroken.core.shards import exactly_once
-        from unbroken.demo_report import build_report, straggler_report
         from unbroken.guard import Guard
-        from unbroken.runtime.ledger import ledger_records
 
         spec = self.spec
         t_start = time.time()
@@ -270,12 +267,41 @@ class Supervisor:
         guard = Guard(self.emit, xid_log=xid_log, act=spec.ft.guard == "act",
                       base_model=cfg.model, uid_of_pid=holders.get,
                       ckpt_every=spec.ckpt_interval(), policy=spec.ft.policy())
+        from unbroken.nodes.directory import NodeSetupError, NodeStartError
+
+        try:
+            directory = _directory(spec, self._line)  # node agents: one for the job's life
+        except NodeStartError as e:
+            raise RunError(str(e).splitlines()[0]) from None
+        try:
+            done, ended = self._attempts(faults, cfg, out, jdir, xid_log, spares, guard,
+                                         holders, directory)
+        except NodeStartError as e:  # the agents did not come: the run cannot start
+            directory.end()
+            raise RunError(str(e).splitlines()[0]) from None
+        except BaseException as exc:
+            if directory is not None:
+                directory.end(str(exc) if isinstance(exc, NodeSetupError) else None)
+            raise
+        finally:
+            if directory is not None:
+                directory.close()
+        return self._finish(done, ended, cfg, out, jdir, t_start)
+
+    def _attempts(self, faults, cfg, out: Path, jdir: Path, xid_log, spares: int, guard,
+                  holders: dict, directory) -> tuple[dict | None, _Ended | None]:
+        """Attempts of the job until one finishes or the job ends: (done, ended)."""
+        spec = self.spec
         fired: set[Fault] = set()  # the schedule's faults that fired (kind, slot, step named)
         attempt, done, ended, backoff = 0, None, None, 0.0
         while done is None and ended is None:
             pending = [f for f in faults if f not in fired]
+            if attempt > 0 and directory is not None:  # agents that died during the backoff
+                for k, why in directory.fence_silent(3 * spec.ft.node_staleness).items():
+                    self.emit({"event": Event.NODE_LOST, "node": k, "reason": why, "uids": []})
             c = _cluster(cfg, jdir, spares, spec, out / "ckpt",
-                         resume=attempt > 0 or spec.resume, pending=pending)
+                         resume=attempt > 0 or spec.resume, pending=pending,
+                         directory=directory)
             # ten beats per window the members judge it by: faster is store traffic that
             # tells them nothing more
             beat = _Heartbeat(c.store, max(spec.ft.heartbeat,
@@ -296,6 +322,14 @@ class Supervisor:
                 c.close()
             if ended is None and done is None:
                 ended = self._backoff(backoff)
+        return done, ended
+
+    def _finish(self, done, ended, cfg, out: Path, jdir: Path, t_start: float) -> RunResult:
+        from unbroken.core.shards import exactly_once
+        from unbroken.demo_report import build_report, straggler_report
+        from unbroken.runtime.ledger import ledger_records
+
+        spec = self.spec
         journals = {int(f.stem.split("-")[1]): read_journal(f)
                     for f in sorted(jdir.glob("group-*.jsonl"))}
         wall = time.time() - t_start
@@ -362,7 +396,7 @@ class _Heartbeat:
 
 
 def _cluster(cfg, jdir: Path, spares: int, spec: JobSpec, ckdir: Path, *, resume: bool,
-             pending: list[Fault]):
+             pending: list[Fault], directory=None):
     """The cluster for one attempt; the victims inject ``pending`` faults (the ones not
     injected by an earlier attempt) themselves, each process its slot's share
     (``core.faults.holder_faults``; a spare gets its share when assigned)."""
@@ -375,14 +409,43 @@ def _cluster(cfg, jdir: Path, spares: int, spec: JobSpec, ckdir: Path, *, resume
               drill={g: [(f.kind, f.step) for f in fs] for g, fs in drill.items() if fs},
               verdicts=spec.ft.guard == "act", store_process=True,
               supervisor_staleness=spec.ft.supervisor_staleness)
-    if spec.local_nodes:  # the same surface, the workers under node agents (unbroken.nodes)
-        from unbroken.core.nodes import place_groups
+    if directory is not None:  # the same surface, the workers under node agents
+        from unbroken.core.nodes import on_live_nodes
         from unbroken.nodes.cluster import NodeCluster
 
-        node_of, _warning = place_groups(cfg.groups, spec.ft.redundancy, spec.local_nodes)
-        return NodeCluster(cfg, str(jdir), node_of=node_of,
+        # a restart places the groups on the nodes still live (a lost one stays fenced)
+        node_of, _warning = on_live_nodes(cfg.groups, spec.ft.redundancy, directory.live())
+        return NodeCluster(cfg, str(jdir), directory=directory, node_of=node_of,
+                           out=str(Path(spec.out).resolve()),
                            node_staleness=spec.ft.node_staleness, **kw)
     return StackedCluster(cfg, str(jdir), **kw)
+
+
+def _directory(spec: JobSpec, emit_line: Callable[[str], None]):
+    """The job's node directory (``unbroken.nodes.directory``), alive across its attempts:
+    ``--local-nodes K`` starts K agents here; ``--nodes K`` waits for K agents elsewhere."""
+    if not (spec.local_nodes or spec.nodes):
+        return None
+    import socket
+
+    from unbroken.core.nodes import place_groups
+    from unbroken.nodes.directory import NodeDirectory
+
+    k = spec.local_nodes or spec.nodes
+    node_of, _warning = place_groups(spec.groups, spec.ft.redundancy, k)
+    d = NodeDirectory(k, port=spec.listen, local=bool(spec.local_nodes),
+                      slots=[node_of.count(i) for i in range(k)],
+                      heartbeat=spec.ft.heartbeat)
+    if spec.nodes:
+        try:  # the address on the default route (a UDP connect sends nothing)
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect(("192.0.2.254", 9))
+                host = s.getsockname()[0]
+        except OSError:
+            host = socket.gethostname()
+        emit_line(f"waiting for {k} node agents: unbroken agent --coordinator "
+                  f"{host}:{d.port} on each node")
+    return d
 
 
 class _Attempt:
@@ -496,7 +559,8 @@ class _Attempt:
                 self.stall_pool = ThreadPoolExecutor(1, thread_name_prefix="stall")
             self.stall_job = self.stall_pool.submit(
                 locate_stall, {u: self.c.procs[u].pid for u in live},
-                {u: self.slot_of[u] for u in live}, fault_dir=Path(self.c.journal_dir))
+                {u: self.slot_of[u] for u in live}, fault_dir=Path(self.c.journal_dir),
+                dump=getattr(self.c, "dump_stacks", None))  # node agents dump their own
 
     def _post_stop(self, why: str | None = None) -> None:
         """Ask every member to stop after the next committed step (rank 0 reads the key)."""
