@@ -26,7 +26,9 @@ parameters), so it reaches the target at its own step. Per run: ``tta_train_s`` 
 4 x shard``), ``straggler_frequency``, ``sync_modes``, ``mode_switches``, and what ``auto``'s
 predictor saw: ``predicted_ratio`` (per step, the slowest group's predicted per-shard time
 over the fastest's -- each group's lowest per-shard compute of the last 5 steps, as
-``core.sync.predict_times`` -- median over the steps). Medians over ``--repeats``;
+``core.sync.predict_times`` -- median over the steps; a group's steps that contributed nothing
+are skipped: before that was fixed, runs with a group left out or deferred read huge ratios).
+Medians over ``--repeats``;
 ``ceiling_tta_train_s``: the straggler-free ``sync`` run's.
 
 Bars (issue 11), computed here as met / not met: one persistent straggler: ``auto`` >= 25 %
@@ -68,7 +70,9 @@ def predicted_ratio(events: list[dict], window: int = 5) -> float | None:
 
     per: dict[int, dict[str, float]] = {}
     for e in events:
-        if e.get("event") == "commit" and isinstance(e.get("compute_s"), (int, float)):
+        # a group that contributed nothing (left out, deferred) has no per-shard time
+        if e.get("event") == "commit" and isinstance(e.get("compute_s"), (int, float)) \
+                and e.get("mine"):
             per.setdefault(e["step"], {})[str(e.get("src"))] = float(e["compute_s"])
     groups = sorted({g for v in per.values() for g in v})
     rows = [[per[k].get(g, 0.0) for g in groups] for k in sorted(per)]
