@@ -144,13 +144,12 @@ def run_case(case: str, steps: int, seed: int, hogs: int, sync: str = "sync") ->
 
 
 def losses(raw: dict) -> list[float]:
-    """The committed loss of every step (its first commit's)."""
-    first: dict[int, tuple[float, float]] = {}
-    for e in raw["events"]:
-        if e.get("event") == "commit" and (e["step"] not in first
-                                            or e["t"] < first[e["step"]][0]):
-            first[e["step"]] = (e["t"], e["loss"])
-    return [first[k][1] for k in sorted(first)]
+    """The loss of every data step over all its shards, in step order (a step's first
+    commit's; under ``ksync`` the commit that computed its last deferred shard)."""
+    from unbroken.core.stragglers import data_step_loss_points
+
+    pts = data_step_loss_points([e for e in raw["events"] if e.get("event") == "commit"])
+    return [pts[k][1] for k in sorted(pts)]
 
 
 def summarise(raw: dict, target: float) -> dict:

@@ -10,23 +10,32 @@ the guard log-only), ``--steps`` steps. Traces (``bench/stragglers.py`` says wha
   1.5x and 3x); ``bursty:0``; ``rotating:0.3``; ``cpu_hog`` (five busy loops pinned with group
   1 on one core, the other groups on the other: a real cause, no trace).
 
-The target loss is the lowest loss the straggler-free ``sync`` run commits by step ``--steps``
-(a per-step loss is one global batch's and noisy), plus 1e-9 relative (``mask`` sums the same
-gradients in another order). Every mode built here computes the synchronous gradient, so all
-reach it at the same step and TTA differences are wall-time differences; the bench checks that
-(``same_losses``) -- except ``ksync:3``, which changes the data order (a deferred shard is
-used at a later step, on that step's parameters), so it reaches the target at its own step. Per
-run: ``tta_train_s`` (from step 0's commit: start-up left out; the TTA
-compared), ``tta_s`` (from the run's start), ``final_loss`` (the mean committed loss of the
-last 10 steps: the fixed sample budget is ``steps x 4 x shard``), ``straggler_frequency``,
-``sync_modes``, ``mode_switches``. Medians over ``--repeats``; ``ceiling_tta_train_s``: the
-straggler-free ``sync`` run's.
+The loss every mode is judged by is a *data step's*: the mean training loss of its 4 shards,
+each on the parameters it is trained on (``unbroken.core.stragglers.data_step_loss_points``);
+under ``ksync`` a step's deferred shards are computed later, so its loss counts (and is timed)
+at the commit that computes the last of them. The target loss is the lowest such loss the
+straggler-free ``sync`` run reaches by step ``--steps`` (a per-step loss is one global batch's
+and noisy), plus 1e-9 relative (``mask`` sums the same gradients in another order). ``sync``
+and ``mask`` compute the synchronous gradient, so they reach it at the same step and TTA
+differences are wall-time differences; the bench checks that (``same_losses_in_every_run``,
+over every run that spent no step in ksync) -- ``ksync:3`` (and ``auto`` when it chooses
+ksync) changes the data order (a deferred shard is used at a later step, on that step's
+parameters), so it reaches the target at its own step. Per run: ``tta_train_s`` (from step
+0's commit: start-up left out; the TTA compared), ``tta_s`` (from the run's start),
+``final_loss`` (the mean loss of the last 10 data steps: the fixed sample budget is ``steps x
+4 x shard``), ``straggler_frequency``, ``sync_modes``, ``mode_switches``, and what ``auto``'s
+predictor saw: ``predicted_ratio`` (per step, the slowest group's predicted per-shard time
+over the fastest's -- each group's lowest per-shard compute of the last 5 steps, as
+``core.sync.predict_times`` -- median over the steps; a group's steps that contributed nothing
+are skipped: before that was fixed, runs with a group left out or deferred read huge ratios).
+Medians over ``--repeats``;
+``ceiling_tta_train_s``: the straggler-free ``sync`` run's.
 
 Bars (issue 11), computed here as met / not met: one persistent straggler: ``auto`` >= 25 %
 sooner than ``sync``; no stragglers: ``auto`` within 5 % of ``sync``; every trace: ``auto``
 within 10 % of the best static mode in hindsight; final loss within 2 % of ``sync``'s.
 ``groups`` and ``async`` are not built in the runtime, so they are not run; ``auto`` chooses
-between ``sync`` and ``mask`` only.
+among ``sync``, ``mask`` and ``ksync:K``.
 
 Usage: ``.venv/bin/python bench/sync_modes.py [--steps 200] [--repeats 1]``.
 """
@@ -54,6 +63,27 @@ def run(trace: str, mode: str, steps: int, seed: int, hogs: int) -> dict:
     return run_case(trace, steps, seed, hogs, sync=mode)
 
 
+def predicted_ratio(events: list[dict], window: int = 5) -> float | None:
+    """Median over steps of max / min of the groups' predicted per-shard compute (each the
+    lowest of its last ``window`` commits' ``compute_s``; 0: computed nothing, skipped)."""
+    from unbroken.core.sync import predict_times
+
+    per: dict[int, dict[str, float]] = {}
+    for e in events:
+        # a group that contributed nothing (left out, deferred) has no per-shard time
+        if e.get("event") == "commit" and isinstance(e.get("compute_s"), (int, float)) \
+                and e.get("mine"):
+            per.setdefault(e["step"], {})[str(e.get("src"))] = float(e["compute_s"])
+    groups = sorted({g for v in per.values() for g in v})
+    rows = [[per[k].get(g, 0.0) for g in groups] for k in sorted(per)]
+    ratios = []
+    for i in range(len(rows)):
+        p = predict_times(rows[max(0, i - window + 1):i + 1])
+        if p is not None and min(p) > 0:
+            ratios.append(max(p) / min(p))
+    return round(statistics.median(ratios), 3) if ratios else None
+
+
 def summarise(raw: dict, target: float) -> dict:
     from unbroken.demo_report import straggler_report
 
@@ -64,8 +94,14 @@ def summarise(raw: dict, target: float) -> dict:
     return {"tta_train_s": sr["tta_train_s"], "tta_s": sr["tta_s"], "wall_s": r["wall_s"],
             "final_loss": statistics.fmean(ls[-10:]),
             "straggler_frequency": sr["straggler_frequency"],
+            "predicted_ratio": predicted_ratio(events),
             "sync_modes": sr["sync_modes"], "mode_switches": sr["mode_switches"],
             "exactly_once": r.get("exactly_once")}
+
+
+def _used_ksync(raw: dict) -> bool:
+    return any(e.get("event") == "commit" and str(e.get("sync", "")).startswith("ksync")
+               for e in raw["events"])
 
 
 def _med(xs: list) -> float | None:
@@ -93,14 +129,14 @@ def main() -> None:
     target = min(ref[:a.steps]) * (1 + 1e-9)
     same = all(max(abs(x - y) for x, y in zip(losses(r), ref)) < 1e-6
                for ms in raws.values() for m, rs in ms.items() for r in rs
-               if len(losses(r)) == len(ref) and not m.startswith("ksync"))
+               if len(losses(r)) == len(ref) and not _used_ksync(r))
     runs = {t: {m: [summarise(r, target) for r in rs] for m, rs in ms.items()}
             for t, ms in raws.items()}
     summary: dict[str, dict] = {}
     for t, ms in runs.items():
         s = {m: {k: _med([x[k] for x in xs]) for k in
                  ("tta_train_s", "tta_s", "wall_s", "final_loss", "straggler_frequency",
-                  "mode_switches")} | {"sync_modes": xs[-1]["sync_modes"],
+                  "predicted_ratio", "mode_switches")} | {"sync_modes": xs[-1]["sync_modes"],
                                       "exactly_once": all(x["exactly_once"] for x in xs)}
              for m, xs in ms.items()}
         best = min(STATIC, key=lambda m: s[m]["tta_train_s"] or float("inf"))

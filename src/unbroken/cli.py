@@ -158,10 +158,11 @@ def _job_args(p: argparse.ArgumentParser, *, steps: int, out: str) -> None:
                         "a predicted-late group out like a failed one; its types go to their "
                         "other hosts: the synchronous gradient), ksync:K (commit with the K "
                         "predicted fastest groups, the others' samples deferred to later steps, "
-                        "each used once), auto (choose sync or mask online by predicted time to "
-                        "accuracy); groups and async are refused: not built yet")
+                        "each used once), auto (choose sync, mask or ksync:K online by "
+                        "predicted time to accuracy); groups and async are refused: not built "
+                        "yet")
     p.add_argument("--target-loss", type=_finite_float, default=None, metavar="L",
-                   help="report the time the committed loss first reaches L (tta_s)")
+                   help="report the time the loss (of a whole data step) first reaches L (tta_s)")
     p.add_argument("--chaos", type=_nonneg_int, default=None, metavar="SEED",
                    help="a seeded mix of every fault kind (kill, hang, slow, nan, bit flip, "
                         "XID, bad code update); implies --guard act")

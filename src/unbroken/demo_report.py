@@ -75,33 +75,36 @@ def straggler_report(events: list[dict], t_start: float,
     of ``wall_s``; null when the target was not reached or not given), ``tta_train_s`` (from
     step 0's commit: start-up left out), ``straggler_frequency`` (from each group's own step
     time ``own_s``), ``sync_modes`` (steps committed per mode) and ``mode_switches``."""
-    from unbroken.core.stragglers import straggler_frequency, time_to_target
+    from unbroken.core.stragglers import (data_step_loss_points, straggler_frequency,
+                                          time_to_target)
 
     own: dict[int, dict[str, float]] = {}
-    first: dict[int, tuple[float, float]] = {}  # step -> (its first commit's time, loss)
+    start: dict[int, float] = {}                # step -> its first commit's time
     mode: dict[int, str] = {}                   # step -> the sync mode it committed under
     switches: set[tuple] = set()                # (step, to): every member journals a switch
+    commits = []
     for e in events:
         if isinstance(e, dict) and e.get("event") == Event.MODE_SWITCH:
             switches.add((e.get("step"), e.get("to")))
         if not isinstance(e, dict) or e.get("event") != Event.COMMIT \
                 or not isinstance(e.get("t"), (int, float)):
             continue
+        commits.append(e)
         k = int(e["step"])
         mode.setdefault(k, str(e.get("sync", "sync")))
+        start[k] = min(start.get(k, e["t"]), float(e["t"]))
         if isinstance(e.get("own_s"), (int, float)):
             own.setdefault(k, {})[str(e.get("src", e.get("uid")))] = float(e["own_s"])
-        if isinstance(e.get("loss"), (int, float)) and (k not in first or e["t"] < first[k][0]):
-            first[k] = (float(e["t"]), float(e["loss"]))
+    # the loss of every data step over all its shards (a deferring mode's commit has fewer)
+    points = list(data_step_loss_points(commits).values())
     tta = tta_train = None
-    if target_loss is not None and first:
-        points = list(first.values())
+    if target_loss is not None and points:
         tta = time_to_target(points, target_loss, t_start)
-        tta_train = time_to_target(points, target_loss, first[min(first)][0])
+        tta_train = time_to_target(points, target_loss, start[min(start)])
     return {"target_loss": target_loss, "tta_s": tta, "tta_train_s": tta_train,
             "straggler_frequency": straggler_frequency(own),
-            "sync_modes": {m: sum(1 for k in first if mode.get(k) == m)
-                           for m in sorted(set(mode[k] for k in first))},
+            "sync_modes": {m: sum(1 for k in start if mode.get(k) == m)
+                           for m in sorted(set(mode[k] for k in start))},
             "mode_switches": len(switches)}
 
 

@@ -1,6 +1,7 @@
 """core.sync and core.sync_trace: the update gap, the TTA heuristic, auto, the noise scale."""
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -314,3 +315,83 @@ def test_ksync_backlog_stays_under_2n_for_every_k():
             done = {(a, b) for _w, a, b in s.catch_up}
             backlog = [b for b in backlog if b not in done] + [(step, g) for g in s.late]
             assert len(backlog) < 2 * n, (k, step, len(backlog))
+
+
+def test_drain_step_spreads_the_backlog_over_the_groups_computing():
+    from unbroken.core.sync import drain_step
+
+    s = drain_step([(5, 1), (6, 1), (7, 1)], [3, 0])
+    assert s.late == () and s.catch_up == ((0, 5, 1), (3, 6, 1), (0, 7, 1))
+    assert drain_step([], [0, 1]).catch_up == () and drain_step([(5, 1)], []).catch_up == ()
+
+
+def test_ksync_as_the_runtime_runs_it_is_priced_by_deferral_not_staleness():
+    from unbroken.core.sync import ksync_defer_estimate
+
+    cm = CostModel(shard_batch=8, noise_scale=0.0)
+    # one 2x straggler of 4: the three fast groups compute 4 shards between them (4/3 of a
+    # shard each, on average) instead of waiting 2 shards' time; nothing stale
+    e = ksync_defer_estimate([1.0, 2.0, 1.0, 1.0], 3, cm)
+    assert e.tta == pytest.approx(4 / 3) and e.staleness == 0.0
+    assert ksync_defer_estimate([1.0, 2.0, 1.0, 1.0], 4, cm).tta == 2.0  # K = N: sync
+    # the statistical cost of deferral: none without gradient noise and none when noise
+    # dominates (progress per sample is what counts), a little in between
+    costs = [ksync_defer_estimate([1.0] * 4, 3, CostModel(shard_batch=8, noise_scale=phi)).tta
+             for phi in (0.0, 32.0, 1e9)]
+    assert costs[0] == pytest.approx(4 / 3) and costs[2] == pytest.approx(4 / 3, rel=1e-6)
+    assert 4 / 3 < costs[1] < 1.1 * 4 / 3
+    # the stale model (STAR's k-sync) and the deferral one differ; tta_of follows the model
+    t = [1.0, 1.0, 1.0, 3.0]
+    defer = CostModel(shard_batch=8, noise_scale=64.0, ksync_defers=True)
+    assert tta_of("ksync:3", t, defer) == ksync_defer_estimate(t, 3, defer).tta
+    stale = replace(defer, ksync_defers=False)
+    assert tta_of("ksync:3", t, stale) != tta_of("ksync:3", t, defer)
+
+
+def test_auto_chooses_ksync_when_its_deferral_is_predicted_soonest():
+    cm = CostModel(shard_batch=8, noise_scale=64.0, redundancy=2, ksync_defers=True)
+    allowed = ("sync", "mask", "ksync")
+    st = AutoState()
+    for t in ([1.0, 2.0, 1.0, 1.0], [1.0, 2.0, 1.0, 1.0]):  # confirmed on two predictions
+        d = decide(st, t, cm, allowed=allowed, greedy_mask=True)
+        st = d.state
+    # 2x: mask is a wash at r = 2 (a 2-deep stack), ksync:3 about 4/3: ksync, with the
+    # predicted TTA of every mode in the selection and the reason
+    assert d.switched and d.mode == "ksync:3", d.reason
+    tta = d.selection.tta()
+    assert tta["ksync"] == min(tta[m] for m in allowed) and "ksync:3" in d.reason
+    # not allowed: auto stays with what is
+    d2 = decide(AutoState(), [1.0, 2.0, 1.0, 1.0], cm, confirm=1, allowed=("sync", "mask"),
+                greedy_mask=True)
+    assert not d2.mode.startswith("ksync")
+    # a spread under 4/3 never makes deferral worth it: sync (within the 20 % straggler bar
+    # nothing is even flagged; at 1.3x ksync:3 is not sooner)
+    d3 = decide(AutoState(), [1.0, 1.3, 1.0, 1.0], cm, confirm=1, allowed=allowed,
+                greedy_mask=True)
+    assert d3.mode == "sync", d3.reason
+    # the straggler gone: back to sync
+    for _ in range(2):
+        d = decide(st, [1.0] * 4, cm, allowed=allowed, greedy_mask=True)
+        st = d.state
+    assert d.mode == "sync" and d.switched
+
+
+def test_data_step_losses_complete_a_step_when_its_last_shard_is_computed():
+    from unbroken.core.sync import data_step_losses
+
+    # step 0: types 0, 2, 3 computed (loss 1 each), type 1 deferred
+    done, pend = data_step_losses({}, 0, 3.0, 3, [], 4)
+    assert done == {} and pend == {0: (3.0, 3)}
+    # step 1: all four of its own, and step 0's type 1 caught up (loss 5)
+    done, pend2 = data_step_losses(pend, 1, 8.0, 4, [(0, 5.0)], 4)
+    assert done == {0: 2.0, 1: 2.0} and pend2 == {} and pend == {0: (3.0, 3)}
+
+
+def test_data_step_loss_points_time_a_deferred_step_at_its_completion():
+    from unbroken.core.stragglers import data_step_loss_points
+
+    commits = [{"step": 0, "t": 1.0, "loss": 0.5, "data_losses": []},
+               {"step": 1, "t": 2.0, "loss": 0.4, "data_losses": [[0, 0.9], [1, 0.7]]},
+               {"step": 1, "t": 2.1, "loss": 0.4, "data_losses": [[0, 0.9], [1, 0.7]]},
+               {"step": 2, "t": 3.0, "loss": 0.3}]  # a commit of its own step (sync)
+    assert data_step_loss_points(commits) == {0: (2.0, 0.9), 1: (2.0, 0.7), 2: (3.0, 0.3)}

@@ -18,7 +18,7 @@ from fakecomm import StorePool  # noqa: E402
 from test_runner_inprocess import Job, max_diff  # noqa: E402
 
 from unbroken.runtime.config import TrainConfig  # noqa: E402
-from unbroken.runtime.syncmodes import ModeRunner  # noqa: E402
+from unbroken.runtime.syncmodes import AUTO_MODES, ModeRunner  # noqa: E402
 from unbroken.runtime.trainer import reference_run  # noqa: E402
 from unbroken.testing.faults import TrainerProxy  # noqa: E402
 
@@ -86,31 +86,31 @@ def test_mask_benches_a_persistent_straggler_and_keeps_the_sync_gradient(referen
 
 
 @pytest.mark.timeout(60)
-def test_auto_switches_to_mask_and_back_to_sync_when_the_straggler_recovers(reference,
-                                                                           stores):
+def test_auto_leaves_sync_for_the_mode_it_predicts_soonest_and_comes_back(stores):
     until = 10  # slow for steps < 10, then as fast as the others
     job = _job(replace(CFG, sync="auto"), stores, lambda s: 0.05 if s < until else BASE)
     assert job.error == {}
+    job.ledger_ok()  # also when it chose ksync: the backlog is drained when it leaves it
     for u in job.uids:
-        assert max_diff(job.result[u], reference) < 1e-9, u
-    job.ledger_ok()
+        assert max_diff(job.result[u], job.result[0]) == 0.0
     switches = job.events(0, "mode_switch")
     # the load of a shared machine can make a fast group look slow for a window, so more
-    # switches may happen; the first goes to mask while the straggler is slow, the last back
-    # to sync after it recovered
+    # switches may happen; the first leaves sync while the straggler is slow, the last comes
+    # back after it recovered
     on, off = switches[0], switches[-1]
-    assert (on["from"], on["to"]) == ("sync", "mask") and off["to"] == "sync", switches
-    assert on["step"] < until <= off["step"]
-    # the journal line carries the reason and every mode's predicted TTA
-    assert "mask" in on["reason"] and set(on["predicted"]) >= {"sync", "mask", "ksync",
-                                                                "groups", "async"}
-    assert on["predicted"]["mask"] < on["predicted"]["sync"]
+    assert on["from"] == "sync" and on["to"] != "sync" and off["to"] == "sync", switches
+    assert on["step"] < until <= off["step"] < CFG.steps
+    # the journal line carries the reason and every mode's predicted TTA, and the mode
+    # chosen is the one predicted soonest of those auto runs
+    pred = on["predicted"]
+    assert set(pred) >= {"sync", "mask", "ksync", "groups", "async"}
+    chosen = on["to"].partition(":")[0]
+    assert chosen in on["reason"] and pred[chosen] == min(pred[m] for m in AUTO_MODES), on
+    # a 5x straggler: sync waits 5x, mask stacks 2 deep, ksync:3 costs 4/3 of a shard
+    assert chosen == "ksync", on
     assert "no straggler" in off["reason"] or "no mode beats sync" in off["reason"], off
-    # a benched group is probed every PROBE steps: that is how the recovery was seen (how
-    # soon depends on the probes passing the 1.1x release bar on a loaded machine)
-    assert off["step"] < CFG.steps
     modes = [e["sync"] for e in job.events(SLOW, "commit")]
-    assert modes[-1] == "sync" and "mask" in modes
+    assert modes[-1] == "sync" and any(m.startswith("ksync") for m in modes)
     assert all(_untimed(job.events(u, "mode_switch")) == _untimed(switches) for u in job.uids)
 
 
@@ -143,3 +143,77 @@ def test_ksync_journals_the_mean_loss_of_the_shards_it_computed(stores):
     lk = [e["loss"] for e in job.events(0, "commit")]
     ls = [e["loss"] for e in sync.events(0, "commit")]
     assert abs(sum(lk) / len(lk) - sum(ls) / len(ls)) < 0.1 * abs(sum(ls) / len(ls)), (lk, ls)
+
+
+class Biased(Sleepy):
+    """Shard type ``SLOW``'s loss reads ``BIAS`` higher (its samples are harder): a loss
+    measured without that type reads BIAS / N low."""
+
+    def grad(self, step, shard_type, out=None):
+        g = super().grad(step, shard_type, out)
+        if shard_type == SLOW:
+            self.last_loss[shard_type] += BIAS
+        return g
+
+
+BIAS = 10.0
+
+
+def _biased_job(cfg, stores, delay) -> Job:
+    def prepare(u, runner):
+        runner.trainer = Biased(runner.trainer, delay if u == SLOW else lambda s: BASE)
+    return Job(cfg, stores, prepare=prepare, runner=ModeRunner).run()
+
+
+@pytest.mark.timeout(60)
+def test_ksync_data_step_loss_covers_every_shard_type_like_sync(stores):
+    # the straggler's type is deferred on most steps; the loss TTA and the final loss are
+    # judged by must still count it, as sync's does (its own-shard loss reads BIAS / 4 low)
+    from unbroken.core.stragglers import data_step_loss_points
+
+    ks = _biased_job(replace(CFG, sync="ksync:3"), stores, lambda s: 0.05)
+    sy = _biased_job(replace(CFG, sync="mask"), stores, lambda s: 0.0)  # never benches
+    assert ks.error == {} and sy.error == {}
+    deferred = [k for k, c in ks.commits(0).items() if SLOW in c.get("deferred", [])]
+    assert len(deferred) > CFG.steps // 2, deferred
+    pk = data_step_loss_points(ks.events(0, "commit"))
+    ps = data_step_loss_points(sy.events(0, "commit"))
+    assert sorted(pk) == sorted(ps) == list(range(CFG.steps))  # every data step, once
+    # a deferred step's loss is known (and timed) when its last shard is computed: later
+    commit_t = {k: c["t"] for k, c in ks.commits(0).items()}
+    assert all(pk[k][0] > commit_t[k] for k in deferred)
+    assert all(pk[k][0] == commit_t[k] for k in range(CFG.steps) if k not in deferred)
+    # the same samples as sync's step, on a trajectory that differs a little: the mean
+    # difference is far below the BIAS / 4 that leaving the type out would make
+    diff = [pk[k][1] - ps[k][1] for k in range(CFG.steps)]
+    assert abs(sum(diff) / len(diff)) < 0.1 * BIAS / 4, diff
+    own = [ks.commits(0)[k]["loss"] for k in deferred]  # the step's own shards only
+    assert sum(ps[k][1] - o for k, o in zip(deferred, own)) / len(own) > 0.8 * BIAS / 4
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("die_at", [CFG.steps - 1, CFG.steps - 4],
+                         ids=["dies-in-the-last-step", "down-at-the-last-step"])
+def test_ksync_backlog_is_caught_up_when_a_group_dies_near_the_end(stores, die_at):
+    # group 3 dies at its all-reduce of step die_at (the last step, or three before it: the
+    # failure plan is in force at the last step). What the straggler deferred is caught up by
+    # whoever is live in the re-planned step: every sample still exactly once.
+    victim = 3
+    cfg = replace(CFG, sync="ksync:3")
+
+    def prepare(u, runner):
+        runner.trainer = Sleepy(runner.trainer, (lambda s: 0.05) if u == SLOW
+                                else (lambda s: BASE))
+    job = Job(cfg, stores, hooks={victim: {"die_at_call": die_at}}, prepare=prepare,
+              runner=ModeRunner).run()
+    assert set(job.error) == {victim}, job.error
+    commits = job.commits(0)
+    assert any(c.get("deferred") for k, c in commits.items() if k < die_at)  # a backlog
+    assert commits[die_at]["members"] == [0, 1, 2]
+    caught = commits[die_at].get("catch_up", [])
+    assert caught and all(u != victim for *_, u in caught), caught
+    # nothing is deferred once a group is down, and nothing is left over at the end
+    assert all(not commits[k].get("deferred") for k in range(die_at, cfg.steps))
+    job.ledger_ok()
+    for u in (0, 1, 2):
+        assert max_diff(job.result[u], job.result[0]) == 0.0

@@ -39,7 +39,8 @@ from typing import Mapping, Sequence
 import numpy as np
 
 __all__ = ["StragglerSpecError", "Trace", "parse_stragglers", "is_pattern", "PATTERNS",
-           "straggler_frequency", "time_to_target", "STRAGGLER_RATIO"]
+           "straggler_frequency", "time_to_target", "data_step_loss_points",
+           "STRAGGLER_RATIO"]
 
 PATTERNS = ("persistent", "bursty", "rotating")
 #: STAR's straggler: a group more than 20 % slower than the fastest one at that step
@@ -268,3 +269,26 @@ def time_to_target(losses: Sequence[tuple[float, float]], target: float,
         if math.isfinite(loss) and loss <= target:
             return t - t0
     return None
+
+
+def data_step_loss_points(commits: Sequence[Mapping]) -> dict[int, tuple[float, float]]:
+    """Each data step's (time, loss) from commit events (``step``, ``t``, ``loss``, optional
+    ``data_losses``), the first commit of a step counting: what TTA and a final loss are
+    judged by in every sync mode. A commit with ``data_losses`` (a mode that defers samples:
+    ``ksync``) gives the data steps it completed, timed at it, instead of its own loss over
+    fewer than N shards (:func:`unbroken.core.sync.data_step_losses` says why); any other
+    gives its own step's loss."""
+    first: dict[int, Mapping] = {}
+    for e in commits:
+        k = e.get("step")
+        if isinstance(k, int) and isinstance(e.get("t"), (int, float)) and (
+                k not in first or e["t"] < first[k]["t"]):
+            first[k] = e
+    out: dict[int, tuple[float, float]] = {}
+    for k in sorted(first):
+        e = first[k]
+        pairs = e["data_losses"] if "data_losses" in e else [[k, e.get("loss")]]
+        for s, loss in pairs:
+            if isinstance(loss, (int, float)) and int(s) not in out:
+                out[int(s)] = (float(e["t"]), float(loss))
+    return out

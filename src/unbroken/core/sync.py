@@ -27,6 +27,10 @@ equivalent step* (divided by iters(N B)), so sync's TTA is simply its step time,
   tau is N - 1 for async (exact: between a worker's read and write the others make
   sum_{j != i} t_i / t_j updates; weighted by update rate that averages to N - 1), C - 1 for
   C asynchronous clusters, and measured in the Monte-Carlo for ksync.
+* ``ksync`` as the runtime runs it (``CostModel.ksync_defers``; :func:`ksync_defer_estimate`):
+  the late groups' samples are deferred and caught up by the fast groups on fresh parameters,
+  so nothing is stale; the step costs (N / K) x the fast groups' compute, and the statistical
+  cost is that of the updates' varying batch (K B, or more on a catch-up step).
 * ``mask`` (SPARe's redundancy turned on stragglers, not in STAR): the flagged groups leave the
   step like failed ones, ``core.rectlr.decide`` gives the surviving hosts their types, and the
   step costs max over survivors of (types it computes x its per-type compute) + the all-reduce.
@@ -65,7 +69,8 @@ __all__ = ["MODES", "Mode", "parse_mode", "CostModel", "ModeEstimate", "Selectio
            "ksync_gap", "GapEstimate", "cluster_times", "star_k_scan", "select",
            "flag_stragglers", "tta_of", "estimates", "AutoState", "AutoDecision", "decide", "noise_scale_terms",
            "NoiseScale", "RUNTIME_MODES", "predict_times", "mask_bench", "bench_for_mode",
-           "KsyncStep", "ksync_step"]
+           "KsyncStep", "ksync_step", "drain_step", "ksync_defer_estimate",
+           "data_step_losses"]
 
 MODES = ("sync", "mask", "ksync", "groups", "async", "auto")
 #: the order ties are broken in: the safest (most synchronous) mode first
@@ -119,6 +124,9 @@ class CostModel:
         min_gain: a mode other than sync must beat sync's TTA by this share to be chosen.
         mc_updates: updates in the ksync Monte-Carlo (STAR: 1,000).
         seed: seeds the Monte-Carlo's tie-breaking.
+        ksync_defers: price ``ksync`` as the runtime runs it (the late groups' samples are
+            deferred and caught up on fresh parameters: :func:`ksync_defer_estimate`, K the
+            best of 1..N-1) instead of STAR's k-sync (late gradients applied stale).
     """
 
     shard_batch: int = 8
@@ -131,6 +139,7 @@ class CostModel:
     min_gain: float = 0.02
     mc_updates: int = 1000
     seed: int = 0
+    ksync_defers: bool = False
 
     def __post_init__(self) -> None:
         if self.shard_batch < 1:
@@ -302,6 +311,40 @@ def _mask_estimate(t: np.ndarray, flagged: Sequence[int], cm: CostModel) -> Mode
                         f"{deepest} deep ({d.phase})")
 
 
+def ksync_defer_estimate(times: Sequence[float], k: int, cm: CostModel) -> ModeEstimate:
+    """``ksync:K`` as the runtime runs it (:func:`ksync_step`): the N - K groups predicted
+    slowest defer their shards and the K fastest catch them up, m = ceil((N - K) / K) more
+    each on a share f = (N - K) / (m K) of the steps.
+
+    * Time: the fast groups compute all N shards between them, so a step costs on average
+      comm + (N / K) x the slowest fast group's compute, whatever the late groups do.
+    * Statistics: nothing is stale (a deferred shard is computed on the parameters of the
+      step that uses it), but the updates' batches vary: K B on most steps, (K + m K) B on a
+      catch-up step. An update of batch B makes 1 / iters(B) of a unit of progress, so the
+      run needs iters_eff = 1 / mean(1 / iters(B)) updates per unit, against sync's
+      iters(N B): the cost of deferral. It vanishes at both ends (noise scale 0: every update
+      counts fully; noise-dominated: progress per sample is what counts, and the samples are
+      the same) and is a few per cent in between.
+
+    TTA per sync-equivalent step = average gap x iters_eff / iters(N B)."""
+    t = _times(times)
+    n, b = t.size, cm.shard_batch
+    if not 1 <= k <= n:
+        raise ValueError(f"k {k} outside [1, {n}]")
+    if k == n:
+        return ModeEstimate(f"ksync:{k}", float(t.max()), float(t.max()), n * b, 0.0,
+                            "K = N: the sync step")
+    fast = np.sort(t)[:k]
+    compute = float(max(fast.max() - cm.comm_s, 0.0))
+    m = -(-(n - k) // k)
+    f = (n - k) / (m * k)
+    gap = cm.comm_s + compute * n / k
+    iters = 1.0 / ((1 - f) / cm.iters(k * b) + f / cm.iters((k + m * k) * b))
+    return ModeEstimate(f"ksync:{k}", gap * iters / cm.iters(n * b), gap, n * b, 0.0,
+                        f"defers the {n - k} slowest, the {k} fastest catch up "
+                        f"{n / k:.2g} shards a step; deferral x{iters / cm.iters(n * b):.3f}")
+
+
 def estimates(times: Sequence[float], cm: CostModel,
               flagged: Sequence[int] | None = None,
               greedy_mask: bool = False) -> dict[str, ModeEstimate]:
@@ -323,11 +366,15 @@ def estimates(times: Sequence[float], cm: CostModel,
     else:
         m = _mask_estimate(t, flagged, cm)
         out["mask"] = replace(m, left_out=tuple(flagged) if math.isfinite(m.tta) else ())
-    k, _ = star_k_scan(t, cm)
-    g = ksync_gap(t, k, cm.mc_updates, cm.seed)
-    tta_k = g.gap * cm.iters(k * b) / ref * (1 + lam * g.staleness)
-    out["ksync"] = ModeEstimate(f"ksync:{k}", tta_k, g.gap, k * b, g.staleness,
-                                "k from STAR's scan")
+    if cm.ksync_defers:
+        out["ksync"] = min((ksync_defer_estimate(t, k, cm) for k in range(1, n)),
+                           key=lambda e: e.tta, default=out["sync"])
+    else:
+        k, _ = star_k_scan(t, cm)
+        g = ksync_gap(t, k, cm.mc_updates, cm.seed)
+        tta_k = g.gap * cm.iters(k * b) / ref * (1 + lam * g.staleness)
+        out["ksync"] = ModeEstimate(f"ksync:{k}", tta_k, g.gap, k * b, g.staleness,
+                                    "k from STAR's scan")
     clusters = cluster_times(t, cm.cluster_fraction)
     slowest = [float(t[c].max()) for c in clusters]
     rate = sum(1.0 / (cm.iters(len(c) * b) * s) for c, s in zip(clusters, slowest))
@@ -380,6 +427,8 @@ def tta_of(mode: str, times: Sequence[float], cm: CostModel) -> float:
     m = parse_mode(mode, len(times))
     if m.name != "ksync":
         raise ValueError(f"mode {mode!r} has no estimate")
+    if cm.ksync_defers:
+        return ksync_defer_estimate(times, m.k, cm).tta
     n, b = len(times), cm.shard_batch
     g = ksync_gap(times, m.k, cm.mc_updates, cm.seed)
     return g.gap * cm.iters(m.k * b) / cm.iters(n * b) * (1 + cm.staleness_cost * g.staleness)
@@ -553,7 +602,7 @@ class NoiseScale:
 # ----------------------------------------------------------------------------- runtime modes
 
 #: the modes the runtime (``unbroken.runtime.syncmodes``) carries out; ``auto`` chooses among
-#: the first two
+#: the first three (ksync priced as the runtime runs it: ``CostModel.ksync_defers``)
 RUNTIME_MODES = ("sync", "mask", "ksync", "auto")
 
 
@@ -653,9 +702,7 @@ def ksync_step(times: Sequence[float] | None, groups: int, k: int,
     if not 1 <= k <= groups:
         raise ValueError(f"k {k} outside [1, {groups}]")
     if last:
-        cu = tuple((i % groups, int(s), int(ty)) for i, (s, ty) in enumerate(backlog))
-        return KsyncStep((), cu, f"ksync:{k}: last step, {len(cu)} deferred shard(s) caught "
-                                 f"up over every group")
+        return drain_step(backlog, range(groups), f"ksync:{k}: last step")
     if times is None:
         return KsyncStep((), (), f"ksync:{k}: no prediction yet, every group takes part")
     t = _times(times)
@@ -672,3 +719,48 @@ def ksync_step(times: Sequence[float] | None, groups: int, k: int,
     why = (f"ksync:{k}: commits with {fast}, defers {list(late)}"
            + (f", {len(cu)} deferred shard(s) caught up" if cu else ""))
     return KsyncStep(late, cu, why)
+
+
+def drain_step(backlog: Sequence[tuple[int, int]], over: Sequence[int],
+               why: str = "drain") -> KsyncStep:
+    """A step that defers nothing and catches up the whole ``backlog`` spread round-robin over
+    the groups ``over`` (the ones computing in that step): the last step of a run, the step
+    after a re-plan (a failure, an admission: whatever the interrupted step was to catch up
+    goes to whoever is live now) or after ``auto`` leaves ``ksync``. Without it a deferred
+    shard would be used never -- the ledger would report it missing. Empty ``over`` (nobody
+    computes) or backlog: no catch-up."""
+    over = sorted(int(w) for w in over)
+    if not over or not backlog:
+        return KsyncStep((), (), f"{why}: nothing deferred to catch up")
+    cu = tuple((over[i % len(over)], int(s), int(ty)) for i, (s, ty) in enumerate(backlog))
+    return KsyncStep((), cu, f"{why}: {len(cu)} deferred shard(s) caught up over groups {over}")
+
+
+def data_step_losses(pending: dict[int, tuple[float, int]], step: int, own_sum: float,
+                     own_n: int, caught_up: Sequence[tuple[int, float]], types: int
+                     ) -> tuple[dict[int, float], dict[int, tuple[float, int]]]:
+    """The loss of every *data step* whose ``types`` shards have now all been computed: what
+    makes the loss of a mode that defers samples comparable with ``sync``'s.
+
+    A step's committed loss under ``sync`` is the mean training loss of its N shard types,
+    each on the parameters it is trained on. Under ``ksync`` the step's own loss leaves out
+    the deferred types, always the same ones under a persistent straggler, and a mean over
+    fewer shards is noisier, so it dips under a target sooner: neither is the quantity
+    ``sync`` reports. So a data step's loss here is the mean over all N of its shards, each
+    taken when its gradient is computed (a deferred one at its catch-up, on the parameters it
+    is trained on there), known -- and timed -- once the last of them is computed. It covers
+    the very samples of ``sync``'s step, so the data noise of a per-step loss is the same in
+    both modes. A held-out evaluation would cost forward passes in every mode and a change of
+    the synchronous path; this costs nothing.
+
+    ``pending``: data step -> (loss sum, shards) so far; ``step`` the step being committed,
+    whose own computed shards have the loss sum ``own_sum`` over ``own_n`` shards;
+    ``caught_up``: (data step, loss) of each deferred shard computed in it. Returns (complete
+    data steps -> mean loss, the new pending); does not modify ``pending``."""
+    acc = dict(pending)
+    for s, v, c in [(step, own_sum, own_n)] + [(s, l, 1) for s, l in caught_up]:
+        if c:
+            old = acc.get(int(s), (0.0, 0))
+            acc[int(s)] = (old[0] + float(v), old[1] + int(c))
+    done = {s: v / c for s, (v, c) in acc.items() if c >= types}
+    return done, {s: vc for s, vc in acc.items() if s not in done}

@@ -1,7 +1,8 @@
 """Sync modes at run time (``--sync mask``, ``ksync:K`` and ``auto``): the stacked step of
 :mod:`unbroken.runtime.stacked`, plus a decision at every step boundary about which groups
-the next step leaves out. ``--sync sync`` (the default) does not build this runner at all:
-the synchronous step stays byte for byte :class:`~unbroken.runtime.stacked.StackedRunner`.
+the next step leaves out (and, under ``ksync``, which deferred shards it catches up).
+``--sync sync`` (the default) does not build this runner at all: the synchronous step stays
+byte for byte :class:`~unbroken.runtime.stacked.StackedRunner`.
 
 ``mask``: SPARe's redundancy turned on stragglers
 -------------------------------------------------
@@ -20,21 +21,44 @@ are *deferred* (a (data step, type) backlog every member keeps alike). The in-ba
 reads 0 for them, which the shared plan accounts for, and the update is the mean over the
 shards actually summed. Deferred shards are caught up by the fast groups in balanced steps
 (:func:`unbroken.core.sync.ksync_step`: all fast groups carry the same extra shards, so the
-step costs that much more instead of the straggler's wait) and the run's last step drains the
-rest over every group: each sample is used exactly once, the ledger counts a caught-up shard at
-its data step (commit fields ``deferred`` and ``catch_up``). Unlike STAR's k-sync the late
-gradient is not stale: a deferred shard is computed on the parameters of the step that uses
-it; what changes is the data order (so the trajectory is not the synchronous one). A new
-generation keeps the backlog (the exactly-once state; a joiner gets it with the state copy)
-and runs the interrupted step under the runtime's failure plan; a run whose last step has a
-group down ends with the backlog undrained (the ledger then reports it missing).
+step costs that much more instead of the straggler's wait). The whole backlog is *drained*
+(:func:`unbroken.core.sync.drain_step`: nothing deferred, the backlog spread over the groups
+computing) at the run's last step, at the step a new generation re-plans (a failure or an
+admission: the interrupted step runs under the runtime's plan, and whatever it was to catch up
+goes to whoever is live now -- so a group dying in, or down at, the last step leaves nothing
+unused), at every step while a failure plan is in force, and at the step ``auto`` leaves
+``ksync``. Each sample is used exactly once; the ledger counts a caught-up shard at its data
+step (commit fields ``deferred`` and ``catch_up``). Unlike STAR's k-sync the late gradient is
+not stale: a deferred shard is computed on the parameters of the step that uses it; what
+changes is the data order (so the trajectory is not the synchronous one). The backlog is the
+exactly-once state: a joiner gets it with the state copy.
+
+The loss ``ksync`` is judged by
+--------------------------------
+A commit's ``loss`` is the mean over the step's own computed shards; under a persistent
+straggler that leaves the same shard type out of every step, and a mean over fewer shards dips
+below a target sooner by noise alone -- neither is what ``sync`` reports. So a ksync commit
+also journals ``data_losses``: every *data step* whose N shards are now all computed, with the
+mean of their N losses, each taken when its gradient was computed (a deferred one at its
+catch-up; the loss cells ride in the step buffer, one per caught-up shard, so every member
+journals the same). TTA and the final loss read those
+(:func:`unbroken.core.stragglers.data_step_loss_points`): the very samples of ``sync``'s step,
+timed when the last of them is computed (:func:`unbroken.core.sync.data_step_losses` says why
+not a held-out evaluation).
+
+``auto``
+--------
+:func:`unbroken.core.sync.decide` among ``sync``, ``mask`` and ``ksync`` (priced by deferral:
+:func:`~unbroken.core.sync.ksync_defer_estimate`, K the best of 1..N-1); a ``ksync:K`` choice
+runs the ksync step above with that K, and leaving it drains the backlog.
 
 What every member decides from
 ------------------------------
 The step buffer carries, past the digests, two cells per group (one writer each, so the sum
-is the value) and 2N catch-up coverage cells (ksync): the group's own compute per shard type
-this step (0: computed nothing) and the squared norm of one of its shard gradients (the noise scale's small batch; the reduced
-gradient's norm is the big batch: :class:`unbroken.core.sync.NoiseScale`, McCandlish et al.).
+is the value) and 2N catch-up coverage and 2N catch-up loss cells (ksync): the group's own
+compute per shard type this step (0: computed nothing) and the squared norm of one of its
+shard gradients (the noise scale's small batch; the reduced gradient's norm is the big batch:
+:class:`unbroken.core.sync.NoiseScale`, McCandlish et al.).
 Every member reads the same reduced bytes, keeps the same window of the last
 :data:`WINDOW` steps, and calls the same pure functions of :mod:`unbroken.core.sync`
 (:func:`~unbroken.core.sync.predict_times`, :func:`~unbroken.core.sync.mask_bench`,
@@ -55,8 +79,8 @@ from typing import Any, Callable
 import torch
 
 from unbroken.core.sync import (RUNTIME_MODES, AutoState, CostModel, KsyncStep, NoiseScale,
-                                bench_for_mode, decide, ksync_step, mask_bench, parse_mode,
-                                predict_times)
+                                bench_for_mode, data_step_losses, decide, drain_step,
+                                ksync_step, mask_bench, parse_mode, predict_times)
 from unbroken.core.rectlr import WipeOut
 from unbroken.events import Event
 from unbroken.runtime import stepbuf as sb
@@ -71,6 +95,8 @@ WINDOW = 5
 PROBE = 4
 #: updates of the ksync Monte-Carlo when ``auto`` re-selects (STAR's 1,000 cost ~20 ms)
 MC_UPDATES = 200
+#: what ``auto`` chooses among (every mode is still estimated and journaled)
+AUTO_MODES = ("sync", "mask", "ksync")
 
 
 def make_runner(cfg: Any, *args: Any, **kw: Any) -> StackedRunner:
@@ -90,9 +116,12 @@ class ModeRunner(StackedRunner):
                              f"{', '.join(RUNTIME_MODES)})")
         self.sync_mode, self.k = mode.name, mode.k
         self.backlog: list[tuple[int, int]] = []  # ksync: deferred (data step, type), oldest first
+        # data steps with deferred shards: their loss sum and shards so far (the fair loss)
+        self.pending_loss: dict[int, tuple[float, int]] = {}
+        self._dl: tuple[int, dict[int, float]] | None = None  # (step, data steps it completed)
         self._ks: tuple[int, KsyncStep, dict] | None = None  # (step, plan, deferred {type: slot})
-        self._extra: tuple[int, torch.Tensor, float, int] | None = None  # my catch-up: (step,
-        #                                                     sum, seconds, shards)
+        self._extra: tuple[int, torch.Tensor | None, float, int, dict[int, float]] | None = None
+        # my catch-up: (step, sum, seconds, shards, {catch-up index: its loss})
         self._outer_journal = journal
         n = cfg.groups
         self._off = n + (n * n if cfg.sdc_every > 0 else 0)  # the region, from the gradient's end
@@ -121,14 +150,20 @@ class ModeRunner(StackedRunner):
                 ev["deferred"] = sorted(int(t) for t in ks[2])
                 ev["catch_up"] = [[s, t, self._uid_of(w, self.op_members)]
                                   for w, s, t in ks[1].catch_up]
+                # the loss comparable with sync's: data steps whose N shards are now all
+                # computed (see core.sync.data_step_losses); their TTA point is this commit
+                if self._dl is not None and self._dl[0] == ev["step"]:
+                    ev["data_losses"] = [[s, v] for s, v in sorted(self._dl[1].items())]
         self._outer_journal(ev)
 
     def _buflen(self) -> int:
-        # time and |g|^2 per group, then one coverage cell per caught-up shard (< 2N)
-        return super()._buflen() + 4 * self.cfg.groups
+        # time and |g|^2 per group, then a coverage cell and a loss cell per caught-up shard
+        # (< 2N each)
+        return super()._buflen() + 6 * self.cfg.groups
 
     def _meta(self) -> dict:
-        return {**super()._meta(), "backlog": [list(b) for b in self.backlog]}
+        return {**super()._meta(), "backlog": [list(b) for b in self.backlog],
+                "pending_loss": [[s, v, c] for s, (v, c) in sorted(self.pending_loss.items())]}
 
     def _ks_now(self) -> tuple[int, KsyncStep, dict] | None:
         ks = self._ks
@@ -141,16 +176,17 @@ class ModeRunner(StackedRunner):
         ks = self._ks_now()
         if ks is not None and ks[1].catch_up and (self._extra is None or self._extra[0] != k) \
                 and self.step_error is None:
-            t0, acc, n_cu = time.perf_counter(), None, 0
+            t0, acc, n_cu, losses = time.perf_counter(), None, 0, {}
             own_loss = dict(self.trainer.last_loss)  # the step's loss is its own shards'
-            for w, s, t in ks[1].catch_up:
+            for j, (w, s, t) in enumerate(ks[1].catch_up):
                 if w == slot:  # a deferred shard, on today's parameters
                     g = self.trainer.grad(s, t)
                     acc = g.clone() if acc is None else acc.add_(g)
                     n_cu += 1
+                    losses[j] = self.trainer.last_loss.get(t, float("nan"))
             self.trainer.last_loss.clear()
             self.trainer.last_loss.update(own_loss)
-            self._extra = (k, acc, time.perf_counter() - t0, n_cu)
+            self._extra = (k, acc, time.perf_counter() - t0, n_cu, losses)
         mine = self.contrib.get(slot, ())
         if mine:
             if (self._sq is None or self._sq[0] != k) and mine[0] in self.grads \
@@ -190,6 +226,8 @@ class ModeRunner(StackedRunner):
             for j, (g, _s, _t) in enumerate(ks[1].catch_up):
                 if g == w:
                     buf[base + 2 * n + j] = 1.0
+                    if ex is not None and ex[0] == self.step:
+                        buf[base + 4 * n + j] = ex[4].get(j, float("nan"))
         return buf
 
     def _settle(self, members: list[int], *, planned: bool, restart: bool = False) -> bool:
@@ -198,12 +236,17 @@ class ModeRunner(StackedRunner):
         if ok:  # a new generation: every member starts over (a joiner has no history)
             self._reset_modes()
             self._replan = True
-            # the step goes on under the runtime's plan: nothing deferred, nothing caught up
-            # (the backlog is kept: it is the exactly-once state; a joiner gets it with the
-            # state copy)
+            # the step goes on under the runtime's plan: nothing deferred (the backlog is
+            # kept: it is the exactly-once state; a joiner gets it with the state copy)
             self._ks, self._extra = None, None
             if joiner and self.snap is not None and self.snap.meta is not None:
-                self.backlog = [(int(s), int(t)) for s, t in self.snap.meta.get("backlog", [])]
+                meta = self.snap.meta
+                self.backlog = [(int(s), int(t)) for s, t in meta.get("backlog", [])]
+                self.pending_loss = {int(s): (float(v), int(c))
+                                     for s, v, c in meta.get("pending_loss", [])}
+            # ... except for what was deferred: whoever is live now catches it up in this
+            # step (the interrupted step may have been the last one to)
+            self._drain(self.step, self.live_slots(self.comm.members), "re-plan")
         return ok
 
     def _commit(self, buf: torch.Tensor, rolled: bool = False) -> None:
@@ -221,6 +264,11 @@ class ModeRunner(StackedRunner):
                 raise DivergenceError(
                     f"step {self.step}: ksync coverage: deferred {sorted(ks[2])} read "
                     f"{[rest[t] for t in sorted(ks[2])]}, caught-up cells {cells}")
+            cu_loss = rest[self._off + 4 * n:self._off + 4 * n + len(cu)]
+            done, self.pending_loss = data_step_losses(
+                self.pending_loss, self.step, rest[sb.LOSS], n - len(ks[2]),
+                [(s, v) for (_w, s, _t), v in zip(cu, cu_loss)], n)
+            self._dl = (self.step, done)
             used = n - len(ks[2]) + len(cu)
             buf = buf.clone()
             if used != n:
@@ -251,12 +299,14 @@ class ModeRunner(StackedRunner):
 
     # ------------------------------------------------------------------ the decision
     def _decide(self, step: int, live: set[int]) -> None:
-        """The bench for step ``step`` (the next one), the same on every member."""
-        if len(live) < self.cfg.groups:  # a failure plan is in force: the runtime's, not ours
+        """The plan for step ``step`` (the next one), the same on every member."""
+        if len(live) < self.cfg.groups:  # a failure plan is in force: the runtime's, not
+            # ours; what is deferred is caught up by the live groups now
+            self._drain(step, live, "failure plan in force")
             return
         pred = predict_times(self.window)
         if self.sync_mode == "ksync":
-            self._decide_ksync(step, pred, live)
+            self._decide_ksync(step, pred, live, self.k)
             return
         if pred is None:
             want, why = (), "no prediction yet"
@@ -264,10 +314,11 @@ class ModeRunner(StackedRunner):
             want, why = mask_bench(pred, self.bench, self.cost)
         else:
             phi = self.noise.phi
+            # ksync priced as run here: deferral, nothing stale (core.sync.ksync_defer_estimate)
             cm = CostModel(shard_batch=self.cfg.shard_size, redundancy=self.cfg.redundancy,
                            noise_scale=max(0.0, phi) if phi is not None else 0.0,
-                           mc_updates=MC_UPDATES)
-            d = decide(self.auto, pred, cm, allowed=("sync", "mask"), greedy_mask=True)
+                           mc_updates=MC_UPDATES, ksync_defers=True)
+            d = decide(self.auto, pred, cm, allowed=AUTO_MODES, greedy_mask=True)
             if d.switched:
                 self.journal({"event": Event.MODE_SWITCH, "step": step, "from": self.auto.mode,
                               "to": d.mode, "reason": d.reason,
@@ -276,21 +327,34 @@ class ModeRunner(StackedRunner):
                               "times": [round(t, 6) for t in pred], "noise_scale": phi,
                               "t": time.time()})
             self.auto = d.state
+            if d.mode.startswith("ksync"):
+                self._decide_ksync(step, pred, live, parse_mode(d.mode, self.cfg.groups).k)
+                return
             want, why = bench_for_mode(d, self.bench), d.reason
-        if want == self.bench and not self._replan:
-            return
-        self._replan = False
-        d = self._fresh_plan(sorted(set(live) - set(want)))
-        if isinstance(d, WipeOut):  # cannot leave them out (mask_bench checked; defensive)
-            want, d = (), self._fresh_plan(sorted(live))
-        self.stacks, self.depth, self.contrib = d.stacks, d.depth, d.contributions()
-        self.bench = tuple(want)
-        self.effective = "mask" if want else "sync"
-        self.journal({"event": Event.BENCH, "step": step, "bench": list(want), "reason": why,
-                      "depth": d.depth, "t": time.time()})
+        if want != self.bench or self._replan:
+            self._replan = False
+            d = self._fresh_plan(sorted(set(live) - set(want)))
+            if isinstance(d, WipeOut):  # cannot leave them out (mask_bench checked; defensive)
+                want, d = (), self._fresh_plan(sorted(live))
+            self.stacks, self.depth, self.contrib = d.stacks, d.depth, d.contributions()
+            self.bench = tuple(want)
+            self.effective = "mask" if want else "sync"
+            self.journal({"event": Event.BENCH, "step": step, "bench": list(want),
+                          "reason": why, "depth": d.depth, "t": time.time()})
+        # auto left ksync: its backlog is caught up in this step by the groups computing
+        self._drain(step, set(live) - set(self.bench), "auto left ksync")
 
-    def _decide_ksync(self, step: int, pred: list[float] | None, live: set[int]) -> None:
-        ks = ksync_step(pred, self.cfg.groups, self.k, self.backlog,
+    def _drain(self, step: int, over: Any, why: str) -> None:
+        """Step ``step`` catches up the whole backlog over the groups ``over`` (if any)."""
+        if self.backlog:
+            ks = drain_step(self.backlog, sorted(over), f"step {step}: {why}")
+            self._ks = (step, ks, {})
+            self.journal({"event": Event.BENCH, "step": step, "bench": list(self.bench),
+                          "reason": ks.reason, "depth": self.depth, "t": time.time()})
+
+    def _decide_ksync(self, step: int, pred: list[float] | None, live: set[int],
+                      k: int) -> None:
+        ks = ksync_step(pred, self.cfg.groups, k, self.backlog,
                         last=step == self.cfg.steps - 1)
         full = self._fresh_plan(sorted(live))
         contrib = full.contributions()
@@ -298,9 +362,10 @@ class ModeRunner(StackedRunner):
         self.stacks, self.depth = full.stacks, full.depth
         self.contrib = {w: ts for w, ts in contrib.items() if w not in ks.late}
         self._ks = (step, ks, deferred)
-        self._replan = False
+        # the next plan that is not ksync's is made afresh: this one leaves the late out
+        self._replan = True
         if tuple(ks.late) != self.bench:
             self.journal({"event": Event.BENCH, "step": step, "bench": list(ks.late),
                           "reason": ks.reason, "depth": full.depth, "t": time.time()})
         self.bench = tuple(ks.late)
-        self.effective = f"ksync:{self.k}" if (ks.late or ks.catch_up) else "sync"
+        self.effective = f"ksync:{k}" if (ks.late or ks.catch_up) else "sync"
