@@ -4,118 +4,26 @@ hand (separate processes, not ``--local-nodes``), given this host's non-loopback
 by its silence alone (the coordinator did not start it) and masked, exactly once; a wipe-out
 restart makes a new attempt store, and the agent left carries the job on to its end.
 
-What one machine cannot show: a second host's routes and firewall, and a run directory on a
-shared filesystem (here every "node" sees /tmp)."""
+A second network stack is in ``test_netns_agents.py``. What one machine cannot show: a second
+host's kernel and firewall, and a run directory on a shared filesystem (here every "node" sees
+/tmp)."""
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
-import subprocess
-import sys
-import threading
 import time
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from remote_job import RemoteJob, check_exact  # noqa: E402
 from unbroken.events import Event  # noqa: E402
 from unbroken.protocol import ExitCode  # noqa: E402
-from unbroken.runtime.trainer import reference_run  # noqa: E402
-from unbroken.supervise import JobSpec, Supervisor  # noqa: E402
-from unbroken.supervise.spec import FTConfig, check, train_config  # noqa: E402
+from unbroken.supervise.spec import FTConfig  # noqa: E402
 
 pytestmark = pytest.mark.mp
-
-
-def _address() -> str:
-    """This host's address on its default route (no packet is sent)."""
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect(("192.0.2.254", 9))
-            addr = s.getsockname()[0]
-    except OSError:
-        addr = "127.0.0.1"
-    if addr.startswith("127."):
-        pytest.skip("no non-loopback IPv4 address on this host")
-    return addr
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
-class _Job:
-    """The supervisor on a thread of this process, K agents as processes of their own."""
-
-    def __init__(self, tmp_path, nodes: int, agent_args=(), **spec) -> None:
-        self.addr, port = _address(), _free_port()
-        self.port = port
-        self.spec = JobSpec(trainer="mlp", nodes=nodes, listen=port, out=str(tmp_path / "run"),
-                            timeout=240, **spec)
-        self.sup = Supervisor(self.spec)
-        self.result = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-        self.agents = [subprocess.Popen(
-            [sys.executable, "-m", "unbroken", "agent", "--coordinator", f"{self.addr}:{port}",
-             "--node", str(k), "--connect-timeout", "120", *agent_args],
-            stderr=open(tmp_path / f"agent-{k}.err", "w"), start_new_session=True)
-            for k in range(nodes)]
-
-    def _run(self) -> None:
-        self.result = self.sup.run()
-
-    def wait_for(self, pred, timeout: float = 180) -> None:
-        """Until an event the supervisor journaled satisfies ``pred``."""
-        deadline, seen = time.monotonic() + timeout, 0
-        while True:
-            events = list(self.sup.events)
-            if any(pred(e) for e in events[seen:]):
-                return
-            seen = len(events)
-            assert self.thread.is_alive() and time.monotonic() < deadline
-            time.sleep(0.02)  # polling the supervisor's own list: it has no wake-up to give
-
-    def attempt_store(self):
-        """A client of the running attempt's store (its port is in the directory)."""
-        import json
-        from datetime import timedelta
-
-        import torch.distributed as dist
-
-        from unbroken.protocol import JOB_ATTEMPTS, job_attempt_key
-
-        d = dist.TCPStore(self.addr, self.port, is_master=False, wait_for_workers=False,
-                          timeout=timedelta(seconds=30))
-        rec = json.loads(d.get(job_attempt_key(int(d.add(JOB_ATTEMPTS, 0)))))
-        return dist.TCPStore(self.addr, rec["port"], is_master=False, wait_for_workers=False,
-                             timeout=timedelta(seconds=30))
-
-    def finish(self) -> list[int]:
-        self.thread.join(timeout=200)
-        assert not self.thread.is_alive()
-        return [a.wait(timeout=30) for a in self.agents]
-
-    def close(self) -> None:
-        for a in self.agents:
-            if a.poll() is None:
-                os.killpg(a.pid, signal.SIGKILL)
-                a.wait()
-
-
-def _check_exact(job: _Job) -> None:
-    res, spec = job.result, job.spec
-    assert res.ok, res.message
-    assert res.report["steps"] == spec.steps and res.report["exactly_once"] is True
-    ref = reference_run(train_config(spec, spec.sdc_interval(check(spec))))
-    diff = max((torch.tensor(p, dtype=torch.float64) - ref).abs().max().item()
-               for p in res.params.values())
-    assert diff < 1e-5
 
 
 @pytest.mark.timeout(300)
@@ -127,7 +35,7 @@ def test_remote_agents_a_node_killed_from_outside_and_a_restart_on_the_nodes_lef
     ladder restarts from the last checkpoint in a new attempt with a new store, placed on
     the node left: agent 0, the same process, runs all four groups to the end, exactly
     once, and leaves with exit 0."""
-    job = _Job(tmp_path, 2, groups=4, steps=80, faults="kill:0@40",
+    job = RemoteJob(tmp_path, 2, groups=4, steps=80, faults="kill:0@40",
                ft=FTConfig(spares=0, ckpt_every=5, ladder="retry=0", node_staleness=1.0))
     try:
         job.wait_for(lambda e: e["event"] == Event.COMMIT and e["step"] >= 4)
@@ -148,7 +56,7 @@ def test_remote_agents_a_node_killed_from_outside_and_a_restart_on_the_nodes_lef
     restart = next(e["t"] for e in events if e["event"] == Event.RESTART_REQUESTED)
     after = {e["src"] for e in events if e["event"] == Event.COMMIT and e["t"] > restart}
     assert after == {f"group-{g}" for g in range(4)}  # all four, on node 0 alone
-    _check_exact(job)
+    check_exact(job)
     assert codes == [ExitCode.OK, -signal.SIGKILL]
 
 
@@ -163,7 +71,7 @@ def test_a_cut_off_remote_node_rejoins_as_spare_capacity(tmp_path):
 
     from unbroken.protocol import STOP_KEY, node_order_key, node_orders_key, node_pid_key
 
-    job = _Job(tmp_path, 3, groups=6, steps=600, agent_args=["--rejoin"],
+    job = RemoteJob(tmp_path, 3, groups=6, steps=600, agent_args=["--rejoin"],
                ft=FTConfig(node_staleness=1.0))
     try:
         job.wait_for(lambda e: e["event"] == Event.COMMIT and e["step"] >= 4)

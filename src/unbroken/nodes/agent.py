@@ -31,7 +31,8 @@ agent has imported torch already, so a worker costs a fork, not a second import.
 
 Exit codes: 0 the job ended, 2 bad input (unreachable coordinator, a node index claimed twice
 or past the job's nodes, --slots/--spares that do not hold the placement, a run directory this
-node does not see), 5 the coordinator went away, 10 fenced.
+node does not see), 5 the coordinator went away, 10 fenced (the coordinator gave this node up,
+or a heartbeat to it blocked for ``CUT_OFF_S`` s: the link is cut).
 """
 
 from __future__ import annotations
@@ -133,24 +134,69 @@ def gloo_ifname(host: str, port: int) -> str | None:
     return gloo_interface(addrs, local)[0]
 
 
-class _Beat:
-    """The agent's heartbeat thread (its own store client): a stopped agent stops beating."""
+#: a heartbeat call to the directory blocked this long: the node is cut off (see _Beat)
+CUT_OFF_S = 3.0
 
-    def __init__(self, store, node: int, period: float) -> None:
+#: every worker this agent process started, in any attempt (killed when it is cut off)
+_STARTED: list = []
+
+
+class _Beat:
+    """The agent's heartbeat thread (its own store client): a stopped agent stops beating.
+
+    A cut link is not a closed one: no RST comes, and a store call blocks in the kernel until
+    TCP gives up (many minutes; the client's timeout does not bound it, measured). So a
+    watchdog thread times the beat in flight: blocked for ``cut_after`` s (the coordinator
+    fenced this node after its 1 s of silence long before), ``on_cut`` runs -- the node
+    stops what it started and leaves (exit 10), instead of training on, cut off, for
+    minutes. A call that *fails* (the coordinator's process is gone, its host is up: RST)
+    ends the beat and leaves the decision to the attempt's own rules (exit 5)."""
+
+    def __init__(self, store, node: int, period: float, on_cut=None,
+                 cut_after: float = CUT_OFF_S) -> None:
         self._stop = threading.Event()
+        self._since: float | None = None  # when the call in flight began
         st = store.clone()
         st.add(node_hb_key(node), 1)
 
         def beat() -> None:
             while not self._stop.wait(period):
+                self._since = time.monotonic()
                 try:
                     st.add(node_hb_key(node), 1)
                 except Exception:
                     return
+                finally:
+                    self._since = None
+
+        def watch() -> None:
+            while not self._stop.wait(period):
+                since = self._since
+                if since is not None and time.monotonic() - since > cut_after:
+                    on_cut(time.monotonic() - since)
+                    return
         threading.Thread(target=beat, name="node-hb", daemon=True).start()
+        if on_cut is not None:
+            threading.Thread(target=watch, name="node-cut-watch", daemon=True).start()
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def _cut_off(coordinator: str, blocked_s: float) -> None:
+    """This node cannot reach the coordinator: kill what it started, say so, exit 10."""
+    running = [p for p in _STARTED if p.poll() is None]
+    for p in running:
+        try:
+            p.kill()
+        except Exception:  # pragma: no cover - gone already
+            pass
+    sys.stderr.write(f"unbroken: node cut off: a heartbeat to the coordinator at "
+                     f"{coordinator} blocked for {blocked_s:.1f}s (the link is down or its "
+                     f"host is gone); killed the {len(running)} workers it was running, "
+                     f"exit {int(ExitCode.FENCED)}\n")
+    sys.stderr.flush()
+    os._exit(int(ExitCode.FENCED))
 
 
 def alive(store) -> bool:
@@ -249,6 +295,7 @@ class Agent:
         p = spawn.start(WORKER, [*argv, "--node", str(self.node), "--host", self.host],
                         stderr_path=path, env=env)
         self.procs[uid] = p
+        _STARTED.append(p)
         if "--journal" in argv:  # where its faulthandler writes (stacked_worker)
             j = argv[argv.index("--journal") + 1]
             self.fault_dirs[uid] = os.path.join(j, "stacks") if os.path.isdir(
@@ -415,7 +462,8 @@ def run(a: argparse.Namespace) -> int:
     record = {"pid": os.getpid(), "host": socket.gethostname(), "slots": a.slots,
               "spares": a.spares}
     node = claim(directory, a.node, record)
-    beat = _Beat(directory, node, a.heartbeat)
+    beat = _Beat(directory, node, a.heartbeat,
+                 on_cut=lambda blocked: _cut_off(a.coordinator, blocked))
     try:
         return follow(directory, host, node, record,
                       a.stderr_dir or tempfile.mkdtemp(prefix="unbroken-node-"),

@@ -1,0 +1,61 @@
+"""A node on a network stack of its own: agent 1 runs in another network namespace (its own
+interfaces, address and routes; a veth pair its only link), so its workers' gloo pairs and
+store connections cross a real link between two addresses, as they would between machines.
+Then the link goes down: the node is *cut off* -- every process on it keeps running, nothing
+dies, no connection is reset; packets are simply dropped. The coordinator finds it by its
+silence, the survivors on node 0 re-form without its groups and mask them, and the job ends
+exactly once with the failure-free run's parameters.
+
+Needs root and iproute2 (skipped otherwise). What it still cannot show of a second machine: its
+own kernel, clock and filesystem (``--out`` is on a filesystem both "nodes" see)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from remote_job import NetNs, RemoteJob, check_exact  # noqa: E402
+from unbroken.events import Event  # noqa: E402
+from unbroken.protocol import ExitCode  # noqa: E402
+from unbroken.supervise.spec import FTConfig  # noqa: E402
+
+pytestmark = pytest.mark.mp
+
+
+@pytest.fixture
+def netns():
+    ns = NetNs(os.getpid() % 20000)
+    try:
+        yield ns
+    finally:
+        ns.close()
+
+
+@pytest.mark.timeout(300)
+def test_a_node_in_its_own_network_stack_cut_off_by_its_link(tmp_path, netns):
+    """Two nodes, four groups (r = 2: placement keeps each shard type on both nodes), no
+    spare. Once step 4 is in, node 1's link goes down. Node 1 is lost by heartbeat silence,
+    its two groups are masked by the two on node 0, and the run completes exactly once. The
+    cut-off agent, unable to reach the coordinator, leaves by itself (coordinator lost)."""
+    job = RemoteJob(tmp_path, 2, addr=netns.host_addr, prefixes=[[], netns.prefix()],
+                    groups=4, steps=400, ft=FTConfig(spares=0, node_staleness=1.0))
+    try:
+        # both nodes ran groups: the address each worker advertised reached the others
+        job.wait_for(lambda e: e["event"] == Event.COMMIT and e["step"] >= 4)
+        netns.cut()
+        codes = job.finish()
+    finally:
+        job.close()
+    events = job.sup.events
+    lost = [e for e in events if e["event"] == Event.NODE_LOST]
+    assert [e["node"] for e in lost] == [1] and "heartbeat" in lost[0]["reason"]
+    assert not [e for e in events if e["event"] == Event.RESTART_REQUESTED]
+    after = {e["src"] for e in events if e["event"] == Event.COMMIT and e["t"] > lost[0]["t"]}
+    assert after == {"group-0", "group-2"}  # node 0's groups, masking node 1's
+    check_exact(job)
+    assert codes[0] == ExitCode.OK and codes[1] == ExitCode.FENCED
+    err = (tmp_path / "agent-1.err").read_text()
+    assert "node cut off" in err and "killed the 2 workers" in err, err[-500:]
