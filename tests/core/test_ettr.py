@@ -224,3 +224,21 @@ def test_a_replan_is_charged_to_the_fault_it_masks_not_to_an_earlier_open_one():
     assert kill.masked and slow.masked and "replan" in slow.how
     assert kill.lost_s == pytest.approx(1.0)
     assert slow.lost_s == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_failure_noticed_after_the_survivors_masked_it_is_masked_not_unresolved():
+    """A remote node's loss: the survivors' heartbeat rule re-forms without group 1 before the
+    supervisor (by the node's own silence) journals the fault. It is still the replan's fault:
+    masked, the step's extra second charged to it, dated no later than the reform."""
+    ev = journal(fault_step=50, kind="hang")
+    fault = next(e for e in ev if e["event"] == "fault")
+    last_replan = max(e["t"] for e in ev if e["event"] == "replan")
+    fault.update(external=True, uid=1, t=last_replan + 0.7)
+    (f,) = ettr_report(ev).faults
+    assert f.masked and f.how.startswith("replan") and f.rung == "mask"
+    assert f.lost_s == pytest.approx(1.0)
+    assert f.detect_s == pytest.approx(0.0)    # dated at the first reform
+    assert f.decide_s == pytest.approx(0.2)
+    fault.pop("external")                      # an injected fault is dated by its injector:
+    (f,) = ettr_report(ev).faults              # nothing after it answers it
+    assert not f.masked and f.how == "unresolved"

@@ -56,6 +56,10 @@ def test_a_node_in_its_own_network_stack_cut_off_by_its_link(tmp_path, netns):
     after = {e["src"] for e in events if e["event"] == Event.COMMIT and e["t"] > lost[0]["t"]}
     assert after == {"group-0", "group-2"}  # node 0's groups, masking node 1's
     check_exact(job)
+    # each of node 1's groups a fault of its own, answered by the survivors' replan
+    per_fault = job.result.report["time_lost_per_fault"]
+    assert sorted(f["group"] for f in per_fault) == [1, 3]
+    assert all(f["masked"] and f["how"].startswith("replan") for f in per_fault), per_fault
     assert codes[0] == ExitCode.OK and codes[1] == ExitCode.FENCED
     err = (tmp_path / "agent-1.err").read_text()
     assert "node cut off" in err and "killed the 2 workers" in err, err[-500:]

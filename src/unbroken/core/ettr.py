@@ -46,6 +46,10 @@ Definitions used here, all derived from the journal:
   ``incident`` (older journals: a ``restart`` at the time of a ``resolved`` line with
   ``restart``); it answers that incident's fault only, never another fault still open (a slow
   group, a kill awaiting its replan). Any other restart (a wipe-out's) answers the open faults.
+* **A fault noticed late** (``external``: a real failure, journaled when the supervisor learns
+  of it -- a remote node's silence can take longer than the survivors' own heartbeat rule): its
+  answer may come first, so the search starts when the process was last named a member, and
+  the fault is dated no later than that answer's reform.
 * **masked** -- the fault was resolved without a restart and training went on past its step.
 * **series** -- per timeline point ``(t - origin, cumulative ETTR, ETTR over the last W
   intervals)``, for plotting.
@@ -180,6 +184,20 @@ def _first(events, pred, after: float):
     return None
 
 
+def _member_since(evs: list[dict], g, before: float) -> float:
+    """When ``g`` was last named a member (a replan, join or wipe-out listing it) at or before
+    ``before``; the journal's start if never: an answer after that can be its fault's."""
+    since = float(evs[0]["t"]) if evs else before
+    for e in evs:
+        t = float(e["t"])
+        if t > before:
+            break
+        members = e.get("members")
+        if isinstance(members, list) and g in members:
+            since = t
+    return since
+
+
 def _guard_restarts(evs: list[dict]) -> set[int]:
     """``id()`` of the ``restart`` events that answer a guard incident (see the docstring)."""
     restored = {float(e["t"]) for e in evs if e.get("event") == Event.RESOLVED and e.get("restart")}
@@ -264,7 +282,14 @@ def ettr_report(events: list[dict], *, window: int = 20) -> EttrReport:
             res = _first(evs, lambda e, i=incident: e.get("event") == Event.RESOLVED
                          and e.get("incident") == i, tf)
         else:
-            res = _first(evs, resolves, tf)
+            res = _first(evs, resolves, _member_since(evs, g, tf) if f.get("external") else tf)
+            if res is not None and f.get("external"):
+                # noticed after the survivors had answered it: it happened by then
+                tf = min([tf, float(res["t"])] + [
+                    x for x in (_num(e.get("reform_at")) for e in evs
+                                if e.get("event") == res["event"] and
+                                e.get("step") == res.get("step") and
+                                e.get("gen") == res.get("gen")) if x is not None])
         detected = _first(evs, lambda e: e.get("event") == Event.DETECTED and e.get("group") == g,
                           tf)
         detect = decide = recompute = restart_s = None
