@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from datetime import timedelta
-from typing import Sequence
+from typing import Callable, Sequence
 
 import pytest
 import torch
@@ -108,9 +108,10 @@ class RemoteJob:
 
     ``addr``: the coordinator's address as the agents are told it (default: this host's);
     ``prefixes``: per agent, what its command line starts with (``NetNs.prefix()`` runs it in
-    another network namespace)."""
+    another network namespace); ``agent_args``: flags for every agent, or a function of the
+    node index."""
 
-    def __init__(self, tmp_path, nodes: int, agent_args: Sequence[str] = (),
+    def __init__(self, tmp_path, nodes: int, agent_args: Sequence[str] | Callable = (),
                  addr: str | None = None, prefixes: Sequence[Sequence[str]] | None = None,
                  **spec) -> None:
         self.addr, port = addr or host_address(), free_port()
@@ -124,7 +125,8 @@ class RemoteJob:
         prefixes = prefixes or [[] for _ in range(nodes)]
         self.agents = [subprocess.Popen(
             [*prefixes[k], sys.executable, "-m", "unbroken", "agent", "--coordinator",
-             f"{self.addr}:{port}", "--node", str(k), "--connect-timeout", "120", *agent_args],
+             f"{self.addr}:{port}", "--node", str(k), "--connect-timeout", "120",
+             *(agent_args(k) if callable(agent_args) else agent_args)],
             stderr=open(tmp_path / f"agent-{k}.err", "w"), start_new_session=True)
             for k in range(nodes)]
 

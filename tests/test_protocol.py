@@ -35,7 +35,7 @@ def test_key_functions_give_the_old_strings():
 def test_every_key_function_is_exported_and_covered():
     names = {n for n in p.__all__ if n.endswith("_key")}
     assert names == {n for n in dir(p) if n.endswith("_key") and callable(getattr(p, n))}
-    assert len(names) == 30
+    assert len(names) == 33
 
 
 def test_node_agent_keys():
@@ -53,6 +53,8 @@ def test_node_agent_keys():
     assert p.node_error_key(2) == "node_error/2" and p.node_left_key(2) == "node_left/2"
     assert p.node_stacks_key(2, 5) == "node_stacks/2/5"
     assert p.node_rejoin_key(2) == "node_rejoin/2"
+    assert p.node_health_key(2) == "node_health/2" and p.node_xids_key(2) == "node_xids/2"
+    assert p.node_xid_key(2, 5) == "node_xid/2/5"
 
 
 # the building blocks' private keys: ftcomm's rendezvous and the probe worker's results

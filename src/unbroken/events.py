@@ -122,6 +122,13 @@ class Event(enum.StrEnum):
     NODE_LOST = "node_lost"
     """node, reason, uids, t: a node agent gone (its process ended) or cut off (its heartbeat
     silent); its processes are declared dead at once (``nodes.cluster``, via the supervisor)."""
+    NODE_HEALTH = "node_health"
+    """node, mem_avail_mb, mem_total_mb, disk_free_mb, load1, cpus, workers, t: a node's
+    machine sample, posted by its agent each second (``nodes.health``); problems become the
+    guard's ``alert`` (``core.nodes.health_problems``, log-only)."""
+    NODE_XID = "node_xid"
+    """node, uid, code, action, reason, pci, t: an XID line of a node's own kernel log (the
+    agent's ``--xid-log``), read by the guard like the coordinator's ``--xid-log``."""
     NODE_REJOINED = "node_rejoined"
     """node, reason, t: a fenced node's agent (``unbroken agent --rejoin``) woke up, killed
     what it ran and beats again: its node takes spares again (``nodes.cluster``)."""

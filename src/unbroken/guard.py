@@ -20,10 +20,15 @@ Detectors wired here:
   and threads once a second; each second the latest samples of the live groups are compared
   peer-relatively (:func:`unbroken.core.anomaly.peer_outliers`, backendai.md §2), and a group
   that stands out in 3 consecutive rounds is reported (an ``alert``, never an action);
+* **node health** — each node agent's machine sample (memory, disk, load: ``nodes.health``)
+  judged by :func:`unbroken.core.nodes.health_problems`; a problem is an ``alert`` once while
+  it lasts (log-only);
 * **XID** — new lines of a kernel-log file (``--xid-log``; dmesg saved to a file, so it can be
   tested here) mapped by the XID catalog to an action class
   (:class:`unbroken.detect.xid_source.XidSource`); a malformed line is journaled as a
-  ``detector_warning`` and never stops anything.
+  ``detector_warning`` and never stops anything. On many machines each node agent reads its
+  own kernel log (``unbroken agent --xid-log``) and forwards the hits, pids already mapped to
+  its workers (``on_node_xid``): the same answer.
 
 A detector that fails is reported once and switched off; it never raises into the run.
 
@@ -54,6 +59,7 @@ from __future__ import annotations
 from typing import Callable
 
 from unbroken.core.actions import Action, PostCode, PostVerdict, Replace, actions_for
+from unbroken.core.nodes import health_problems
 from unbroken.core.anomaly import (
     FailSlowPolicy,
     NumericPolicy,
@@ -131,6 +137,7 @@ class Guard:
         self.health_hits: dict[int, int] = {}  # uid -> consecutive outlier rounds
         self.health_round = 0.0
         self.health_told: set[int] = set()
+        self.node_told: set[tuple[int, str]] = set()  # (node, signal) problems alerted
         self.opened: dict[tuple[int, int], float] = {}    # incident (step, n) -> first seen
         self.policy = policy or LadderPolicy()
         self.losses: list[float] = []
@@ -480,21 +487,57 @@ class Guard:
                            "message": f"line {bad.lineno}: {bad.error}"[:300]})
             for hit in read.hits:
                 uid = self.uid_of_pid(hit.event.pid) if hit.event.pid is not None else None
-                self.emit({"event": Event.ALERT, "how": "xid", "group": uid,
-                           "code": hit.event.code, "action": hit.action, "pci": hit.event.pci,
-                           "reason": hit.reason, "t": now})
-                action = _XID_ACTION.get(hit.action, hit.action)
-                if action is not None:
-                    groups = (uid,) if uid is not None else ()
-                    d = self._ladder(Fault(FaultKind.XID, groups=groups, xid_action=action,
-                                           maskable=bool(groups) and self.maskable(groups)), now,
-                                     f"xid {hit.event.code}", actionable=True, how="xid")
-                    if self.act and groups and d.rung in (Rung.MASK, Rung.EVICT, Rung.RETRY):
-                        verb = "restart in place" if d.rung is Rung.RETRY else "evict"
-                        self._resolved("xid", now, now, f"{verb} group {uid}", group=uid,
-                                       code=hit.event.code)
+                self._xid(uid, hit.event.code, hit.action, hit.reason, hit.event.pci, now)
         except Exception as exc:
             self._fail("xid", exc)
+
+    def _xid(self, uid: int | None, code: int, action: str, reason: str, pci: str,
+             now: float, **where) -> None:
+        """One XID line, its worker ``uid`` (None: no worker of this job named): an alert,
+        and the ladder's answer to its action class."""
+        self.emit({"event": Event.ALERT, "how": "xid", "group": uid, "code": code,
+                   "action": action, "pci": pci, "reason": reason, **where, "t": now})
+        action = _XID_ACTION.get(action, action)
+        if action is not None:
+            groups = (uid,) if uid is not None else ()
+            d = self._ladder(Fault(FaultKind.XID, groups=groups, xid_action=action,
+                                   maskable=bool(groups) and self.maskable(groups)), now,
+                             f"xid {code}", actionable=True, how="xid")
+            if self.act and groups and d.rung in (Rung.MASK, Rung.EVICT, Rung.RETRY):
+                verb = "restart in place" if d.rung is Rung.RETRY else "evict"
+                self._resolved("xid", now, now, f"{verb} group {uid}", group=uid, code=code)
+
+    def on_node_xid(self, ev: dict, now: float) -> None:
+        """An XID of a node's own kernel log, its pid mapped to a worker by that node's agent
+        (``nodes.health``): answered as the coordinator's own ``--xid-log`` lines are."""
+        if "xid" in self.broken:
+            return
+        try:
+            uid = ev.get("uid")
+            self._xid(int(uid) if uid is not None else None, int(ev["code"]), str(ev["action"]),
+                      str(ev["reason"]), str(ev.get("pci", "")), now, node=ev.get("node"))
+        except Exception as exc:
+            self._fail("xid", exc)
+
+    def on_node_health(self, ev: dict) -> None:
+        """A node's machine sample: each problem (``core.nodes.health_problems``) is an alert
+        once while it lasts (log-only: for an operator, not a reason to kill a job)."""
+        if "node_health" in self.broken:
+            return
+        try:
+            node = ev["node"]
+            now = {sig: why for sig, why in health_problems(ev)}
+            for sig, why in now.items():
+                if (node, sig) not in self.node_told:
+                    self.node_told.add((node, sig))
+                    self.emit({"event": Event.ALERT, "how": "node_health", "node": node,
+                               "signal": sig, "group": None, "reason": why, "t": ev["t"]})
+            self.node_told -= {(n, s) for n, s in self.node_told if n == node and s not in now}
+            for msg in ev.get("xid_problems", ()):
+                self.emit({"event": Event.DETECTOR_WARNING, "detector": "xid",
+                           "message": f"node {node}: {msg}"[:300]})
+        except Exception as exc:
+            self._fail("node_health", exc)
 
 
 def _incident_reason(ev: dict) -> str:

@@ -36,7 +36,7 @@ __all__ = ["ExitCode", "SUPERVISOR_HB", "STOP_KEY", "JOIN_COUNT", "CODE_COUNT", 
            "wipeout_failed_key", "code_key", "incident_key", "verdict_key", "replay_key",
            "NODE_EXITS", "node_key", "node_hb_key", "node_fenced_key", "node_order_key",
            "node_orders_key", "node_exit_key", "node_pid_key", "node_left_key", "node_error_key",
-           "node_stacks_key", "node_rejoin_key", "JOB_NODES", "JOB_ATTEMPTS", "job_attempt_key"]
+           "node_stacks_key", "node_rejoin_key", "node_health_key", "node_xids_key", "node_xid_key", "JOB_NODES", "JOB_ATTEMPTS", "job_attempt_key"]
 
 
 class ExitCode(enum.IntEnum):
@@ -216,6 +216,24 @@ def node_left_key(i: int) -> str:
     """Set by agent ``i`` in an attempt's store once it carried out ``{"op": "exit"}`` (its
     workers killed and reaped): the attempt may close its store."""
     return f"node_left/{i}"
+
+
+def node_health_key(i: int) -> str:
+    """Node ``i``'s latest machine sample (JSON: ``nodes.health.sample_node``), rewritten by
+    its agent every second in the attempt's store; the coordinator journals it."""
+    return f"node_health/{i}"
+
+
+def node_xids_key(i: int) -> str:
+    """How many XID records node ``i``'s agent has posted (``node_xid_key``)."""
+    return f"node_xids/{i}"
+
+
+def node_xid_key(i: int, n: int) -> str:
+    """XID record ``n`` (1-based) of node ``i`` (JSON ``{"uid", "code", "action", "reason",
+    "pci", "pid"}``): a line of that node's kernel log, the pid mapped to the worker by its
+    own agent (pids are only unique on one machine)."""
+    return f"node_xid/{i}/{n}"
 
 
 def node_stacks_key(uid: int, n: int) -> str:

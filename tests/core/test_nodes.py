@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from unbroken.core.nodes import (check_room, gloo_interface, on_live_nodes, place_groups,
+from unbroken.core.nodes import (HealthPolicy, check_room, health_problems, gloo_interface, on_live_nodes, place_groups,
                                  rejoining, spare_node, stale_nodes)
 
 
@@ -98,3 +98,21 @@ def test_run_warns_when_its_local_nodes_cannot_keep_a_node_loss_safe():
     assert node_warning(JobSpec(trainer="mlp", groups=6, local_nodes=3)) is None
     warn = node_warning(JobSpec(trainer="mlp", groups=4, local_nodes=1))
     assert "it takes 2 nodes" in warn
+
+
+def test_a_healthy_node_has_no_problems_and_a_missing_signal_is_not_judged():
+    assert health_problems({"mem_avail_mb": 9000, "mem_total_mb": 16000, "disk_free_mb": 5e4,
+                            "load1": 3.0, "cpus": 2}) == []
+    assert health_problems({}) == []
+
+
+def test_memory_disk_and_load_problems_each_name_their_numbers():
+    got = dict(health_problems({"mem_avail_mb": 700, "mem_total_mb": 16000,
+                                "disk_free_mb": 512, "load1": 9.0, "cpus": 4}))
+    assert set(got) == {"memory", "disk", "load"}
+    assert "700 MiB of 16000 MiB" in got["memory"] and "512 MiB free" in got["disk"]
+    assert "load 9.0 on 4 CPUs" in got["load"]
+    # the bars are the policy's: just inside each one, nothing
+    p = HealthPolicy(min_mem_frac=0.04, min_disk_mb=500, max_load_per_cpu=2.25)
+    assert health_problems({"mem_avail_mb": 700, "mem_total_mb": 16000, "disk_free_mb": 512,
+                            "load1": 9.0, "cpus": 4}, p) == []

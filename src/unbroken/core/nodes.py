@@ -10,18 +10,22 @@
 * where a new warm spare goes: the least loaded live node with room left;
 * whether the agents' declared room (``--slots``, ``--spares``) holds the placement;
 * which network interface a node's workers bind gloo to: the one whose address routes to
-  the coordinator (it reaches every peer that reaches the coordinator).
+  the coordinator (it reaches every peer that reaches the coordinator);
+* what a node's own health sample says is wrong with the machine (memory or disk nearly
+  gone, the CPUs oversubscribed): problems the guard reports (log-only: a full disk or a
+  busy neighbour is for an operator, not a reason to kill a job).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Hashable, Iterable, Mapping
 
 from unbroken.core.membership import Observation, silence_rule, silent_members
 from unbroken.core.placement import check_nodes, make_layout, node_placement, nodes_needed
 
 __all__ = ["place_groups", "on_live_nodes", "stale_nodes", "rejoining", "spare_node",
-           "check_room", "gloo_interface"]
+           "check_room", "gloo_interface", "HealthPolicy", "health_problems"]
 
 
 def place_groups(groups: int, redundancy: int, nodes: int) -> tuple[list[int], str | None]:
@@ -104,3 +108,35 @@ def gloo_interface(addresses: Mapping[str, str], local: str) -> tuple[str | None
         if addresses[name] == local:
             return name, f"{name} holds {local}, the address that reaches the coordinator"
     return None, f"no interface holds {local}: gloo picks by the host name"
+
+
+@dataclass(frozen=True)
+class HealthPolicy:
+    """Where a node's machine sample becomes a problem (our choices: a checkpoint of a large
+    model needs gigabytes free; under 5 % of memory free the OOM killer is near; a run-queue
+    over twice the CPUs starves the training processes of this node)."""
+
+    min_mem_frac: float = 0.05
+    min_disk_mb: float = 1024.0
+    max_load_per_cpu: float = 2.0
+
+
+def health_problems(sample: Mapping[str, float], policy: HealthPolicy = HealthPolicy()
+                    ) -> list[tuple[str, str]]:
+    """``(signal, reason)`` for each problem of one node sample (``nodes.health.sample_node``:
+    ``mem_avail_mb``, ``mem_total_mb``, ``disk_free_mb``, ``load1``, ``cpus``); a signal the
+    sample lacks is not judged."""
+    out: list[tuple[str, str]] = []
+    avail, total = sample.get("mem_avail_mb"), sample.get("mem_total_mb")
+    if avail is not None and total and avail / total < policy.min_mem_frac:
+        out.append(("memory", f"{avail:.0f} MiB of {total:.0f} MiB memory available "
+                              f"(< {policy.min_mem_frac:.0%})"))
+    disk = sample.get("disk_free_mb")
+    if disk is not None and disk < policy.min_disk_mb:
+        out.append(("disk", f"{disk:.0f} MiB free on the run directory's filesystem "
+                            f"(< {policy.min_disk_mb:.0f} MiB: checkpoints will fail)"))
+    load, cpus = sample.get("load1"), sample.get("cpus")
+    if load is not None and cpus and load / cpus > policy.max_load_per_cpu:
+        out.append(("load", f"load {load:.1f} on {cpus:.0f} CPUs (> {policy.max_load_per_cpu:g} "
+                            f"per CPU: the training processes wait for a core)"))
+    return out

@@ -16,6 +16,8 @@ stores the coordinator already hosts (no second protocol):
   with the argv the coordinator gives (pointed at the coordinator's address as this agent
   was given it, gloo bound to the interface that reaches it: ``core.nodes.gloo_interface``),
   signal one (evict: SIGKILL), dump its stacks (py-spy here, the text posted back), exit;
+* once a second it posts its machine's sample and the XID lines of its own kernel log, their
+  pids mapped to its workers (``nodes.health``);
 * it sleeps on its workers' exits (``ExitWaiter``) and, the moment one ends by a signal or
   left out of a generation, posts the death notice itself (``ftcomm.declare_dead``: the
   survivors drop it in milliseconds, no heartbeat wait, no round trip through the
@@ -215,10 +217,11 @@ class Agent:
     TICK_S = 0.02  # orders are read this often; a worker's exit wakes the loop at once
 
     def __init__(self, store, node: int, stderr_dir: str, *, host: str = "127.0.0.1",
-                 ifname: str | None = None, directory=None) -> None:
+                 ifname: str | None = None, directory=None, reporter=None) -> None:
         from unbroken.procwait import ExitWaiter
 
         self.st, self.node, self.stderr_dir = store, node, stderr_dir
+        self.reporter = reporter  # nodes.health.NodeReporter: the machine's sample, XIDs
         self.host, self.ifname, self.directory = host, ifname, directory
         self.procs: dict[int, object] = {}
         self.fault_dirs: dict[int, str] = {}
@@ -240,6 +243,9 @@ class Agent:
                     return ExitCode.FENCED
                 done = self._orders()
                 self._post_dumps()
+                if self.reporter is not None:
+                    running = {p.pid: u for u, p in self.procs.items() if p.poll() is None}
+                    self.reporter.tick(self.st, running, len(running))
                 errors = 0
             except Exception:
                 errors += 1
@@ -354,13 +360,17 @@ class Agent:
 
 
 def follow(directory, host: str, node: int, record: dict, stderr_dir: str, *,
-           ifname: str | None, connect_timeout: float, rejoin: bool = False) -> int:
+           ifname: str | None, connect_timeout: float, rejoin: bool = False,
+           xid_log: str | None = None) -> int:
     """Follow the job's attempts in the directory until it ends: attach to each attempt's
     store, run its orders, leave it. Fenced: exit 10, or with ``rejoin`` ask to come back
     (what it ran is killed already) and, once the coordinator lifts the fence, carry on in
     the attempt it was in (its orders not redone). Returns the exit code (AgentError: 2)."""
+    from unbroken.nodes.health import NodeReporter
+
     seen, errors, tick = 0, 0, 0.05
     agent, attached = None, 0  # the attempt this agent is in, and its orders done so far
+    reporter = NodeReporter(node, xid_log)  # one kernel-log reader for the whole job
     while True:
         try:
             if directory.check([node_fenced_key(node)]):
@@ -407,8 +417,9 @@ def follow(directory, host: str, node: int, record: dict, stderr_dir: str, *,
             except AgentError:
                 continue  # the attempt ended before we got there; the directory says next
             st.set(node_key(node), json.dumps(record))
+            reporter.attach(rec.get("out") or stderr_dir)
             agent, attached = Agent(st, node, stderr_dir, host=host, ifname=ifname,
-                                    directory=directory), n
+                                    directory=directory, reporter=reporter), n
             code = agent.run()
         if code == ExitCode.FENCED and rejoin:
             continue  # the directory's fence follows the attempt's: wait there
@@ -434,6 +445,10 @@ def build_parser(ap: argparse.ArgumentParser | None = None) -> argparse.Argument
                     help="fenced (cut off, given up by the coordinator): kill what it ran and "
                          "offer this node again as spare capacity once it beats again, "
                          "instead of exit 10")
+    ap.add_argument("--xid-log", default=None, metavar="FILE",
+                    help="this node's kernel log (dmesg saved to a file, kern.log): its XID "
+                         "lines go to the coordinator's guard, their pids mapped to this "
+                         "node's workers")
     ap.add_argument("--heartbeat", type=float, default=0.1, metavar="S",
                     help="the agent's heartbeat period (the coordinator judges its silence)")
     ap.add_argument("--connect-timeout", type=float, default=10.0, metavar="S",
@@ -468,7 +483,7 @@ def run(a: argparse.Namespace) -> int:
         return follow(directory, host, node, record,
                       a.stderr_dir or tempfile.mkdtemp(prefix="unbroken-node-"),
                       ifname=gloo_ifname(host, port), connect_timeout=a.connect_timeout,
-                      rejoin=a.rejoin)
+                      rejoin=a.rejoin, xid_log=a.xid_log)
     finally:
         beat.stop()
 

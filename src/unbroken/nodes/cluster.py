@@ -18,7 +18,9 @@ processes are declared dead at once (the survivors mask them), ``node_fenced/<i>
 this attempt's store (its workers leave) and in the directory (the node stays lost for the
 job), and a ``node_lost`` event is queued for the supervisor's journal (:meth:`drain_events`).
 A fenced agent that asks to rejoin and beats again gets its fence lifted
-(``core.nodes.rejoining``): spares may go there again (``node_rejoined``).
+(``core.nodes.rejoining``): spares may go there again (``node_rejoined``). Once a second the
+watcher also reads each live node's machine sample and new XID records (``nodes.health``) and
+queues them (``node_health``, ``node_xid``) for the supervisor, which hands them to the guard.
 
 Placement: group g runs on node ``node_of[g]`` (``core.nodes.on_live_nodes``); a warm spare
 on the least loaded live node with room left (``core.nodes.spare_node``). Stack dumps for the
@@ -39,9 +41,11 @@ from datetime import timedelta
 from unbroken.core.membership import beat_clock, observe, starved_observer
 from unbroken.core.nodes import rejoining, spare_node, stale_nodes
 from unbroken.events import Event
+from unbroken.nodes.health import HEALTH_S
 from unbroken.protocol import (NODE_EXITS, node_exit_key, node_fenced_key, node_hb_key,
-                               node_key, node_left_key, node_order_key, node_orders_key,
-                               node_pid_key, node_rejoin_key, node_stacks_key)
+                               node_health_key, node_key, node_left_key, node_order_key,
+                               node_orders_key, node_pid_key, node_rejoin_key, node_stacks_key,
+                               node_xid_key, node_xids_key)
 from unbroken.runtime.stacked_worker import StackedCluster
 
 __all__ = ["NodeCluster", "RemoteProc"]
@@ -123,6 +127,8 @@ class NodeCluster(StackedCluster):
         self.room: dict[int, int] = {}  # node -> the processes its agent may run
         self._fenced_at: dict[int, int] = {}  # lost node -> its heartbeat counter then
         self._events: list[dict] = []
+        self._health_seen: dict[int, object] = {}  # node -> its last sample's time
+        self._xids_seen: dict[int, int] = {}  # node -> XID records read
         self._order_lock = threading.Lock()
         self._orders: dict[int, int] = {}
         self._watcher: threading.Thread | None = None
@@ -246,7 +252,7 @@ class NodeCluster(StackedCluster):
         hb = self.directory.store.clone()  # the agents beat in the directory (job-long)
         obs: dict = {}
         beats, exits_seen = 0.0, 0
-        last_judged = time.monotonic()
+        last_judged = health_due = time.monotonic()
         while True:
             fds = [self._stop_r] + [a.sentinel for k, a in self.agents.items()
                                     if k not in self.lost]
@@ -278,9 +284,31 @@ class NodeCluster(StackedCluster):
                     self._node_lost(st, k, f"its heartbeat was silent for {silent:.2f}s",
                                     int(counters[k]))
                 self._rejoins(st, hb)
+                if now >= health_due:
+                    health_due = now + HEALTH_S
+                    self._read_health(st, live)
             except Exception:  # the store is going away (close): nothing left to watch
                 if self._stop_r in select.select([self._stop_r], [], [], 0)[0]:
                     return
+
+    def _read_health(self, st, live: list[int]) -> None:
+        """The live nodes' latest machine samples and their new XID records, queued as
+        ``node_health`` and ``node_xid`` events (``nodes.health``)."""
+        out = []
+        for k in live:
+            if st.check([node_health_key(k)]):
+                sample = json.loads(st.get(node_health_key(k)))
+                if sample.get("t") != self._health_seen.get(k):
+                    self._health_seen[k] = sample.get("t")
+                    out.append({"event": Event.NODE_HEALTH, "node": k, **sample})
+            n = int(st.add(node_xids_key(k), 0))
+            while self._xids_seen.get(k, 0) < n:
+                self._xids_seen[k] = i = self._xids_seen.get(k, 0) + 1
+                rec = json.loads(st.get(node_xid_key(k, i)))
+                out.append({"event": Event.NODE_XID, "node": k, **rec, "t": time.time()})
+        if out:
+            with self._order_lock:
+                self._events.extend(out)
 
     def _rejoins(self, st, hb) -> None:
         """Fenced nodes whose agent asked to rejoin (``--rejoin``) and beats again come back

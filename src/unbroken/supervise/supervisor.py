@@ -517,8 +517,12 @@ class _Attempt:
                     self._on_event(u, ev)
             if self.sup._signal is not None and self.stop_posted is None:
                 self._post_stop()
-            for ev in getattr(self.c, "drain_events", list)():  # node agents: a node lost
-                self.emit(ev)
+            for ev in getattr(self.c, "drain_events", list)():  # node agents: a node lost,
+                self.emit(ev)  # a machine's sample, an XID of its kernel log
+                if ev["event"] == Event.NODE_HEALTH:
+                    self.guard.on_node_health(ev)
+                elif ev["event"] == Event.NODE_XID:
+                    self.guard.on_node_xid(ev, time.time())
             self.drill.fire(self.top, self._holder)
             self.guard.poll(time.time(), live=self.members - set(self.finished))
             self._stall()
