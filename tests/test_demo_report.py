@@ -150,3 +150,12 @@ def test_chaos11_report_and_live_view_give_each_fault_its_own_outcome():
     assert any(x.startswith("step 22   slow group 1") and "masked by replan" in x
                for x in told)
     assert not any("slow" in x and "restore" in x for x in told)
+
+
+def test_a_nodes_machine_alert_names_the_node_and_its_problem():
+    view = LiveView(CFG)
+    line = view.update({"event": "alert", "how": "node_health", "node": 1, "signal": "disk",
+                        "group": None, "reason": "512 MiB free on the run directory's "
+                        "filesystem", "t": T0})
+    assert "ALERT node_health node 1: 512 MiB free" in line
+    assert view.update({"event": "node_health", "node": 1, "load1": 1.0, "t": T0}) is None
