@@ -824,7 +824,8 @@ class AsyncStep:
     group alone may also be delivered in the step, which only the reduced buffer says;
     ``catch_up``: backlog shards the sync groups compute; ``backlog``, ``cursor``: the state
     after the boundary (``cursor[w]``: the first data step of group w's stream no job has
-    taken); ``clusters``: the clustering this boundary used."""
+    taken; the backlog still holds the shards caught up in this step: they leave it at the
+    commit that computes them); ``clusters``: the clustering this boundary used."""
 
     sync: tuple[int, ...]
     start: dict[int, Job]
@@ -895,14 +896,12 @@ def async_step(times: Sequence[float] | None, mode: str, step: int, cursor: Sequ
         cu = KsyncStep((), tuple((sync[i % len(sync)], int(s), int(t))
                                  for i, (s, t) in enumerate(back[:take])), "") \
             if len(back) >= m * len(sync) else KsyncStep((), (), "")
-    taken = {(s, t) for _w, s, t in cu.catch_up}
     why = (f"{mode}: clusters {[list(c) for c in clusters]}, synchronous {list(sync)}"
            + (f", starting {sorted(start)}" if start else "")
            + (f", in flight {sorted(inflight)}" if inflight else "")
            + (f", forced by the staleness bound {list(forced)}" if forced else "")
            + (f", {len(cu.catch_up)} backlog shard(s) caught up" if cu.catch_up else ""))
-    return AsyncStep(sync, start, deliver, forced, cu,
-                     tuple(b for b in back if b not in taken), tuple(cur),
+    return AsyncStep(sync, start, deliver, forced, cu, tuple(back), tuple(cur),
                      tuple(clusters), why)
 
 

@@ -607,6 +607,8 @@ class ModeRunner(StackedRunner):
             # per delivered shard of a stream: [data step, type, group, staleness]
             "delivered": [[k, w, uid[w], 0] for w in ap.sync]
             + [[j.data_step, w, uid[w], k - j.version] for w, j in sorted(got.items())],
+            # the units delivered (a cluster's members deliver together)
+            "units": sorted({tuple(uid[g] for g in j.unit) for j in got.values()}),
             "in_flight": sorted(w for w in self.inflight if w not in got),
             "data_losses": [[s, v] for s, v in sorted(done.items())],
             "clusters": [list(x) for x in ap.clusters]})
