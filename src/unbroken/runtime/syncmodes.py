@@ -1,4 +1,5 @@
-"""Sync modes at run time (``--sync mask``, ``ksync:K`` and ``auto``): the stacked step of
+"""Sync modes at run time (``--sync mask``, ``ksync:K``, ``groups``, ``async`` and ``auto``):
+the stacked step of
 :mod:`unbroken.runtime.stacked`, plus a decision at every step boundary about which groups
 the next step leaves out (and, under ``ksync``, which deferred shards it catches up).
 ``--sync sync`` (the default) does not build this runner at all: the synchronous step stays
@@ -46,19 +47,77 @@ journals the same). TTA and the final loss read those
 timed when the last of them is computed (:func:`unbroken.core.sync.data_step_losses` says why
 not a held-out evaluation).
 
+``groups`` and ``async``: stragglers feed the all-reduce late
+-------------------------------------------------------------
+STAR's all-reduce analogue of its dynamic groups is "fast workers form the ring, stragglers feed
+it late". Here the lockstep cadence stays -- every member enters every step's all-reduce, since
+failure detection, heartbeats and the in-band check rely on it -- but only the fastest cluster
+of predicted step times (:func:`unbroken.core.sync.async_units`: complete linkage, threshold
+10 % of the fastest time; under ``async`` every group is its own cluster) computes its shard
+inline. Every other group runs its next shard in a background thread
+(:mod:`unbroken.runtime.background`) on a *shadow* trainer holding the parameters of the step
+the job started at (the trainer's ``grad`` reads the live parameters, which the commits move
+meanwhile), enters the all-reduces with zeros (coverage 0 for its type) while it works, and
+delivers its gradient into:
+
+* a group alone: the first all-reduce after the job is done. Before entering a step's
+  all-reduce it waits for the job until the synchronous groups are predicted to get there
+  ((1 + 10 %) x the fastest predicted per-shard time x their shards), so a job that ends within
+  the step is delivered fresh; a job that overran is followed at once by the next, on the
+  parameters of the step it was delivered in, so a group 1.15x slower delivers in ~6 of 7
+  steps, not every second one;
+* a cluster of several: the step after every member reported "done" (a cell of the step
+  buffer), so all members deliver together and start the next job together on the same
+  parameter step -- the one extra step of staleness is the price of agreeing without a
+  message of its own (a lone group knows at once that its cluster is complete);
+* any job: once delivering it later would exceed :data:`~unbroken.core.sync.MAX_STALENESS`
+  (4) updates, the step waits for it (every member knows the bound and the job's start). A
+  step in which no group would contribute anything waits for the oldest job the same way.
+
+The commit's update is the mean over the shards actually summed. Who delivered what comes from
+the reduced buffer only (per group: the delivered data step and parameter step, a "done"
+flag and its loss), checked against the in-flight jobs every member tracks alike; local
+timing only decides what a group puts in. **Staleness** -- the committing step minus the
+parameter step a shard was computed on -- is journaled per delivered shard (commit field
+``delivered``: ``[data step, type, group, staleness]``; ``units``: the clusters delivered;
+``in_flight``: the groups still computing).
+
+Exactly once: each group works through its own shard stream (its type at data steps 0, 1, ...),
+so a slow group's stream lags its step. The lag is bounded by MAX_STALENESS data steps: older
+shards go to the backlog, which the synchronous groups catch up in balanced steps as under
+``ksync`` (a synchronous group is never behind: its own lag goes there too). The ledger counts a
+shard once, at the commit that delivers it (``plan`` for this step's own, ``catch_up`` for
+older data steps), and ``data_losses`` times each data step's loss at its last shard. At the
+run's last step and at a new generation (a failure re-plan, an admission) background work is
+abandoned and every undelivered shard before that step goes to the backlog, which
+:func:`~unbroken.core.sync.drain_step` catches up in that step (the step itself runs under the
+runtime's plan): the run ends with every sample used exactly once. The catch-up cells are sized
+for that drain (``_cap``: N x (2 x MAX_STALENESS + 4); more is an error, not a silent loss).
+
+Not reproducible: which shards a step sums depends on timing, so two runs of ``groups`` or
+``async`` differ (every member of one run agrees). ``sync`` is untouched: it does not build
+this runner.
+
 ``auto``
 --------
 :func:`unbroken.core.sync.decide` among ``sync``, ``mask`` and ``ksync`` (priced by deferral:
 :func:`~unbroken.core.sync.ksync_defer_estimate`, K the best of 1..N-1); a ``ksync:K`` choice
-runs the ksync step above with that K, and leaving it drains the backlog.
+runs the ksync step above with that K, and leaving it drains the backlog. It does not choose
+``groups`` or ``async``: their estimates (update gap 1 / sum over clusters, staleness priced by
+an assumed ``staleness_cost`` of 0.1 per update) are not those of the modes as run here (a
+cluster's extra step of staleness, the waits at the bound, the lag's catch-up on the
+synchronous groups and the drain at the end are not in them), and nothing has checked that a
+choice made on them is sound; switching into or out of them would also need the background
+work abandoned and drained at the switch, which is not built.
 
 What every member decides from
 ------------------------------
 The step buffer carries, past the digests, two cells per group (one writer each, so the sum
-is the value) and 2N catch-up coverage and 2N catch-up loss cells (ksync): the group's own
-compute per shard type this step (0: computed nothing) and the squared norm of one of its
-shard gradients (the noise scale's small batch; the reduced gradient's norm is the big batch:
-:class:`unbroken.core.sync.NoiseScale`, McCandlish et al.).
+is the value), catch-up coverage and loss cells (2N each; more under groups/async, see above)
+and, under groups/async, four cells per group (see above). The two cells per group: the
+group's own compute per shard type this step (0: computed nothing) and the squared norm of one
+of its shard gradients (the noise scale's small batch; the reduced gradient's norm is the big
+batch: :class:`unbroken.core.sync.NoiseScale`, McCandlish et al.).
 Every member reads the same reduced bytes, keeps the same window of the last
 :data:`WINDOW` steps, and calls the same pure functions of :mod:`unbroken.core.sync`
 (:func:`~unbroken.core.sync.predict_times`, :func:`~unbroken.core.sync.mask_bench`,
