@@ -1,5 +1,6 @@
 """Sync modes under stragglers on this machine (issue 11): the GPT to a target loss under each
-straggler trace, in every sync mode the runtime builds (``sync``, ``mask``, ``ksync:3``) and ``auto``.
+straggler trace, in every sync mode the runtime builds (``sync``, ``mask``, ``ksync:3``,
+``groups``, ``async``) and ``auto``.
 Prints ONE JSON object; progress goes to stderr.
 
 Each run is the product as a user runs it (``unbroken run --trainer gpt --faults none --sync
@@ -34,8 +35,11 @@ Medians over ``--repeats``;
 Bars (issue 11), computed here as met / not met: one persistent straggler: ``auto`` >= 25 %
 sooner than ``sync``; no stragglers: ``auto`` within 5 % of ``sync``; every trace: ``auto``
 within 10 % of the best static mode in hindsight; final loss within 2 % of ``sync``'s.
-``groups`` and ``async`` are not built in the runtime, so they are not run; ``auto`` chooses
-among ``sync``, ``mask`` and ``ksync:K``.
+``groups`` and ``async`` are static modes here (``auto`` chooses among ``sync``, ``mask`` and
+``ksync:K`` only: ``unbroken.runtime.syncmodes`` says why); they change the trajectory (stale
+gradients, a lagging data order), so like ``ksync`` they reach the target at their own step.
+``async_over_sync`` and ``groups_over_sync`` per trace, and ``where_async_loses``: the traces
+where ``async`` is slower to the target than ``sync`` or than the best static mode.
 
 Usage: ``.venv/bin/python bench/sync_modes.py [--steps 200] [--repeats 1]``.
 """
@@ -55,8 +59,8 @@ from stragglers import log, losses, run_case  # noqa: E402
 
 TRACES = ("none", "persistent:1@2", "persistent:1@1.5,persistent:2@3", "bursty:0",
           "rotating:0.3", "cpu_hog")
-MODES = ("sync", "mask", "ksync:3", "auto")
-STATIC = ("sync", "mask", "ksync:3")
+MODES = ("sync", "mask", "ksync:3", "groups", "async", "auto")
+STATIC = ("sync", "mask", "ksync:3", "groups", "async")
 
 
 def run(trace: str, mode: str, steps: int, seed: int, hogs: int) -> dict:
@@ -96,12 +100,22 @@ def summarise(raw: dict, target: float) -> dict:
             "straggler_frequency": sr["straggler_frequency"],
             "predicted_ratio": predicted_ratio(events),
             "sync_modes": sr["sync_modes"], "mode_switches": sr["mode_switches"],
+            "mean_staleness": _staleness(raw),
             "exactly_once": r.get("exactly_once")}
 
 
 def _used_ksync(raw: dict) -> bool:
-    return any(e.get("event") == "commit" and str(e.get("sync", "")).startswith("ksync")
-               for e in raw["events"])
+    """The run left the synchronous trajectory (ksync's data order, groups/async's stale
+    gradients)."""
+    return any(e.get("event") == "commit" and str(e.get("sync", "")).startswith(
+        ("ksync", "groups", "async")) for e in raw["events"])
+
+
+def _staleness(raw: dict) -> float | None:
+    """Mean staleness of the shards delivered by the groups' streams (groups/async)."""
+    taus = [d[3] for e in raw["events"] if e.get("event") == "commit"
+            for d in e.get("delivered", [])]
+    return round(statistics.fmean(taus), 3) if taus else None
 
 
 def _med(xs: list) -> float | None:
@@ -136,7 +150,7 @@ def main() -> None:
     for t, ms in runs.items():
         s = {m: {k: _med([x[k] for x in xs]) for k in
                  ("tta_train_s", "tta_s", "wall_s", "final_loss", "straggler_frequency",
-                  "predicted_ratio", "mode_switches")} | {"sync_modes": xs[-1]["sync_modes"],
+                  "predicted_ratio", "mode_switches", "mean_staleness")} | {"sync_modes": xs[-1]["sync_modes"],
                                       "exactly_once": all(x["exactly_once"] for x in xs)}
              for m, xs in ms.items()}
         best = min(STATIC, key=lambda m: s[m]["tta_train_s"] or float("inf"))
@@ -151,6 +165,10 @@ def main() -> None:
                                                 / s["sync"]["final_loss"], 5)
         s["ksync_over_sync"] = round(s["ksync:3"]["tta_train_s"] / sync, 3) \
             if s["ksync:3"]["tta_train_s"] and sync else None
+        for m in ("groups", "async"):
+            s[f"{m}_over_sync"] = round(s[m]["tta_train_s"] / sync, 3) \
+                if s[m]["tta_train_s"] and sync else None
+            s[f"final_loss_{m}_over_sync"] = round(s[m]["final_loss"] / s["sync"]["final_loss"], 5)
         summary[t] = s
     ceiling = summary.get("none", {}).get("sync", {}).get("tta_train_s")
     one = summary.get("persistent:1@2")
@@ -175,7 +193,14 @@ def main() -> None:
                                               "python": platform.python_version(),
                                               "loadavg_at_end": os.getloadavg()},
            "steps": a.steps, "repeats": a.repeats, "seed": a.seed, "modes": list(MODES),
-           "not_built": ["groups", "async"],
+           "where_async_loses": {
+               t: {"async_over_sync": s["async_over_sync"], "best_static": s["best_static"],
+                   "async_over_best": round(s["async"]["tta_train_s"]
+                                            / s[s["best_static"]]["tta_train_s"], 3)
+                   if s["async"]["tta_train_s"] and s[s["best_static"]]["tta_train_s"]
+                   else None}
+               for t, s in summary.items()
+               if s["async"]["tta_train_s"] is None or s["best_static"] != "async"},
            "target_loss": target, "target_reached_at_step": next(
                k for k, x in enumerate(ref) if x <= target),
            "same_losses_in_every_run": same, "ceiling_tta_train_s": ceiling,

@@ -1,6 +1,7 @@
-"""``--sync`` on ``unbroken run`` / ``demo`` as a user types it: an unknown mode, K out of
-range, a mode the runtime does not build, or a mode that needs redundancy it lacks is one line
-naming the value, exit 2, nothing started; ``sync`` is today's run byte for byte."""
+"""``--sync`` on ``unbroken run`` / ``demo`` as a user types it: an unknown mode (``groups:3``
+included: groups and async take no argument), K out of range, or a mode that needs redundancy
+it lacks is one line naming the value, exit 2, nothing started; ``sync`` is today's run byte
+for byte."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 @pytest.mark.mp  # the CLI in a subprocess
 @pytest.mark.parametrize("cmd, args, named", [
     ("run", ["--sync", "fast"], "unknown sync mode 'fast'"),
-    ("demo", ["--sync", "groups"], "--sync groups: not built in the runtime yet"),
+    ("demo", ["--sync", "groups:3"], "unknown sync mode 'groups:3'"),
 ])
 @pytest.mark.timeout(60)
 def test_bad_sync_mode_is_one_line_exit_2_and_nothing_started(cli, tmp_path, cmd, args, named):
@@ -35,8 +36,8 @@ def test_sync_gives_the_config_of_a_run_without_the_flag_and_mask_reaches_the_wo
 @pytest.mark.parametrize("text, groups, r, named", [
     ("ksync:5", 4, 2, "K 5 outside [1, 4]"),
     ("ksync:x", 4, 2, "K 'x' is not an integer"),
-    ("groups", 4, 2, "--sync groups: not built in the runtime yet"),
-    ("async", 4, 2, "--sync async: not built in the runtime yet"),
+    ("groups:3", 4, 2, "unknown sync mode 'groups:3'"),
+    ("async:2", 4, 2, "unknown sync mode 'async:2'"),
     ("auto", 4, 1, "--sync auto: leaving a group out needs --redundancy >= 2"),
 ])
 def test_check_sync_names_the_bad_value(text, groups, r, named):
@@ -44,7 +45,7 @@ def test_check_sync_names_the_bad_value(text, groups, r, named):
 
     with pytest.raises(ValueError, match=named.replace("[", r"\[")):
         check_sync(text, groups, r)
-    for ok in ("sync", "mask", "auto", "ksync:3", "ksync:1"):
+    for ok in ("sync", "mask", "auto", "ksync:3", "ksync:1", "groups", "async"):
         check_sync(ok, 4, 2)
 
 
@@ -58,6 +59,7 @@ def test_sync_builds_the_plain_runner_and_the_others_the_mode_runner():
 
     assert type(make_runner(TrainConfig(), 0, Comm())) is StackedRunner
     assert type(make_runner(TrainConfig(sync="mask"), 0, Comm())) is ModeRunner
+    assert type(make_runner(TrainConfig(sync="async"), 0, Comm())) is ModeRunner
 
 
 def test_the_ledger_counts_a_caught_up_shard_at_its_data_step():

@@ -158,9 +158,10 @@ def _job_args(p: argparse.ArgumentParser, *, steps: int, out: str) -> None:
                         "a predicted-late group out like a failed one; its types go to their "
                         "other hosts: the synchronous gradient), ksync:K (commit with the K "
                         "predicted fastest groups, the others' samples deferred to later steps, "
-                        "each used once), auto (choose sync, mask or ksync:K online by "
-                        "predicted time to accuracy); groups and async are refused: not built "
-                        "yet")
+                        "each used once), groups (STAR's dynamic groups: clusters by predicted "
+                        "step time, the fastest synchronous, the others deliver stale gradients "
+                        "computed in the background), async (every group its own cluster), auto "
+                        "(choose sync, mask or ksync:K online by predicted time to accuracy)")
     p.add_argument("--target-loss", type=_finite_float, default=None, metavar="L",
                    help="report the time the loss (of a whole data step) first reaches L (tta_s)")
     p.add_argument("--chaos", type=_nonneg_int, default=None, metavar="SEED",

@@ -395,3 +395,74 @@ def test_data_step_loss_points_time_a_deferred_step_at_its_completion():
                {"step": 1, "t": 2.1, "loss": 0.4, "data_losses": [[0, 0.9], [1, 0.7]]},
                {"step": 2, "t": 3.0, "loss": 0.3}]  # a commit of its own step (sync)
     assert data_step_loss_points(commits) == {0: (2.0, 0.9), 1: (2.0, 0.7), 2: (3.0, 0.3)}
+
+
+# ----------------------------------------------------------------------------- groups / async
+
+def test_async_units_cluster_groups_and_isolate_async():
+    from unbroken.core.sync import async_units
+
+    t = [1.0, 3.0, 1.02, 1.05]
+    assert async_units(t, "groups") == [(0, 2, 3), (1,)]  # fastest cluster first
+    assert async_units(t, "async") == [(0,), (2,), (3,), (1,)]
+    assert async_units(t, "groups", live=[1, 2]) == [(2,), (1,)]
+    with pytest.raises(ValueError, match="'mask'"):
+        async_units(t, "mask")
+
+
+def test_stream_shard_lags_at_most_the_bound_and_hands_the_rest_to_the_backlog():
+    from unbroken.core.sync import stream_shard
+
+    assert stream_shard(5, 7, 4) == (5, [])
+    assert stream_shard(1, 9, 4) == (5, [1, 2, 3, 4])
+    with pytest.raises(ValueError, match="cursor 8 is ahead of step 7"):
+        stream_shard(8, 7)
+
+
+def test_async_step_runs_the_fastest_cluster_inline_and_the_rest_in_the_background():
+    from unbroken.core.sync import Job, async_step
+
+    t = [1.0, 3.0, 1.02, 1.05]
+    a = async_step(t, "groups", 5, [5, 5, 5, 5], {}, (), [], range(4))
+    assert a.sync == (0, 2, 3) and set(a.start) == {1} and a.start[1] == Job(5, 5, (1,))
+    assert a.cursor == (6, 6, 6, 6) and a.deliver == () and a.backlog == ()
+    # no prediction yet: every group synchronous
+    assert async_step(None, "async", 0, [0] * 4, {}, (), [], range(4)).sync == (0, 1, 2, 3)
+    # a lagging stream skips to 4 behind; the skipped shards are caught up by the sync groups
+    fl = {1: Job(2, 1, (1,))}
+    a = async_step(t, "groups", 9, [10, 2, 10, 10], fl, (), [], range(4))
+    assert a.sync == (0, 2, 3) and a.start == {}
+    assert a.forced == (1,) and a.deliver == (1,)  # 9 - 2 >= 4: the step waits for it
+    b = async_step(t, "groups", 6, [7, 2, 7, 7], {1: Job(5, 1, (1,))}, (), [(0, 1), (1, 1)],
+                   range(4))
+    assert b.deliver == () and b.catch_up.catch_up == ()  # m = 1 per sync group: not yet 3
+    c = async_step(t, "groups", 6, [7, 2, 7, 7], {1: Job(5, 1, (1,))}, (),
+                   [(0, 1), (1, 1), (2, 1)], range(4))
+    assert sorted(g for g, _s, _t in c.catch_up.catch_up) == [0, 2, 3]
+    assert c.backlog == ((0, 1), (1, 1), (2, 1))  # removed at the commit that computes them
+
+
+def test_a_cluster_delivers_together_once_every_member_said_it_was_done():
+    from unbroken.core.sync import Job, async_step, restart_after
+
+    t = [1.0, 3.0, 3.05, 1.0]
+    fl = {1: Job(4, 4, (1, 2)), 2: Job(4, 4, (1, 2))}
+    a = async_step(t, "groups", 6, [7, 5, 5, 7], fl, (1,), [], range(4))
+    assert a.clusters == ((0, 3), (1, 2)) and a.deliver == ()
+    a = async_step(t, "groups", 6, [7, 5, 5, 7], fl, (1, 2), [], range(4))
+    assert a.deliver == (1, 2)
+    # both restart at once on step 6's parameters, together, on their streams' next shard
+    assert restart_after(1, fl[1], 6, a, [7, 5, 5, 7]) == (Job(6, 5, (1, 2)), [])
+    assert restart_after(2, fl[2], 6, a, [7, 5, 5, 7]) == (Job(6, 5, (1, 2)), [])
+    # a job delivered in the step it started is followed at the next boundary; a group now
+    # in the fastest cluster becomes synchronous there
+    assert restart_after(1, Job(6, 5, (1,)), 6, a, [7, 6, 5, 7]) is None
+    assert restart_after(0, Job(4, 3, (0,)), 6, a, [7, 6, 5, 7]) is None
+
+
+def test_a_step_with_nobody_synchronous_waits_for_the_oldest_job():
+    from unbroken.core.sync import Job, async_step
+
+    fl = {0: Job(3, 3, (0,)), 1: Job(2, 2, (1,))}
+    a = async_step([1.0, 3.0], "async", 4, [4, 3], fl, (), [], [0, 1])
+    assert a.sync == () and a.forced == (1,) and a.deliver == (1,)

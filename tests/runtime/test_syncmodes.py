@@ -63,3 +63,36 @@ def test_mask_leaves_a_3x_straggler_out_sooner_than_sync_with_the_same_parameter
     total = {name: j[0][-1]["t"] - events(j[0], "commit")[0]["t"]
              for name, j in (("sync", sync), ("mask", mask))}
     assert total["mask"] < total["sync"], total
+
+
+@pytest.mark.timeout(90)
+def test_async_with_a_straggler_and_a_kill_uses_every_sample_once(cli, tmp_path):
+    # the product as a user runs it: 4 worker processes, a persistent 3x straggler (group 1)
+    # under --sync async, group 2 killed at step 12 and a spare admitted
+    import json
+
+    from unbroken.core.sync import MAX_STALENESS
+
+    p = cli("run", "--trainer", "mlp", "--trainer-args",
+            '{"hidden": 256, "dim": 64, "dataset_size": 4096}', "--shard-size", "512",
+            "--sync", "async", "--stragglers", "persistent:1@3", "--faults", "kill:2@12",
+            "--steps", "30", "--out", str(tmp_path / "out"), "--json", timeout=80)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rep = json.loads(p.stdout)
+    assert rep["exactly_once"] is True and rep["steps"] == 30 and rep["joins"] == 1, rep
+    assert rep["sync_modes"].get("async", 0) > 10, rep["sync_modes"]
+    commits = {}
+    for line in open(rep["journal"]):
+        e = json.loads(line)
+        if e.get("event") == "commit" and e.get("src") == "group-0":
+            commits[e["step"]] = e
+    slow = [d for c in commits.values() for d in c.get("delivered", []) if d[2] == 1]
+    # the straggler's gradients arrive stale, within the bound, and its stream lags
+    assert any(d[3] >= 1 for d in slow) and all(d[3] <= MAX_STALENESS for d in slow), slow
+    # the kill's step re-plans under the runtime's plan and catches up what was in flight;
+    # the async steps after the admission include the spare (uid 4)
+    killed = min(k for k, c in commits.items() if c["members"] == [0, 1, 3])
+    assert commits[killed]["catch_up"], commits[killed]
+    assert any(d[2] == 4 for k, c in commits.items() if k > killed
+               for d in c.get("delivered", []))
+    assert commits[29].get("in_flight", []) == []

@@ -217,3 +217,62 @@ def test_ksync_backlog_is_caught_up_when_a_group_dies_near_the_end(stores, die_a
     job.ledger_ok()
     for u in (0, 1, 2):
         assert max_diff(job.result[u], job.result[0]) == 0.0
+
+
+def _delivered(job: Job) -> list[tuple[int, int, int, int, int]]:
+    """(commit step, data step, type, group, staleness) of every shard a stream delivered."""
+    return [(k, *d) for k, c in job.commits(0).items() for d in c.get("delivered", [])]
+
+
+def _bg_checks(job: Job) -> None:
+    assert job.error == {}, job.error
+    job.ledger_ok()  # every (data step, type) exactly once, the last step's drain included
+    last = job.commits(0)[CFG.steps - 1]
+    assert last.get("in_flight", []) == [] and last["sync"] == "sync"
+    for u in job.uids:  # every member committed the same deliveries and the same parameters
+        assert [(k, c.get("delivered"), c.get("catch_up"), c["plan"])
+                for k, c in job.commits(u).items()] == \
+            [(k, c.get("delivered"), c.get("catch_up"), c["plan"])
+             for k, c in job.commits(0).items()]
+        assert max_diff(job.result[u], job.result[0]) == 0.0
+    from unbroken.core.stragglers import data_step_loss_points
+    assert sorted(data_step_loss_points(job.events(0, "commit"))) == list(range(CFG.steps))
+
+
+@pytest.mark.timeout(60)
+def test_async_delivers_a_stragglers_gradients_late_and_stale_each_shard_once(stores):
+    from unbroken.core.sync import MAX_STALENESS
+
+    job = _job(replace(CFG, sync="async"), stores, lambda s: 0.04)
+    _bg_checks(job)
+    d = _delivered(job)
+    slow = [x for x in d if x[3] == SLOW]
+    # the straggler's shards arrive after the step they were started on, at most the bound
+    assert slow and all(1 <= x[4] <= MAX_STALENESS for x in slow), slow
+    assert any(x[1] < x[0] for x in slow)  # its stream lags the step
+    # a commit's update is a mean over what it summed: some steps go on without the
+    # straggler (it is in flight), none waits for it past the bound
+    inflight = [k for k, c in job.commits(0).items() if SLOW in c.get("in_flight", [])]
+    assert len(inflight) > CFG.steps // 3, inflight
+    assert all(x[4] <= MAX_STALENESS for x in d)
+
+
+@pytest.mark.timeout(60)
+def test_groups_cluster_members_deliver_together_and_the_fast_cluster_is_synchronous(stores):
+    def prepare(u, runner):  # two equally slow groups: one background cluster
+        runner.trainer = Sleepy(runner.trainer, (lambda s: 0.04) if u in (1, 2)
+                                else (lambda s: BASE))
+    job = Job(replace(CFG, sync="groups"), stores, prepare=prepare, runner=ModeRunner).run()
+    _bg_checks(job)
+    commits = job.commits(0)
+    pairs = 0
+    for k, c in commits.items():
+        stale = {g: x for x in c.get("delivered", []) for g in [x[2]] if x[3] > 0}
+        for unit in c.get("units", []):
+            # a unit's members all delivered in this commit, on the same parameter step
+            assert all(g in stale for g in unit), (k, unit, c["delivered"])
+            assert len({stale[g][3] for g in unit}) == 1, (k, unit, c["delivered"])
+            pairs += sorted(unit) == [1, 2]
+    assert pairs >= 2, [c.get("units") for c in commits.values()]
+    # once clustered, the fast groups commit every step synchronously (staleness 0)
+    assert sum(sorted(c["plan"]) == ["0", "3"] for c in commits.values()) > CFG.steps // 3

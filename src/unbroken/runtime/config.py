@@ -41,7 +41,7 @@ class TrainConfig:
     # a straggler trace (``unbroken.core.stragglers``: a pattern, or a CSV file's absolute
     # path): each worker computes its own per-step slowdown from it and the seed. None: none
     stragglers: str | None = None
-    # the sync mode (``unbroken.core.sync.parse_mode``; the runtime builds sync, mask and auto:
+    # the sync mode (``unbroken.core.sync.parse_mode``; every mode is built:
     # ``unbroken.runtime.syncmodes``). "sync": today's synchronous step
     sync: str = "sync"
 

@@ -1,4 +1,5 @@
-"""Sync modes at run time (``--sync mask``, ``ksync:K`` and ``auto``): the stacked step of
+"""Sync modes at run time (``--sync mask``, ``ksync:K``, ``groups``, ``async`` and ``auto``):
+the stacked step of
 :mod:`unbroken.runtime.stacked`, plus a decision at every step boundary about which groups
 the next step leaves out (and, under ``ksync``, which deferred shards it catches up).
 ``--sync sync`` (the default) does not build this runner at all: the synchronous step stays
@@ -46,19 +47,77 @@ journals the same). TTA and the final loss read those
 timed when the last of them is computed (:func:`unbroken.core.sync.data_step_losses` says why
 not a held-out evaluation).
 
+``groups`` and ``async``: stragglers feed the all-reduce late
+-------------------------------------------------------------
+STAR's all-reduce analogue of its dynamic groups is "fast workers form the ring, stragglers feed
+it late". Here the lockstep cadence stays -- every member enters every step's all-reduce, since
+failure detection, heartbeats and the in-band check rely on it -- but only the fastest cluster
+of predicted step times (:func:`unbroken.core.sync.async_units`: complete linkage, threshold
+10 % of the fastest time; under ``async`` every group is its own cluster) computes its shard
+inline. Every other group runs its next shard in a background thread
+(:mod:`unbroken.runtime.background`) on a *shadow* trainer holding the parameters of the step
+the job started at (the trainer's ``grad`` reads the live parameters, which the commits move
+meanwhile), enters the all-reduces with zeros (coverage 0 for its type) while it works, and
+delivers its gradient into:
+
+* a group alone: the first all-reduce after the job is done. Before entering a step's
+  all-reduce it waits for the job until the synchronous groups are predicted to get there
+  ((1 + 10 %) x the fastest predicted per-shard time x their shards), so a job that ends within
+  the step is delivered fresh; a job that overran is followed at once by the next, on the
+  parameters of the step it was delivered in, so a group 1.15x slower delivers in ~6 of 7
+  steps, not every second one;
+* a cluster of several: the step after every member reported "done" (a cell of the step
+  buffer), so all members deliver together and start the next job together on the same
+  parameter step -- the one extra step of staleness is the price of agreeing without a
+  message of its own (a lone group knows at once that its cluster is complete);
+* any job: once delivering it later would exceed :data:`~unbroken.core.sync.MAX_STALENESS`
+  (4) updates, the step waits for it (every member knows the bound and the job's start). A
+  step in which no group would contribute anything waits for the oldest job the same way.
+
+The commit's update is the mean over the shards actually summed. Who delivered what comes from
+the reduced buffer only (per group: the delivered data step and parameter step, a "done"
+flag and its loss), checked against the in-flight jobs every member tracks alike; local
+timing only decides what a group puts in. **Staleness** -- the committing step minus the
+parameter step a shard was computed on -- is journaled per delivered shard (commit field
+``delivered``: ``[data step, type, group, staleness]``; ``units``: the clusters delivered;
+``in_flight``: the groups still computing).
+
+Exactly once: each group works through its own shard stream (its type at data steps 0, 1, ...),
+so a slow group's stream lags its step. The lag is bounded by MAX_STALENESS data steps: older
+shards go to the backlog, which the synchronous groups catch up in balanced steps as under
+``ksync`` (a synchronous group is never behind: its own lag goes there too). The ledger counts a
+shard once, at the commit that delivers it (``plan`` for this step's own, ``catch_up`` for
+older data steps), and ``data_losses`` times each data step's loss at its last shard. At the
+run's last step and at a new generation (a failure re-plan, an admission) background work is
+abandoned and every undelivered shard before that step goes to the backlog, which
+:func:`~unbroken.core.sync.drain_step` catches up in that step (the step itself runs under the
+runtime's plan): the run ends with every sample used exactly once. The catch-up cells are sized
+for that drain (``_cap``: N x (2 x MAX_STALENESS + 4); more is an error, not a silent loss).
+
+Not reproducible: which shards a step sums depends on timing, so two runs of ``groups`` or
+``async`` differ (every member of one run agrees). ``sync`` is untouched: it does not build
+this runner.
+
 ``auto``
 --------
 :func:`unbroken.core.sync.decide` among ``sync``, ``mask`` and ``ksync`` (priced by deferral:
 :func:`~unbroken.core.sync.ksync_defer_estimate`, K the best of 1..N-1); a ``ksync:K`` choice
-runs the ksync step above with that K, and leaving it drains the backlog.
+runs the ksync step above with that K, and leaving it drains the backlog. It does not choose
+``groups`` or ``async``: their estimates (update gap 1 / sum over clusters, staleness priced by
+an assumed ``staleness_cost`` of 0.1 per update) are not those of the modes as run here (a
+cluster's extra step of staleness, the waits at the bound, the lag's catch-up on the
+synchronous groups and the drain at the end are not in them), and nothing has checked that a
+choice made on them is sound; switching into or out of them would also need the background
+work abandoned and drained at the switch, which is not built.
 
 What every member decides from
 ------------------------------
 The step buffer carries, past the digests, two cells per group (one writer each, so the sum
-is the value) and 2N catch-up coverage and 2N catch-up loss cells (ksync): the group's own
-compute per shard type this step (0: computed nothing) and the squared norm of one of its
-shard gradients (the noise scale's small batch; the reduced gradient's norm is the big batch:
-:class:`unbroken.core.sync.NoiseScale`, McCandlish et al.).
+is the value), catch-up coverage and loss cells (2N each; more under groups/async, see above)
+and, under groups/async, four cells per group (see above). The two cells per group: the
+group's own compute per shard type this step (0: computed nothing) and the squared norm of one
+of its shard gradients (the noise scale's small batch; the reduced gradient's norm is the big
+batch: :class:`unbroken.core.sync.NoiseScale`, McCandlish et al.).
 Every member reads the same reduced bytes, keeps the same window of the last
 :data:`WINDOW` steps, and calls the same pure functions of :mod:`unbroken.core.sync`
 (:func:`~unbroken.core.sync.predict_times`, :func:`~unbroken.core.sync.mask_bench`,
@@ -78,12 +137,15 @@ from typing import Any, Callable
 
 import torch
 
-from unbroken.core.sync import (RUNTIME_MODES, AutoState, CostModel, KsyncStep, NoiseScale,
+from unbroken.core.sync import (MAX_STALENESS, RUNTIME_MODES, AsyncStep, AutoState,
+                                CostModel, Job, KsyncStep, NoiseScale, async_step,
                                 bench_for_mode, data_step_losses, decide, drain_step,
-                                ksync_step, mask_bench, parse_mode, predict_times)
+                                ksync_step, mask_bench, parse_mode, predict_times,
+                                restart_after)
 from unbroken.core.rectlr import WipeOut
 from unbroken.events import Event
 from unbroken.runtime import stepbuf as sb
+from unbroken.runtime.background import Background, Result
 from unbroken.runtime.ledger import DivergenceError
 from unbroken.runtime.stacked import StackedRunner
 
@@ -121,6 +183,19 @@ class ModeRunner(StackedRunner):
             raise ValueError(f"--sync {cfg.sync}: not built in the runtime (built: "
                              f"{', '.join(RUNTIME_MODES)})")
         self.sync_mode, self.k = mode.name, mode.k
+        n = cfg.groups
+        self._bg = mode.name in ("groups", "async")
+        # catch-up cells: ksync's backlog stays under 2N; groups/async drain up to every
+        # group's lag (MAX_STALENESS) and in-flight shard at once, plus the backlog
+        self._cap = n * (2 * MAX_STALENESS + 4) if self._bg else 2 * n
+        self.cursor = [0] * n                   # groups/async: each stream's next data step
+        self.inflight: dict[int, Job] = {}      # groups/async: the background jobs, any group
+        self._ready: tuple[int, ...] = ()       # clusters' members done at the last commit
+        self._ap: tuple[int, AsyncStep] | None = None   # (step, its groups/async plan)
+        self._dv: tuple[int, Result | None, bool] | None = None  # (step, my delivery, ready)
+        self._work = Background()
+        self._t_boundary = time.perf_counter()
+        self._settling = False
         self.backlog: list[tuple[int, int]] = []  # ksync: deferred (data step, type), oldest first
         # data steps with deferred shards: their loss sum and shards so far (the fair loss)
         self.pending_loss: dict[int, tuple[float, int]] = {}
@@ -129,7 +204,6 @@ class ModeRunner(StackedRunner):
         self._extra: tuple[int, torch.Tensor | None, float, int, dict[int, float]] | None = None
         # my catch-up: (step, sum, seconds, shards, {catch-up index: its loss})
         self._outer_journal = journal
-        n = cfg.groups
         self._off = n + (n * n if cfg.sdc_every > 0 else 0)  # the region, from the gradient's end
         self.cost = CostModel(shard_batch=cfg.shard_size, redundancy=cfg.redundancy)
         self._reset_modes()
@@ -145,6 +219,8 @@ class ModeRunner(StackedRunner):
         self.effective = "sync"           # the mode of the steps now: sync, or mask (benched)
         self._probe: tuple[int, float] | None = None   # (step, seconds per type)
         self._sq: tuple[int, float] | None = None      # (step, |g_type|^2)
+        self._rec: tuple[int, dict] | None = None      # (step, groups/async commit fields)
+        self._known = [0.0] * len(self.cursor)          # each group's last measured time
 
     def _journal(self, ev: dict) -> None:
         if ev.get("event") == Event.COMMIT:
@@ -160,20 +236,48 @@ class ModeRunner(StackedRunner):
                 # computed (see core.sync.data_step_losses); their TTA point is this commit
                 if self._dl is not None and self._dl[0] == ev["step"]:
                     ev["data_losses"] = [[s, v] for s, v in sorted(self._dl[1].items())]
+            rec = self._rec
+            if rec is not None and rec[0] == ev["step"]:
+                ev.update(rec[1])
         self._outer_journal(ev)
 
     def _buflen(self) -> int:
-        # time and |g|^2 per group, then a coverage cell and a loss cell per caught-up shard
-        # (< 2N each)
-        return super()._buflen() + 6 * self.cfg.groups
+        # time and |g|^2 per group, a coverage cell and a loss cell per caught-up shard (up to
+        # _cap each), and under groups/async four cells per group (_cells)
+        return super()._buflen() + 2 * self.cfg.groups + 2 * self._cap + \
+            (4 * self.cfg.groups if self._bg else 0)
+
+    def _cells(self) -> int:
+        """Offset (from the gradient's end) of the groups/async cells: per group the data step
+        + 1 of the shard it delivers (0: none), its parameter step + 1, 'done, holding' (a
+        cluster's members wait for each other) and its loss."""
+        return self._off + 2 * self.cfg.groups + 2 * self._cap
 
     def _meta(self) -> dict:
         return {**super()._meta(), "backlog": [list(b) for b in self.backlog],
-                "pending_loss": [[s, v, c] for s, (v, c) in sorted(self.pending_loss.items())]}
+                "pending_loss": [[s, v, c] for s, (v, c) in sorted(self.pending_loss.items())],
+                "cursor": list(self.cursor),
+                "inflight": [[w, j.version, j.data_step, list(j.unit)]
+                             for w, j in sorted(self.inflight.items())]}
 
     def _ks_now(self) -> tuple[int, KsyncStep, dict] | None:
         ks = self._ks
         return ks if ks is not None and ks[0] == self.step else None
+
+    def _ap_now(self, step: int | None = None) -> AsyncStep | None:
+        ap = self._ap
+        return ap[1] if ap is not None and ap[0] == (self.step if step is None else step) \
+            else None
+
+    def _dv_now(self) -> tuple[int, Result | None, bool] | None:
+        dv = self._dv
+        return dv if dv is not None and dv[0] == self.step else None
+
+    def run(self) -> torch.Tensor:
+        try:
+            return super().run()
+        finally:  # an abandoned job's thread ends before the runner does
+            self._work.abandon(join=True)
 
     # ------------------------------------------------------------------ the step
     def _ensure_grads(self) -> None:
@@ -199,6 +303,8 @@ class ModeRunner(StackedRunner):
                     and self.step_error is None:
                 g = self.grads[mine[0]]
                 self._sq = (k, float(torch.dot(g, g)))
+        elif self._bg:
+            self._bg_prepare()
         elif k % PROBE == 0 and (self._probe is None or self._probe[0] != k) \
                 and self.step_error is None:
             # benched: the own shard type for the clock only (not contributed)
@@ -207,6 +313,9 @@ class ModeRunner(StackedRunner):
             self._probe = (k, time.perf_counter() - t0)
 
     def _own_time(self) -> float:
+        dv = self._dv_now()
+        if dv is not None and dv[1] is not None:
+            return dv[1].seconds
         ex = self._extra if self._extra is not None and self._extra[0] == self.step else None
         if ex is not None and ex[3] > 0:
             c_s = (self.compute_s if self.grads_step == self.step else 0.0) + ex[2]
@@ -233,12 +342,29 @@ class ModeRunner(StackedRunner):
                 if g == w:
                     buf[base + 2 * n + j] = 1.0
                     if ex is not None and ex[0] == self.step:
-                        buf[base + 4 * n + j] = ex[4].get(j, float("nan"))
+                        buf[base + 2 * n + self._cap + j] = ex[4].get(j, float("nan"))
+        dv = self._dv_now()
+        if dv is not None and self.step_error is None:
+            cells = self.trainer.numel + self._cells()
+            res = dv[1]
+            if res is not None:  # my background gradient, into this step's sum
+                buf[:self.trainer.numel].add_(res.grad)
+                buf[cells + w] = res.job.data_step + 1.0
+                buf[cells + n + w] = res.job.version + 1.0
+                buf[cells + 3 * n + w] = res.loss
+                if res.job.data_step == self.step:  # this step's own shard of my type
+                    buf[self.trainer.numel + w] += 1.0
+            elif dv[2]:
+                buf[cells + 2 * n + w] = 1.0
         return buf
 
     def _settle(self, members: list[int], *, planned: bool, restart: bool = False) -> bool:
         joiner = self.needs_state
-        ok = super()._settle(members, planned=planned, restart=restart)
+        self._settling = True  # no background delivery is waited for: it will be abandoned
+        try:
+            ok = super()._settle(members, planned=planned, restart=restart)
+        finally:
+            self._settling = False
         if ok:  # a new generation: every member starts over (a joiner has no history)
             self._reset_modes()
             self._replan = True
@@ -250,6 +376,11 @@ class ModeRunner(StackedRunner):
                 self.backlog = [(int(s), int(t)) for s, t in meta.get("backlog", [])]
                 self.pending_loss = {int(s): (float(v), int(c))
                                      for s, v, c in meta.get("pending_loss", [])}
+                self.cursor = [int(c) for c in meta.get("cursor", self.cursor)]
+                self.inflight = {int(w): Job(int(v), int(s), tuple(int(g) for g in u))
+                                 for w, v, s, u in meta.get("inflight", [])}
+            if self._bg:  # background work is abandoned: its shards to the backlog
+                self._abandon(self.step)
             # ... except for what was deferred: whoever is live now catches it up in this
             # step (the interrupted step may have been the last one to)
             self._drain(self.step, self.live_slots(self.comm.members), "re-plan")
@@ -259,7 +390,9 @@ class ModeRunner(StackedRunner):
         n = self.cfg.groups
         ks = self._ks_now()
         orig = buf
-        if ks is not None:
+        if self._ap_now() is not None:
+            buf = self._commit_async(buf, rolled)
+        elif ks is not None:
             # deferred types are 0 in the sum by the shared plan: they count as covered; each
             # caught-up shard's cell must read 1; the update is the mean over the shards used
             nm, base = self.trainer.numel, self.trainer.numel + self._off
@@ -270,7 +403,8 @@ class ModeRunner(StackedRunner):
                 raise DivergenceError(
                     f"step {self.step}: ksync coverage: deferred {sorted(ks[2])} read "
                     f"{[rest[t] for t in sorted(ks[2])]}, caught-up cells {cells}")
-            cu_loss = rest[self._off + 4 * n:self._off + 4 * n + len(cu)]
+            lo = self._off + 2 * n + self._cap
+            cu_loss = rest[lo:lo + len(cu)]
             done, self.pending_loss = data_step_losses(
                 self.pending_loss, self.step, rest[sb.LOSS], n - len(ks[2]),
                 [(s, v) for (_w, s, _t), v in zip(cu, cu_loss)], n)
@@ -286,8 +420,12 @@ class ModeRunner(StackedRunner):
             for j in range(len(cu)):
                 buf[base + 2 * n + j] = 0.0
         super()._commit(buf, rolled)
-        if ks is not None:
+        if self._bg and self._ap_now(self.step - 1) is None:
+            # the runtime's plan (a settle, a failure plan, the last step) computed the step
+            self.cursor = [max(c, self.step) for c in self.cursor]
+        if ks is not None or buf is not orig:
             self.last_buf = orig  # a roll-forward re-commits the sum, not the scaled copy
+        if ks is not None:
             done = {(s, t) for _w, s, t in ks[1].catch_up}
             self.backlog = [b for b in self.backlog if b not in done] + \
                 [(self.step - 1, t) for t in sorted(ks[2])]
@@ -309,6 +447,9 @@ class ModeRunner(StackedRunner):
         if len(live) < self.cfg.groups:  # a failure plan is in force: the runtime's, not
             # ours; what is deferred is caught up by the live groups now
             self._drain(step, live, "failure plan in force")
+            return
+        if self._bg:
+            self._decide_bg(step, live)
             return
         pred = predict_times(self.window)
         if self.sync_mode == "ksync":
@@ -355,6 +496,9 @@ class ModeRunner(StackedRunner):
         """Step ``step`` catches up the whole backlog over the groups ``over`` (if any)."""
         if self.backlog:
             ks = drain_step(self.backlog, sorted(over), f"step {step}: {why}")
+            if len(ks.catch_up) > self._cap:  # the step buffer has cells for _cap of them
+                raise RuntimeError(f"step {step}: {len(ks.catch_up)} shards to catch up, the "
+                                   f"step buffer holds {self._cap}")
             self._ks = (step, ks, {})
             self.journal({"event": Event.BENCH, "step": step, "bench": list(self.bench),
                           "reason": ks.reason, "depth": self.depth, "t": time.time()})
@@ -376,3 +520,163 @@ class ModeRunner(StackedRunner):
                           "reason": ks.reason, "depth": full.depth, "t": time.time()})
         self.bench = tuple(ks.late)
         self.effective = f"ksync:{k}" if (ks.late or ks.catch_up) else "sync"
+
+    # ------------------------------------------------------------------ groups / async
+    def _predict(self) -> list[float] | None:
+        """Each group's lowest time of the window, or (a background group delivers only every
+        few steps) its last measured one; None while a group was never measured."""
+        out = []
+        for w in range(self.cfg.groups):
+            seen = [row[w] for row in self.window if row[w] > 0]
+            if seen:
+                self._known[w] = min(seen)
+            if self._known[w] <= 0:
+                return None
+            out.append(self._known[w])
+        return out
+
+    def _decide_bg(self, step: int, live: set[int]) -> None:
+        """groups/async: the plan of step ``step`` (:func:`unbroken.core.sync.async_step`),
+        and this group's background job if it starts one now."""
+        self._t_boundary = time.perf_counter()
+        if step >= self.cfg.steps:
+            return
+        full = self._fresh_plan(sorted(live))
+        self.stacks, self.depth = full.stacks, full.depth
+        if step == self.cfg.steps - 1:  # the last step: everything undelivered, caught up now
+            self._abandon(step)
+            self.contrib, self._ap, self.effective = full.contributions(), None, "sync"
+            self._drain(step, live, "last step")
+            return
+        ap = async_step(self._predict(), self.sync_mode, step, self.cursor, self.inflight,
+                        self._ready, self.backlog, sorted(live), self.cost.cluster_fraction)
+        contrib = full.contributions()
+        old = self._ap_now(step - 1)
+        self.cursor, self.backlog = list(ap.cursor), list(ap.backlog)
+        self.inflight.update(ap.start)
+        self.contrib = {w: contrib[w] for w in ap.sync}
+        self._ks = (step, ap.catch_up, {}) if ap.catch_up.catch_up else None
+        self._ap, self._replan = (step, ap), True
+        self.effective = self.sync_mode if self.inflight else "sync"
+        if old is None or old.clusters != ap.clusters or old.sync != ap.sync or ap.forced:
+            self.journal({"event": Event.BENCH, "step": step, "bench": sorted(self.inflight),
+                          "clusters": [list(c) for c in ap.clusters], "reason": ap.reason,
+                          "depth": 1, "t": time.time()})
+        me = self.my_slot
+        if me in ap.start:
+            self._work.start(self.trainer, ap.start[me], [me])
+
+    def _bg_prepare(self) -> None:
+        """Before this step's all-reduce: deliver my background gradient (or say it is done).
+        A job of a group alone is delivered when it is done by the time the synchronous
+        groups are predicted to reach the all-reduce; a cluster's, at the step after all its
+        members said they were done; any, once the staleness bound is reached (then the
+        step waits for it)."""
+        k, w = self.step, self.my_slot
+        ap, job = self._ap_now(), self.inflight.get(w)
+        if ap is None or job is None or self._dv_now() is not None or self._settling \
+                or self.step_error is not None:
+            return
+        if w in ap.deliver:
+            res = self._work.wait(None)
+        else:
+            pred = self._predict()
+            cu = sum(1 for g, _s, _t in ap.catch_up.catch_up if g == ap.sync[0]) \
+                if ap.sync else 0
+            deadline = (1 + self.cost.cluster_fraction) * min(pred) * (1 + cu) \
+                if pred is not None else 0.0
+            res = self._work.wait(self._t_boundary + deadline - time.perf_counter())
+        if res is not None and res.job != job:
+            raise DivergenceError(f"step {k}: background result of {res.job}, expected {job}")
+        if res is None or not (w in ap.deliver or len(job.unit) == 1):
+            self._dv = (k, None, res is not None)
+            return
+        if res.error is not None:
+            self._step_failed(res.error)
+            return
+        self._dv = (k, res, False)
+        nxt = restart_after(w, job, k, ap, self.cursor)
+        if nxt is not None:  # the same job every member records at this step's commit
+            self._work.start(self.trainer, nxt[0], [w])
+
+    def _abandon(self, step: int) -> None:
+        """Every undelivered shard of a data step before ``step`` (lagging or in flight) to
+        the backlog; ``step``'s own shards are the runtime plan's."""
+        for w in range(self.cfg.groups):
+            todo = set(range(self.cursor[w], step))
+            j = self.inflight.get(w)
+            if j is not None and j.data_step < step:
+                todo.add(j.data_step)
+            self.backlog += [(s, w) for s in sorted(todo) if (s, w) not in self.backlog]
+        self.backlog.sort()
+        self.cursor = [step] * self.cfg.groups
+        self.inflight, self._ready, self._ap, self._dv = {}, (), None, None
+        self._work.abandon()
+
+    def _commit_async(self, buf: torch.Tensor, rolled: bool) -> torch.Tensor:
+        """Check and scale a groups/async step's reduced buffer (who delivered what: its
+        cells), update the stream state; returns the buffer to commit."""
+        n, nm, k = self.cfg.groups, self.trainer.numel, self.step
+        ap = self._ap_now()
+        rest = self._check_region(buf)
+        c = self._cells()
+        dstep, ver, ready, loss = (rest[c + i * n:c + (i + 1) * n] for i in range(4))
+        live = self.live_slots(self.op_members)
+        got: dict[int, Job] = {}
+        for w in live:
+            j = self.inflight.get(w)
+            if dstep[w] == 0:
+                if w in ap.deliver:
+                    raise DivergenceError(f"step {k}: group {w} was to deliver {j}, read none")
+                continue
+            if j is None or dstep[w] != j.data_step + 1 or ver[w] != j.version + 1:
+                raise DivergenceError(f"step {k}: group {w} delivered data step "
+                                      f"{dstep[w] - 1:g} on step {ver[w] - 1:g}, in flight: {j}")
+            got[w] = j
+        want = [1.0 if w in ap.sync or (w in got and got[w].data_step == k) else 0.0
+                for w in range(n)]
+        ks = self._ks_now()
+        cu = ks[1].catch_up if ks is not None else ()
+        cells = rest[self._off + 2 * n:self._off + 2 * n + len(cu)]
+        if rest[:n] != want or any(x != 1.0 for x in cells):
+            raise DivergenceError(f"step {k}: {self.sync_mode} coverage {rest[:n]}, expected "
+                                  f"{want}; caught-up cells {cells}")
+        lo = self._off + 2 * n + self._cap
+        cu_loss = rest[lo:lo + len(cu)]
+        done, self.pending_loss = data_step_losses(
+            self.pending_loss, k, rest[sb.LOSS], len(ap.sync),
+            [(s, v) for (_w, s, _t), v in zip(cu, cu_loss)]
+            + [(j.data_step, loss[w]) for w, j in got.items()], n)
+        self._dl = (k, done)
+        used = len(ap.sync) + len(cu) + len(got)
+        if used == 0:
+            raise DivergenceError(f"step {k}: {self.sync_mode} step with no gradient")
+        out = buf.clone()
+        out[:nm].mul_(n / used)
+        out[nm:nm + n] = 1.0
+        out[sb.LOSS] = (rest[sb.LOSS] + sum(cu_loss) + sum(loss[w] for w in got)) * n / used
+        uid = {w: self._uid_of(w, self.op_members) for w in live}
+        self._rec = (k, {
+            "plan": {str(w): uid[w] for w in sorted(set(ap.sync) | {
+                w for w, j in got.items() if j.data_step == k})},
+            "mine": [self.my_slot] if self.my_slot in ap.sync or (
+                self.my_slot in got and got[self.my_slot].data_step == k) else [],
+            "catch_up": [[s, t, uid[g]] for g, s, t in cu]
+            + [[j.data_step, w, uid[w]] for w, j in sorted(got.items()) if j.data_step != k],
+            # per delivered shard of a stream: [data step, type, group, staleness]
+            "delivered": [[k, w, uid[w], 0] for w in ap.sync]
+            + [[j.data_step, w, uid[w], k - j.version] for w, j in sorted(got.items())],
+            # the units delivered (a cluster's members deliver together)
+            "units": sorted({tuple(uid[g] for g in j.unit) for j in got.values()}),
+            "in_flight": sorted(w for w in self.inflight if w not in got),
+            "data_losses": [[s, v] for s, v in sorted(done.items())],
+            "clusters": [list(x) for x in ap.clusters]})
+        for w, j in got.items():  # the next job: what the group itself started (_bg_prepare)
+            del self.inflight[w]
+            nxt = restart_after(w, j, k, ap, self.cursor)
+            if nxt is not None:
+                self.inflight[w] = nxt[0]
+                self.backlog = sorted(self.backlog + [(s, w) for s in nxt[1]])
+                self.cursor[w] = nxt[0].data_step + 1
+        self._ready = tuple(w for w in live if ready[w] > 0)
+        return out
