@@ -138,9 +138,28 @@ def run_case(case: str, steps: int, seed: int, hogs: int, sync: str = "sync") ->
         assert res.ok, res.message
         with open(os.path.join(out, "journal.jsonl")) as f:
             events = [json.loads(line) for line in f if line.strip()]
-    return {"report": res.report, "events": events,
+    return {"report": res.report, "events": events, "eval_loss": final_eval_loss(spec, res),
             **({"hog": {"loops": len(hog.procs), "core": hog.core,
                         "pinned": sorted(hog.pinned)}} if hog else {})}
+
+
+def final_eval_loss(spec, res) -> float | None:
+    """The held-out loss of the run's final parameters (``GPTTrainer.eval_loss``: windows
+    between the training windows), the same measure for every sync mode; None: not the GPT."""
+    import torch
+
+    from unbroken.runtime.trainer import make_trainer
+    from unbroken.supervise.spec import check, train_config
+
+    if spec.trainer != "gpt" or not res.params:
+        return None
+    tr = make_trainer(train_config(spec, spec.sdc_interval(check(spec))))
+    flat = torch.tensor(next(iter(res.params.values())), dtype=torch.float64)
+    i = 0
+    for p in tr.params:
+        p.data.copy_(flat[i:i + p.numel()].view_as(p))
+        i += p.numel()
+    return round(tr.eval_loss(), 6)
 
 
 def losses(raw: dict) -> list[float]:

@@ -12,6 +12,7 @@ from unbroken.core.stragglers import (
     is_pattern,
     parse_stragglers,
     straggler_frequency,
+    running_mean,
     time_to_target,
 )
 
@@ -145,3 +146,16 @@ def test_time_to_target_is_the_first_commit_at_or_below_the_target():
     assert time_to_target(pts, 0.1, t0=9.0) is None
     assert time_to_target([], 1.0, t0=0.0) is None
     assert time_to_target([(1.0, math.nan), (2.0, 0.1)], 1.0, t0=0.0) == 2.0
+
+
+def test_running_mean_smooths_in_time_order_and_drops_non_finite_losses():
+    pts = [(3.0, 3.0), (1.0, 1.0), (2.0, float("nan")), (4.0, 5.0), (2.5, 2.0)]
+    assert running_mean(pts, 2) == [(2.5, 1.5), (3.0, 2.5), (4.0, 4.0)]
+    assert running_mean(pts, 1) == [(1.0, 1.0), (2.5, 2.0), (3.0, 3.0), (4.0, 5.0)]
+    assert running_mean(pts, 5) == []
+    # a lucky dip alone does not reach a target the smoothed curve has not reached
+    dip = [(float(k), 2.0) for k in range(5)] + [(5.0, 0.5), (6.0, 2.0)]
+    assert time_to_target(dip, 1.0, 0.0) == 5.0
+    assert time_to_target(running_mean(dip, 3), 1.0, 0.0) is None
+    with pytest.raises(ValueError):
+        running_mean(pts, 0)

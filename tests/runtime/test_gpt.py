@@ -115,3 +115,17 @@ def test_state_tensors_layout_is_the_same_before_and_after_training():
     # the listed tensors are the live state: training moved the params and the moments
     assert not torch.equal(s0[0], s1[0])
     assert s1[n].abs().max().item() > 0 and s0[n].abs().max().item() == 0
+
+
+@pytest.mark.timeout(60)
+def test_eval_loss_is_deterministic_changes_nothing_and_falls_with_training():
+    tr = GPTTrainer(CFG, **CFG.trainer_args)
+    before = [p.detach().clone() for p in tr.params]
+    e0 = tr.eval_loss()
+    assert e0 == tr.eval_loss() and abs(e0 - math.log(256)) < 0.5  # an untrained byte model
+    assert all(torch.equal(p, q) for p, q in zip(tr.params, before))
+    assert all(p.grad is None or not p.grad.any() for p in tr.params)
+    for k in range(20):
+        total = sum(tr.grad(k, t) for t in range(CFG.groups))
+        tr.apply(total)
+    assert tr.eval_loss() < e0 - 1.0

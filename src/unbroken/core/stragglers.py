@@ -39,7 +39,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 __all__ = ["StragglerSpecError", "Trace", "parse_stragglers", "is_pattern", "PATTERNS",
-           "straggler_frequency", "time_to_target", "data_step_loss_points",
+           "straggler_frequency", "time_to_target", "running_mean", "data_step_loss_points",
            "STRAGGLER_RATIO"]
 
 PATTERNS = ("persistent", "bursty", "rotating")
@@ -269,6 +269,25 @@ def time_to_target(losses: Sequence[tuple[float, float]], target: float,
         if math.isfinite(loss) and loss <= target:
             return t - t0
     return None
+
+
+def running_mean(points: Sequence[tuple[float, float]], window: int
+                 ) -> list[tuple[float, float]]:
+    """(time, mean loss of the last ``window`` points) in time order, from the ``window``-th
+    point on: a per-step loss is one global batch's and noisy, so a target taken from one
+    run's curve is better met by a smoothed curve than by the first lucky batch. Non-finite
+    losses are dropped first."""
+    if window < 1:
+        raise ValueError(f"window {window} must be at least 1")
+    pts = sorted((t, v) for t, v in points if math.isfinite(v))
+    out, acc = [], 0.0
+    for i, (t, v) in enumerate(pts):
+        acc += v
+        if i >= window:
+            acc -= pts[i - window][1]
+        if i >= window - 1:
+            out.append((t, acc / window))
+    return out
 
 
 def data_step_loss_points(commits: Sequence[Mapping]) -> dict[int, tuple[float, float]]:

@@ -70,7 +70,7 @@ __all__ = ["MODES", "Mode", "parse_mode", "CostModel", "ModeEstimate", "Selectio
            "flag_stragglers", "tta_of", "estimates", "AutoState", "AutoDecision", "decide", "noise_scale_terms",
            "NoiseScale", "RUNTIME_MODES", "predict_times", "mask_bench", "bench_for_mode",
            "KsyncStep", "ksync_step", "drain_step", "ksync_defer_estimate",
-           "data_step_losses", "MAX_STALENESS", "Job", "AsyncStep", "async_units",
+           "data_step_losses", "RUNTIME_MIN_GAIN", "RUNTIME_MC_UPDATES", "MAX_STALENESS", "Job", "AsyncStep", "async_units",
            "stream_shard", "async_step", "restart_after"]
 
 MODES = ("sync", "mask", "ksync", "groups", "async", "auto")
@@ -110,6 +110,17 @@ def parse_mode(text: str, groups: int) -> Mode:
                      f"async or auto)")
 
 
+#: the predicted TTA gain over sync the runtime's ``auto`` needs to leave (or stay out of)
+#: sync. The model's default 2 % assumes predictions as good as the trace; on a shared machine
+#: equal groups' predicted times spread by up to 1.76x (bench/sync_modes.py beside other
+#: load), so small predicted gains were noise: auto went into ksync with no straggler and,
+#: with the straggler set never empty, did not come back. A 2x straggler predicts ~33 % for
+#: ksync:3.
+RUNTIME_MIN_GAIN = 0.15
+#: updates of the ksync Monte-Carlo when the runtime re-selects (STAR's 1,000 cost ~20 ms)
+RUNTIME_MC_UPDATES = 200
+
+
 @dataclass(frozen=True)
 class CostModel:
     """What the TTA model needs besides the predicted step times.
@@ -141,6 +152,17 @@ class CostModel:
     mc_updates: int = 1000
     seed: int = 0
     ksync_defers: bool = False
+
+    @classmethod
+    def for_runtime(cls, shard_batch: int, redundancy: int, noise_scale: float = 0.0,
+                    comm_s: float = 0.0, seed: int = 0) -> "CostModel":
+        """The model the runtime's ``auto`` decides with, and ``plan --stragglers`` prices
+        by (one selector): ``ksync`` as the runtime runs it (deferral, nothing stale), a
+        :data:`RUNTIME_MC_UPDATES`-update Monte-Carlo, and :data:`RUNTIME_MIN_GAIN` to
+        leave sync."""
+        return cls(shard_batch=shard_batch, redundancy=redundancy, noise_scale=noise_scale,
+                   comm_s=comm_s, seed=seed, mc_updates=RUNTIME_MC_UPDATES,
+                   ksync_defers=True, min_gain=RUNTIME_MIN_GAIN)
 
     def __post_init__(self) -> None:
         if self.shard_batch < 1:

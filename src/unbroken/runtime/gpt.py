@@ -170,6 +170,19 @@ class GPTTrainer(ParamTrainer):
             lr=lr, betas=(0.9, 0.95), eps=1e-8)
         self.last_loss: dict[int, float] = {}
 
+    @torch.no_grad()
+    def eval_loss(self, windows: int = 64) -> float:
+        """Mean next-byte cross-entropy of the current parameters on ``windows`` fixed
+        windows that start halfway between training windows (mostly unseen text): a loss
+        that does not depend on which samples a sync mode trained on when, so modes that
+        reorder or defer samples compare with ``sync`` on it."""
+        half = int(self.offsets[1] - self.offsets[0]) // 2 if self.offsets.numel() > 1 else 0
+        pick = torch.linspace(0, self.offsets.numel() - 1, windows).round().long()
+        starts = (self.offsets[pick] + half).clamp(max=self.corpus.numel() - self.span.numel())
+        w = self.corpus[starts[:, None] + self.span].long().to(self.device)
+        logits = self.model(w[:, :-1])
+        return float(F.cross_entropy(logits.reshape(-1, VOCAB), w[:, 1:].reshape(-1)))
+
     def batch(self, step: int, shard_type: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, targets) of shard type ``shard_type`` at ``step``: int64 (shard, seq_len)."""
         idx = torch.tensor(self.data.shard(step, shard_type), dtype=torch.int64)

@@ -155,16 +155,8 @@ __all__ = ["ModeRunner", "make_runner", "WINDOW", "PROBE"]
 WINDOW = 5
 #: a benched group computes its own shard type for the clock every PROBE steps
 PROBE = 4
-#: updates of the ksync Monte-Carlo when ``auto`` re-selects (STAR's 1,000 cost ~20 ms)
-MC_UPDATES = 200
 #: what ``auto`` chooses among (every mode is still estimated and journaled)
 AUTO_MODES = ("sync", "mask", "ksync")
-#: the predicted TTA gain over sync that ``auto`` needs to leave (or stay out of) sync. The
-#: model's default 2 % assumes predictions as good as the trace; on a shared machine equal
-#: groups' predicted times spread by up to 1.76x (bench/sync_modes.py beside other load), so
-#: small predicted gains were noise: auto went into ksync with no straggler and, with the
-#: straggler set never empty, did not come back. A 2x straggler predicts ~33 % for ksync:3.
-AUTO_MIN_GAIN = 0.15
 
 
 def make_runner(cfg: Any, *args: Any, **kw: Any) -> StackedRunner:
@@ -462,10 +454,8 @@ class ModeRunner(StackedRunner):
         else:
             phi = self.noise.phi
             # ksync priced as run here: deferral, nothing stale (core.sync.ksync_defer_estimate)
-            cm = CostModel(shard_batch=self.cfg.shard_size, redundancy=self.cfg.redundancy,
-                           noise_scale=max(0.0, phi) if phi is not None else 0.0,
-                           mc_updates=MC_UPDATES, ksync_defers=True,
-                           min_gain=AUTO_MIN_GAIN)
+            cm = CostModel.for_runtime(self.cfg.shard_size, self.cfg.redundancy,
+                                       noise_scale=max(0.0, phi) if phi is not None else 0.0)
             d = decide(self.auto, pred, cm, allowed=AUTO_MODES, greedy_mask=True)
             if d.switched:
                 self.journal({"event": Event.MODE_SWITCH, "step": step, "from": self.auto.mode,

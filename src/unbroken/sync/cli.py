@@ -87,8 +87,9 @@ def plan(a: argparse.Namespace, sc) -> dict:
     from unbroken.sync.plan import straggler_plan
 
     phi = a.noise_scale if a.noise_scale is not None else float(sc.groups * a.shard_batch)
-    cm = CostModel(shard_batch=a.shard_batch, noise_scale=phi, comm_s=sc.allreduce,
-                   redundancy=a.mask_redundancy, seed=a.seed)
+    # the runtime's own selector: ksync priced as the runtime runs it (deferral)
+    cm = CostModel.for_runtime(a.shard_batch, a.mask_redundancy, noise_scale=phi,
+                               comm_s=sc.allreduce, seed=a.seed)
     return straggler_plan(a.stragglers, sc.groups, a.straggler_steps, sc.t_compute,
                           sc.allreduce, cm, seed=a.seed)
 
