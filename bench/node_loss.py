@@ -13,6 +13,10 @@ fault per run at step 10 of ``--steps``, ``--repeats`` runs per case, median / m
   (``unbroken agent --coordinator <this host's default-route address>:PORT``, as on other
   machines) and agent 1's process group SIGKILLed from outside once step 10 is in: the
   coordinator did not start it, so only silence tells. Times from the kill.
+* ``remote_cut``: as ``remote_kill``, but agent 1 runs in a network namespace of its own
+  (``unbroken.testing.netns``: another address behind a veth link; root only) and at step 10
+  the link goes down: nothing dies, packets are dropped. Also ``agent_left_s``: when the
+  cut-off agent, its heartbeat blocked, killed its workers and left (exit 10).
 
 Metrics from the merged journal, all relative to the fault event's wall time: ``node_lost_s``
 (the coordinator's ``node_lost``), ``detected_s`` (the supervisor's last ``detected`` of the
@@ -20,7 +24,7 @@ fault's members), ``masked_s`` (the first ``replan`` whose members exclude them,
 survivors re-formed without them); plus ``exactly_once`` and ``restarts`` of each run.
 
 Usage: ``.venv/bin/python bench/node_loss.py [--repeats 3] [--steps 200]
-[--node-staleness 1.0] [--cases kill,cut,group_kill,remote_kill]``.
+[--node-staleness 1.0] [--cases kill,cut,group_kill,remote_kill,remote_cut]``.
 """
 
 from __future__ import annotations
@@ -37,12 +41,12 @@ from unbroken.supervise import JobSpec, Supervisor
 from unbroken.supervise.spec import FTConfig
 
 CASES = {"kill": ("node:1@10", 3), "cut": ("cut:1@10", 3), "group_kill": ("kill:1@10", 0),
-         "remote_kill": (None, 3)}
+         "remote_kill": (None, 3), "remote_cut": (None, 3)}
 
 
 def one(case: str, steps: int, staleness: float, out: Path) -> dict:
-    if case == "remote_kill":
-        return one_remote(steps, staleness, out)
+    if case.startswith("remote_"):
+        return one_remote(steps, staleness, out, cut=case == "remote_cut")
     faults, nodes = CASES[case]
     spec = JobSpec(trainer="mlp", groups=6, steps=steps, faults=faults, local_nodes=nodes,
                    out=str(out), timeout=600, ft=FTConfig(node_staleness=staleness))
@@ -64,8 +68,9 @@ def metrics(ev: list[dict], t0: float, uids: set, res) -> dict:
             "restarts": res.report.get("restarts"), "ok": res.ok}
 
 
-def one_remote(steps: int, staleness: float, out: Path) -> dict:
-    """Agents started by hand, one killed from outside at step 10 (see the module doc)."""
+def one_remote(steps: int, staleness: float, out: Path, cut: bool = False) -> dict:
+    """Agents started by hand, one killed from outside at step 10, or (``cut``) agent 1 in a
+    network namespace of its own whose link goes down at step 10 (see the module doc)."""
     import os
     import signal
     import socket
@@ -73,9 +78,16 @@ def one_remote(steps: int, staleness: float, out: Path) -> dict:
     import threading
     import time
 
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect(("192.0.2.254", 9))  # the default route's address; nothing is sent
-        addr = s.getsockname()[0]
+    ns = None
+    if cut:
+        from unbroken.testing.netns import NetNs
+
+        ns = NetNs(os.getpid())
+        addr = ns.host_addr
+    else:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("192.0.2.254", 9))  # the default route's address; nothing is sent
+            addr = s.getsockname()[0]
     with socket.socket() as s:
         s.bind(("", 0))
         port = s.getsockname()[1]
@@ -84,17 +96,25 @@ def one_remote(steps: int, staleness: float, out: Path) -> dict:
     sup, got = Supervisor(spec), {}
     run = threading.Thread(target=lambda: got.update(res=sup.run()), daemon=True)
     run.start()
-    agents = [subprocess.Popen([sys.executable, "-m", "unbroken", "agent", "--coordinator",
+    agents = [subprocess.Popen([*(ns.prefix() if ns is not None and k == 1 else []),
+                                sys.executable, "-m", "unbroken", "agent", "--coordinator",
                                 f"{addr}:{port}", "--node", str(k), "--connect-timeout", "120"],
                                stderr=subprocess.DEVNULL, start_new_session=True)
               for k in range(3)]
+    left: dict = {}
     try:
         while not any(e["event"] == Event.COMMIT and e["step"] >= 10 for e in list(sup.events)):
             if not run.is_alive():
                 raise RuntimeError("the job ended before step 10")
             time.sleep(0.005)
         t0 = time.time()
-        os.killpg(agents[1].pid, signal.SIGKILL)
+        if ns is not None:
+            ns.cut()
+            # when the cut-off agent fenced itself (its heartbeat blocked: nodes.agent._Beat)
+            threading.Thread(target=lambda: left.update(
+                code=agents[1].wait(), s=time.time() - t0), daemon=True).start()
+        else:
+            os.killpg(agents[1].pid, signal.SIGKILL)
         run.join()
     finally:  # the others leave when the job ends (exit 0)
         for a in agents:
@@ -103,7 +123,12 @@ def one_remote(steps: int, staleness: float, out: Path) -> dict:
             except subprocess.TimeoutExpired:
                 os.killpg(a.pid, signal.SIGKILL)
                 a.wait()
-    return metrics(sup.events, t0, {1, 4}, got["res"])  # node 1 of 3 holds groups 1 and 4
+        if ns is not None:
+            ns.close()
+    m = metrics(sup.events, t0, {1, 4}, got["res"])  # node 1 of 3 holds groups 1 and 4
+    if ns is not None:
+        m["agent_left_s"], m["agent_code"] = left.get("s"), left.get("code")
+    return m
 
 
 def summary(xs: list) -> dict | None:
@@ -131,8 +156,8 @@ def main() -> None:
                 print(f"{case} {i + 1}/{a.repeats}", file=sys.stderr, flush=True)
                 runs.append(one(case, a.steps, a.node_staleness, Path(tmp) / f"{case}-{i}"))
             out["cases"][case] = {
-                **{k: summary([r[k] for r in runs])
-                   for k in ("node_lost_s", "detected_s", "masked_s")},
+                **{k: summary([r.get(k) for r in runs])
+                   for k in ("node_lost_s", "detected_s", "masked_s", "agent_left_s")},
                 "all_exactly_once": all(r["exactly_once"] for r in runs),
                 "restarts": sum(r["restarts"] or 0 for r in runs),
                 "all_ok": all(r["ok"] for r in runs)}

@@ -35,8 +35,12 @@ predictor saw: ``predicted_ratio`` (per step, the slowest group's predicted per-
 over the fastest's -- each group's lowest per-shard compute of the last 5 steps, as
 ``core.sync.predict_times`` -- median over the steps; a group's steps that contributed nothing
 are skipped: before that was fixed, runs with a group left out or deferred read huge ratios).
-Medians over ``--repeats``;
-``ceiling_tta_train_s``: the straggler-free ``sync`` run's.
+Repeat i runs seed ``--seed`` + i (another initialisation and data order: the final loss of
+this task moves by up to 8 % with the seed alone, so one seed cannot tell a mode's effect from
+its data order's luck); each run is judged against its own seed's target, ratios are taken
+between runs of one seed and their median over seeds is reported (``reached``: in how many
+seeds a mode reached the target). ``ceiling_tta_train_s``: the straggler-free ``sync`` runs'
+median.
 
 Bars (issue 11), computed here as met / not met: one persistent straggler: ``auto`` >= 25 %
 sooner than ``sync``; no stragglers: ``auto`` within 5 % of ``sync``; every trace: ``auto``
@@ -165,46 +169,52 @@ def main() -> None:
         sys.exit(f"sync_modes: --modes {a.modes}: choose among {','.join(MODES)}, with sync "
                  f"and auto")
     raws: dict[str, dict[str, list[dict]]] = {t: {m: [] for m in modes} for t in traces}
-    for i in range(a.repeats):
+    for i in range(a.repeats):  # repeat i runs seed + i: another initialisation and data order
         for t in traces:
             for m in modes:
-                log(f"[sync_modes] repeat {i + 1}/{a.repeats}: {t} / {m}")
-                raws[t][m].append(run(t, m, a.steps, a.seed, a.hogs))
-    ref = losses(raws["none"]["sync"][0])
-    # the smoothed loss the straggler-free sync run ends at (its last SMOOTH data steps)
-    target = smoothed(raws["none"]["sync"][0])[-1][1] * (1 + 1e-9)
-    same = all(max(abs(x - y) for x, y in zip(losses(r), ref)) < 1e-6
-               for ms in raws.values() for m, rs in ms.items() for r in rs
-               if len(losses(r)) == len(ref) and not _used_ksync(r))
-    runs = {t: {m: [summarise(r, target) for r in rs] for m, rs in ms.items()}
+                log(f"[sync_modes] repeat {i + 1}/{a.repeats} (seed {a.seed + i}): {t} / {m}")
+                raws[t][m].append(run(t, m, a.steps, a.seed + i, a.hogs))
+    refs = [losses(r) for r in raws["none"]["sync"]]
+    # per seed: the smoothed loss its straggler-free sync run ends at (last SMOOTH data steps)
+    targets = [smoothed(r)[-1][1] * (1 + 1e-9) for r in raws["none"]["sync"]]
+    same = all(max(abs(x - y) for x, y in zip(losses(r), refs[i])) < 1e-6
+               for ms in raws.values() for m, rs in ms.items() for i, r in enumerate(rs)
+               if len(losses(r)) == len(refs[i]) and not _used_ksync(r))
+    runs = {t: {m: [summarise(r, targets[i]) for i, r in enumerate(rs)] for m, rs in ms.items()}
             for t, ms in raws.items()}
+
+    def ratio(t: str, m1: str, m2: str, key: str = "tta_train_s") -> float | None:
+        """Median over seeds of m1 / m2 (the same seed's runs; both reached the target)."""
+        xs = [x[key] / y[key] for x, y in zip(runs[t][m1], runs[t][m2])
+              if x[key] is not None and y[key]]
+        return round(statistics.median(xs), 3) if xs else None
+
     summary: dict[str, dict] = {}
     for t, ms in runs.items():
         s = {m: {k: _med([x[k] for x in xs]) for k in
                  ("tta_train_s", "tta_s", "wall_s", "final_loss", "final_eval_loss",
                   "straggler_frequency",
-                  "predicted_ratio", "mode_switches", "mean_staleness")} | {"sync_modes": xs[-1]["sync_modes"],
-                                      "exactly_once": all(x["exactly_once"] for x in xs)}
+                  "predicted_ratio", "mode_switches", "mean_staleness")} | {
+                      "sync_modes": xs[-1]["sync_modes"],
+                      "reached": f"{sum(x['tta_train_s'] is not None for x in xs)}/{len(xs)}",
+                      "exactly_once": all(x["exactly_once"] for x in xs)}
              for m, xs in ms.items()}
         static = [m for m in STATIC if m in s]
-        best = min(static, key=lambda m: s[m]["tta_train_s"] or float("inf"))
-        auto, sync = s["auto"]["tta_train_s"], s["sync"]["tta_train_s"]
+        # the best static mode in hindsight: the lowest median TTA among the modes that
+        # reached the target in every seed
+        full = [m for m in static if all(x["tta_train_s"] is not None for x in ms[m])] or static
+        best = min(full, key=lambda m: s[m]["tta_train_s"] or float("inf"))
         s["best_static"] = best
-        s["auto_over_best_static"] = round(auto / s[best]["tta_train_s"], 3) \
-            if auto and s[best]["tta_train_s"] else None
-        s["auto_over_sync"] = round(auto / sync, 3) if auto and sync else None
-        s["final_loss_auto_over_sync"] = round(s["auto"]["final_loss"]
-                                               / s["sync"]["final_loss"], 5)
-        s["final_eval_loss_auto_over_sync"] = round(s["auto"]["final_eval_loss"]
-                                                    / s["sync"]["final_eval_loss"], 5)
+        s["auto_over_best_static"] = ratio(t, "auto", best)
+        s["auto_over_sync"] = ratio(t, "auto", "sync")
+        s["final_loss_auto_over_sync"] = ratio(t, "auto", "sync", "final_loss")
+        s["final_eval_loss_auto_over_sync"] = ratio(t, "auto", "sync", "final_eval_loss")
         for m in ("ksync:3", "groups", "async"):
             if m not in s:
                 continue
-            s[f"{m}_over_sync"] = round(s[m]["tta_train_s"] / sync, 3) \
-                if s[m]["tta_train_s"] and sync else None
-            s[f"final_loss_{m}_over_sync"] = round(s[m]["final_loss"] / s["sync"]["final_loss"], 5)
-            s[f"final_eval_loss_{m}_over_sync"] = round(s[m]["final_eval_loss"]
-                                                        / s["sync"]["final_eval_loss"], 5)
+            s[f"{m}_over_sync"] = ratio(t, m, "sync")
+            s[f"final_loss_{m}_over_sync"] = ratio(t, m, "sync", "final_loss")
+            s[f"final_eval_loss_{m}_over_sync"] = ratio(t, m, "sync", "final_eval_loss")
         summary[t] = s
     ceiling = summary.get("none", {}).get("sync", {}).get("tta_train_s")
     one = summary.get("persistent:1@2")
@@ -222,11 +232,13 @@ def main() -> None:
             for t, s in summary.items()},
         "final_loss_within_2pct_of_sync": {
             t: {"ratio": s["final_loss_auto_over_sync"],
-                "met": abs(s["final_loss_auto_over_sync"] - 1) <= 0.02}
+                "met": s["final_loss_auto_over_sync"] is not None
+                   and abs(s["final_loss_auto_over_sync"] - 1) <= 0.02}
             for t, s in summary.items()},
         "final_eval_loss_within_2pct_of_sync": {
             t: {"ratio": s["final_eval_loss_auto_over_sync"],
-                "met": abs(s["final_eval_loss_auto_over_sync"] - 1) <= 0.02}
+                "met": s["final_eval_loss_auto_over_sync"] is not None
+                   and abs(s["final_eval_loss_auto_over_sync"] - 1) <= 0.02}
             for t, s in summary.items()},
     }
     out = {"bench": "sync_modes", "machine": {"cpus": os.cpu_count(),
@@ -234,14 +246,16 @@ def main() -> None:
                                               "loadavg_at_end": os.getloadavg()},
            "steps": a.steps, "repeats": a.repeats, "seed": a.seed, "modes": list(modes),
            "where_async_loses": {
-               t: {"async_over_sync": s["async_over_sync"], "best_static": s["best_static"],
+               t: {"async_over_sync": s["async_over_sync"], "reached": s["async"]["reached"],
+                   "final_eval_loss_over_sync": s["final_eval_loss_async_over_sync"],
+                   "best_static": s["best_static"],
                    "async_over_best": round(s["async"]["tta_train_s"]
                                             / s[s["best_static"]]["tta_train_s"], 3)
                    if s["async"]["tta_train_s"] and s[s["best_static"]]["tta_train_s"]
                    else None}
                for t, s in summary.items() if "async" in s
                and (s["async"]["tta_train_s"] is None or s["best_static"] != "async")},
-           "target_loss": target, "smoothing_data_steps": SMOOTH,
+           "target_loss_per_seed": targets, "smoothing_data_steps": SMOOTH,
            "same_losses_in_every_run": same, "ceiling_tta_train_s": ceiling,
            "bars": bars, "summary": summary, "runs": runs}
     print(json.dumps(out))

@@ -1,7 +1,7 @@
 """A job as several machines run it, for the node tests: the supervisor on a thread of the test
 process (``unbroken run --nodes K --listen PORT``), each agent a process tree of its own
 (``unbroken agent --coordinator ADDR:PORT``), optionally inside another network namespace
-(:class:`NetNs`: its own interfaces, address and routes, joined to this one by a veth pair:
+(:func:`netns`: its own interfaces, address and routes, joined to this one by a veth pair:
 the closest this one box comes to a second machine).
 
 Import as ``from remote_job import ...`` (``pythonpath = ["tests"]``)."""
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -49,58 +48,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class NetNs:
-    """A network namespace ``name`` joined to this one by a veth pair: this side
-    ``10.X.Y.1/30``, the namespace's side ``10.X.Y.2/30``. Needs root and iproute2 (the test
-    skips otherwise). :meth:`cut` takes the link down: every packet to and from the namespace
-    is dropped and no process learns of it (no RST, no signal): a node cut off from the
-    network. :meth:`close` kills what runs inside and removes the namespace and its link."""
+def netns(tag: int):
+    """A :class:`unbroken.testing.netns.NetNs` (the test skips where there is none)."""
+    from unbroken.testing.netns import NetNs, NetNsUnavailable
 
-    def __init__(self, tag: int) -> None:
-        if os.geteuid() != 0 or shutil.which("ip") is None:
-            pytest.skip("a network namespace needs root and iproute2")
-        self.name = f"ubt{tag}"
-        self.host_if, self.ns_if = f"ubh{tag}", f"ubn{tag}"
-        x, y = 200 + tag // 250 % 50, tag % 250
-        self.host_addr, self.ns_addr = f"10.{x}.{y}.1", f"10.{x}.{y}.2"
-        self._ip("netns", "add", self.name)
-        try:
-            self._ip("link", "add", self.host_if, "type", "veth", "peer", "name", self.ns_if)
-            self._ip("link", "set", self.ns_if, "netns", self.name)
-            self._ip("addr", "add", f"{self.host_addr}/30", "dev", self.host_if)
-            self._ip("link", "set", self.host_if, "up")
-            self.exec_ip("addr", "add", f"{self.ns_addr}/30", "dev", self.ns_if)
-            self.exec_ip("link", "set", self.ns_if, "up")
-            self.exec_ip("link", "set", "lo", "up")
-        except BaseException:
-            self.close()
-            raise
-
-    @staticmethod
-    def _ip(*args: str) -> None:
-        r = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
-        if r.returncode != 0:
-            pytest.skip(f"ip {' '.join(args)}: {r.stderr.strip()}")
-
-    def exec_ip(self, *args: str) -> None:
-        self._ip("netns", "exec", self.name, "ip", *args)
-
-    def prefix(self) -> list[str]:
-        """Run a command inside: ``[*prefix, cmd, ...]``."""
-        return ["ip", "netns", "exec", self.name]
-
-    def cut(self) -> None:
-        self.exec_ip("link", "set", self.ns_if, "down")
-
-    def close(self) -> None:
-        r = subprocess.run(["ip", "netns", "pids", self.name], capture_output=True, text=True)
-        for pid in r.stdout.split():
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except (ProcessLookupError, ValueError):
-                pass
-        subprocess.run(["ip", "netns", "del", self.name], capture_output=True)
-        subprocess.run(["ip", "link", "del", self.host_if], capture_output=True)
+    try:
+        return NetNs(tag)
+    except NetNsUnavailable as e:
+        pytest.skip(str(e))
 
 
 class RemoteJob:

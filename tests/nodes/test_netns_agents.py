@@ -17,7 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from remote_job import NetNs, RemoteJob, check_exact  # noqa: E402
+from remote_job import RemoteJob, check_exact, netns as make_netns  # noqa: E402
 from unbroken.events import Event  # noqa: E402
 from unbroken.protocol import ExitCode  # noqa: E402
 from unbroken.supervise.spec import FTConfig  # noqa: E402
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.mp
 
 @pytest.fixture
 def netns():
-    ns = NetNs(os.getpid() % 20000)
+    ns = make_netns(os.getpid())
     try:
         yield ns
     finally:

@@ -151,8 +151,14 @@ from unbroken.runtime.stacked import StackedRunner
 
 __all__ = ["ModeRunner", "make_runner", "WINDOW", "PROBE"]
 
-#: steps of per-group compute times behind a prediction (their minimum)
-WINDOW = 5
+#: steps of per-group compute times behind a prediction, their minimum
+#: (the load of a shared machine only ever adds time). 15, not 5: four
+#: single-thread workers on two cores take turns in phases that outlast 5 steps, so a 5-step
+#: minimum still read 1.78x between equal groups (bench/sync_modes.py, no straggler, quiet
+#: machine) and auto left sync on it; with 15, auto on that trace stayed within 3.3 % of sync's
+#: TTA and chose ksync:3 (not ksync:2) under one 2x straggler with 1 switch instead of 13.
+#: The cost: a new straggler is believed 15 steps late (a recovery at once).
+WINDOW = 15
 #: a benched group computes its own shard type for the clock every PROBE steps
 PROBE = 4
 #: what ``auto`` chooses among (every mode is still estimated and journaled)
