@@ -157,25 +157,33 @@ class _Beat:
     def __init__(self, store, node: int, period: float, on_cut=None,
                  cut_after: float = CUT_OFF_S) -> None:
         self._stop = threading.Event()
-        self._since: float | None = None  # when the call in flight began
+        self._calls = 0        # beats begun
+        self._busy = False     # a beat is in flight
         st = store.clone()
         st.add(node_hb_key(node), 1)
 
         def beat() -> None:
             while not self._stop.wait(period):
-                self._since = time.monotonic()
+                self._calls += 1
+                self._busy = True
                 try:
                     st.add(node_hb_key(node), 1)
                 except Exception:
                     return
                 finally:
-                    self._since = None
+                    self._busy = False
 
         def watch() -> None:
+            # counted in the watchdog's own ticks, not wall time: a SIGSTOPped agent (a drill,
+            # a debugger) stops both threads, and a beat caught in flight must not read as
+            # blocked for the whole stop once it is continued
+            seen, ticks = -1, 0
             while not self._stop.wait(period):
-                since = self._since
-                if since is not None and time.monotonic() - since > cut_after:
-                    on_cut(time.monotonic() - since)
+                calls = self._calls
+                ticks = ticks + 1 if self._busy and calls == seen else 0
+                seen = calls
+                if ticks * period >= cut_after:
+                    on_cut(ticks * period)
                     return
         threading.Thread(target=beat, name="node-hb", daemon=True).start()
         if on_cut is not None:
