@@ -255,6 +255,11 @@ def _children(pid: int) -> list[int]:
         return []
 
 
+def _terminal_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+
+
 @pytest.mark.timeout(90)
 def test_ctrl_c_stops_plan_and_its_pool_at_once_without_a_traceback(tmp_path):
     """A real SIGINT to the whole process group, as a terminal's Ctrl-C sends it, while the
@@ -263,9 +268,15 @@ def test_ctrl_c_stops_plan_and_its_pool_at_once_without_a_traceback(tmp_path):
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
+    with open("/proc/self/status") as f:  # what a child would inherit (shown on a failure)
+        print("test process:", signal.getsignal(signal.SIGINT),
+              [x.strip() for x in f if x.startswith(("SigIgn", "SigBlk"))])
+    # as a shell starts a foreground command: SIGINT at its default and not blocked, whatever
+    # this process inherited (a disposition or mask set here would make the child deaf to it)
     p = subprocess.Popen([sys.executable, "-m", "unbroken", "plan", "--jobs", "2", "--png",
                           str(tmp_path / "p.png")], cwd=root, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+                         stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         preexec_fn=_terminal_sigint)
     try:
         deadline = time.monotonic() + 30
         while len(_children(p.pid)) < 2 and time.monotonic() < deadline:
