@@ -162,3 +162,29 @@ def test_an_incident_the_guard_cannot_read_stops_the_members_instead_of_leaving_
     assert [e["detector"] for e in out if e["event"] == "detector_warning"] == ["incident"]
     g.on_replay({"event": "replay", "step": 5, "n": 0, "digests": "garbage"}, 11.0)
     assert g.orders[-1].key == "verdict/5/1" and g.orders[-1].verdict["action"] == "stop"
+
+
+def test_a_fail_slow_eviction_waits_for_a_replay_in_flight():
+    """A replay collects every member's digests; evicting a slow group meanwhile left the
+    soak's vote at "1/1 agree -> no culprit". The verdict comes once the replay is answered."""
+    g, out = make()
+    for k in range(80):  # 8 s of steps: group 3 at 3x its peers' compute
+        for u in range(4):
+            g.on_commit({"event": "commit", "step": k, "loss": 2.0, "t": 100.0 + 0.1 * k,
+                         "compute_s": 0.3 if u == 3 else 0.1}, uid=u)
+    for k in (9, 19):
+        g.on_check({"event": "sdc_check", "step": k, "ok": True})
+    g.on_incident(incident("sdc", 24, mismatch={"1": {"1": 5, "2": 6}}), 107.0)
+    g.poll(108.0)  # five slow rounds are closed, but a replay is in flight
+    assert not [e for e in out if e.get("how") == "fail-slow"]
+    g.on_replay({"event": "replay", "step": 24, "n": 0, "t": 108.1, "uids": {str(u): u for u in
+                 range(4)}, "digests": {"1": {"0": 5, "1": 5, "2": 9, "3": 5}}}, 108.2)
+    g.poll(108.3)
+    assert [e["group"] for e in out if e.get("how") == "fail-slow"] == [3]
+    g2, out2 = make()  # the same rounds without a replay: flagged at the first poll
+    for k in range(80):
+        for u in range(4):
+            g2.on_commit({"event": "commit", "step": k, "loss": 2.0, "t": 100.0 + 0.1 * k,
+                          "compute_s": 0.3 if u == 3 else 0.1}, uid=u)
+    g2.poll(108.0)
+    assert [e["group"] for e in out2 if e.get("how") == "fail-slow"] == [3]
