@@ -102,6 +102,7 @@ class FakeGroup:
         self.dead: set[int] = set()
         self.rounds: dict[tuple[int, int], _Round] = {}
         self.rdzv: dict[int, set[int]] = {}
+        self.cut: dict[tuple[int, int], int] = {}  # (gen, seq) -> the uid cut off in it
         self.store, clients = (stores or StorePool(wait_s)).job(len(uids))
         self._client = dict(zip(sorted(uids), clients))
 
@@ -136,7 +137,8 @@ class FakeComm:
     """The part of FTComm's API the runner uses, over a :class:`FakeGroup`."""
 
     def __init__(self, group: FakeGroup, uid: int, *, die_at_call: int | None = None,
-                 die_after_send: bool = False, drop_at_call: int | None = None) -> None:
+                 die_after_send: bool = False, drop_at_call: int | None = None,
+                 cut_at_call: int | None = None) -> None:
         self.group = group
         self.uid = uid
         self.store = group._client[uid]
@@ -148,6 +150,10 @@ class FakeComm:
         self.tensors: list[torch.Tensor] = []  # what this member sent, in call order
         self.die_at_call, self.die_after_send = die_at_call, die_after_send
         self.drop_at_call = drop_at_call
+        # a link cut: this call completes here and fails everywhere else, the next one dies
+        self.cut_at_call = cut_at_call
+        if cut_at_call is not None:
+            self.die_at_call, self.die_after_send = cut_at_call + 1, False
         self._gen = 0
         self._seq = 0           # all-reduces issued in the current generation
         self._members = list(group.gen_members[0])
@@ -178,6 +184,8 @@ class FakeComm:
                 return False
             rnd = g.rounds.setdefault((gen, seq), _Round())
             rnd.parts[self.uid] = tensor.detach().clone()
+            if call == self.cut_at_call:
+                g.cut[(gen, seq)] = self.uid
             members = g.gen_members[gen]
             if len(rnd.parts) == len(members):
                 total = torch.zeros_like(tensor)
@@ -192,6 +200,9 @@ class FakeComm:
             self._die(f"after sending call {call}")
         if not done:
             self.journal.append({"event": "abort", "gen": gen, "call": call})
+            return False
+        if g.cut.get((gen, seq), self.uid) != self.uid:  # the cut member's link took it down
+            self.fail(f"cut: call {call} lost with uid {g.cut[(gen, seq)]}")
             return False
         if call == self.drop_at_call:  # completed everywhere, but this member saw an error
             self.fail(f"injected: call {call} reported as failed")

@@ -151,6 +151,35 @@ def test_one_group_dies_at_step_4_is_masked(reference, stores, after_send):
 
 
 @pytest.mark.timeout(60)
+def test_a_member_cut_off_as_its_op_completed_commits_an_orphan_the_ledger_drops(reference,
+                                                                                  stores):
+    # group 1's link goes down during step 4's all-reduce: its op completes (it commits step 4
+    # with the old plan, alone), every other member's fails and re-plans step 4 without it.
+    # Seen in the netns test as "step 9: groups committed different plans" from the ledger.
+    victim, at, survivors = 1, 4, [0, 2, 3]
+    job = Job(CFG, stores, hooks={victim: {"cut_at_call": at}}).run()
+    assert set(job.error) == {victim} and isinstance(job.error[victim], MemberDied)
+    orphan = job.commits(victim)[at]
+    assert orphan["gen"] == 0 and orphan["plan"]["1"] == victim
+    for u in survivors:
+        assert max_diff(job.result[u], reference) < 1e-9, u
+        (rp,) = job.events(u, "replan")
+        assert rp["step"] == at and rp["members"] == survivors
+        assert job.commits(u)[at]["plan"] == {"0": 0, "1": 0, "2": 2, "3": 3}
+    job.ledger_ok()
+    # journaled the other way round (the orphan's line after the re-plan's) it is dropped too
+    late = {**job.journals, victim: [dict(e, t=e["t"] + 60) if e is orphan else e
+                                     for e in job.journals[victim]]}
+    assert exactly_once(ledger_records(late), CFG.steps, CFG.groups).ok
+    # a survivor committing a different plan for the step is still a divergence
+    bad = {**job.journals, 0: [dict(e, plan=orphan["plan"], mine=[0])
+                               if e["event"] == "commit" and e["step"] == at else e
+                               for e in job.journals[0]]}
+    with pytest.raises(DivergenceError, match=f"step {at}: groups committed different plans"):
+        ledger_records(bad)
+
+
+@pytest.mark.timeout(60)
 def test_stop_request_stops_every_member_after_the_same_step(stores):
     # the stop key is set while training, from group 2's thread right after it commits step 5
     # (rank 0 may or may not have read the control counters of step 6 by then); whichever

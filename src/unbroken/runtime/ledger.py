@@ -29,6 +29,15 @@ def ledger_records(journals: dict[int, list[dict]]) -> list[tuple[int, int, int]
     ``mine`` must match the plan. A ``restore`` to step c (a roll-back) discards commits of
     steps >= c made before it.
 
+    A member cut off from the others (its link went down, its node was fenced) can see the
+    op of step k complete while every other member sees it fail: it commits k alone, in the
+    old generation, and never reaches the others again; they re-plan k without it and commit
+    a different plan in a later generation. Such an *orphan* commit is superseded, not a
+    divergence: a commit of k in generation g loses to one in a later generation whose
+    members include none of g's committers of k (their state left the job with them). The
+    same plans disagreeing inside one generation, or with a committer that lives on, still
+    raise.
+
     ``--sync ksync:K`` (``unbroken.runtime.syncmodes``): a commit's plan leaves out the types
     it ``deferred``, and its ``catch_up`` lists ``[data step, type, group]`` of earlier steps'
     deferred shards used by it: they count for their data step.
@@ -37,14 +46,23 @@ def ledger_records(journals: dict[int, list[dict]]) -> list[tuple[int, int, int]
                      if e.get("event") in (Event.COMMIT, Event.RESTORE)), key=lambda x: x[0])
     plans: dict[int, dict] = {}
     late: dict[int, list] = {}  # commit step -> its catch-up records
+    who: dict[int, list[tuple[int, dict]]] = {}  # commit step -> (group, commit) behind its plan
     for _t, g, e in events:
         if e["event"] == Event.RESTORE:
             plans = {k: p for k, p in plans.items() if k < e["step"]}
             late = {k: c for k, c in late.items() if k < e["step"]}
+            who = {k: w for k, w in who.items() if k < e["step"]}
             continue
         k, plan = e["step"], e["plan"]
         if plans.setdefault(k, plan) != plan:
-            raise DivergenceError(f"step {k}: groups committed different plans")
+            if _supersedes(e, who[k]):
+                plans[k], who[k] = plan, []
+                late.pop(k, None)
+            elif all(_supersedes(c, [(g, e)]) for _g, c in who[k]):
+                continue  # e is the orphan, journaled after the others' re-plan
+            else:
+                raise DivergenceError(f"step {k}: groups committed different plans")
+        who.setdefault(k, []).append((g, e))
         if "catch_up" in e and late.setdefault(k, e["catch_up"]) != e["catch_up"]:
             raise DivergenceError(f"step {k}: groups committed different catch-ups")
         if any(plan.get(str(t)) != g for t in e["mine"]):
@@ -52,3 +70,11 @@ def ledger_records(journals: dict[int, list[dict]]) -> list[tuple[int, int, int]
                                   f"plan {plan} gives to others")
     return [(k, int(t), int(w)) for k, plan in sorted(plans.items()) for t, w in plan.items()] + \
         [(int(s), int(t), int(w)) for _k, cu in sorted(late.items()) for s, t, w in cu]
+
+
+def _supersedes(commit: dict, others: list[tuple[int, dict]]) -> bool:
+    """``commit`` replaces the commits ``others`` of its step: they are orphans of members cut
+    off in an earlier generation, none of them a member of ``commit``'s generation."""
+    gen, members = commit.get("gen"), set(commit.get("members") or ())
+    return gen is not None and all(
+        c.get("gen") is not None and c["gen"] < gen and g not in members for g, c in others)
