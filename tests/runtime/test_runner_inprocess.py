@@ -22,7 +22,7 @@ from fakecomm import FakeGroup, MemberDied, StorePool  # noqa: E402
 from unbroken.core.shards import exactly_once  # noqa: E402
 from unbroken.protocol import STOP_KEY  # noqa: E402
 from unbroken.runtime.config import TrainConfig  # noqa: E402
-from unbroken.runtime.ledger import DivergenceError, ledger_records  # noqa: E402
+from unbroken.runtime.ledger import DivergenceError, check_ledger, ledger_records  # noqa: E402
 from unbroken.runtime.stacked import StackedRunner, StopRequested  # noqa: E402
 from unbroken.runtime.trainer import reference_run  # noqa: E402
 from unbroken.runtime.stacked import StepHooks  # noqa: E402
@@ -453,3 +453,16 @@ def test_the_communicators_keep_the_runners_contract(stores):
     assert not isinstance(object(), CommLike)
     for name in ("allreduce", "reform", "join", "fail", "generation", "members", "rank"):
         assert hasattr(FTComm, name), name
+
+
+def test_journals_that_disagree_give_a_no_and_one_line_not_a_traceback():
+    def commit(g: int, plan: dict, gen: int = 0) -> dict:
+        return {"event": "commit", "step": 0, "gen": gen, "members": [0, 1], "t": float(g),
+                "mine": [int(t) for t, w in plan.items() if w == g], "plan": plan}
+    agree = {0: [commit(0, {"0": 0, "1": 1})], 1: [commit(1, {"0": 0, "1": 1})]}
+    rep, err = check_ledger(agree, 1, 2)
+    assert rep.ok and err is None
+    split = {0: [commit(0, {"0": 0, "1": 0})], 1: [commit(1, {"0": 1, "1": 1})]}
+    rep, err = check_ledger(split, 1, 2)
+    assert not rep.ok and err == ("the journals disagree on what was committed: step 0: groups "
+                                  "committed different plans")

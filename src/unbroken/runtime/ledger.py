@@ -9,9 +9,10 @@ disagree on a committed step.
 
 from __future__ import annotations
 
+from unbroken.core.shards import LedgerReport, exactly_once
 from unbroken.events import Event
 
-__all__ = ["DivergenceError", "ledger_records"]
+__all__ = ["DivergenceError", "check_ledger", "ledger_records"]
 
 
 class DivergenceError(RuntimeError):
@@ -70,6 +71,18 @@ def ledger_records(journals: dict[int, list[dict]]) -> list[tuple[int, int, int]
                                   f"plan {plan} gives to others")
     return [(k, int(t), int(w)) for k, plan in sorted(plans.items()) for t, w in plan.items()] + \
         [(int(s), int(t), int(w)) for _k, cu in sorted(late.items()) for s, t, w in cu]
+
+
+def check_ledger(journals: dict[int, list[dict]], steps: int,
+                 groups: int) -> tuple[LedgerReport, str | None]:
+    """The exactly-once verdict over ``steps`` steps, and one line when the journals disagree
+    (then the verdict is "no": what the job did cannot be read back, which is never a
+    traceback at the end of a run that trained)."""
+    try:
+        return exactly_once(ledger_records(journals), steps, groups), None
+    except DivergenceError as exc:
+        rep = exactly_once([], steps, groups)
+        return rep, f"the journals disagree on what was committed: {exc}"
 
 
 def _supersedes(commit: dict, others: list[tuple[int, dict]]) -> bool:

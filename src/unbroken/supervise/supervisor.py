@@ -325,9 +325,8 @@ class Supervisor:
         return done, ended
 
     def _finish(self, done, ended, cfg, out: Path, jdir: Path, t_start: float) -> RunResult:
-        from unbroken.core.shards import exactly_once
         from unbroken.demo_report import build_report, straggler_report
-        from unbroken.runtime.ledger import ledger_records
+        from unbroken.runtime.ledger import check_ledger
 
         spec = self.spec
         journals = {int(f.stem.split("-")[1]): read_journal(f)
@@ -336,8 +335,7 @@ class Supervisor:
         self.emit({"event": Event.END, "wall_s": wall,
                    **({"code": int(ended.code), "reason": str(ended)} if ended else {})})
         steps = spec.steps if ended is None else None
-        rep = exactly_once(ledger_records(journals), steps or _committed(journals),
-                           cfg.groups)
+        rep, bad_ledger = check_ledger(journals, steps or _committed(journals), cfg.groups)
         report = build_report(self.events, max_abs_param_diff=None, exactly_once=rep.ok,
                               ledger={"records": rep.records, "missing": len(rep.missing),
                                       "duplicated": len(rep.duplicated),
@@ -352,6 +350,10 @@ class Supervisor:
         from unbroken.demo_report import plot_demo
 
         report["png"] = str(plot_demo(self.events, out / self.figure))
+        if bad_ledger is not None:
+            report["exactly_once"], report["ledger_error"] = False, bad_ledger
+            if ended is None:
+                return RunResult(ExitCode.FAILED, bad_ledger, report)
         if ended is not None:
             report["stopped"] = {"code": int(ended.code), "reason": str(ended),
                                  "checkpoint": ended.checkpoint}
