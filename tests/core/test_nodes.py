@@ -116,3 +116,25 @@ def test_memory_disk_and_load_problems_each_name_their_numbers():
     p = HealthPolicy(min_mem_frac=0.04, min_disk_mb=500, max_load_per_cpu=2.25)
     assert health_problems({"mem_avail_mb": 700, "mem_total_mb": 16000, "disk_free_mb": 512,
                             "load1": 9.0, "cpus": 4}, p) == []
+
+
+def test_watch_beat_cuts_off_after_one_beat_in_flight_for_cut_after_seconds_of_ticks():
+    from unbroken.core.nodes import BeatWatch, watch_beat
+
+    s, why = watch_beat(BeatWatch(), calls=1, busy=True, period=0.5, cut_after=1.5)
+    assert why is None and s == BeatWatch(1, 0)  # first sight of this beat: not yet counted
+    for ticks in (1, 2):
+        s, why = watch_beat(s, calls=1, busy=True, period=0.5, cut_after=1.5)
+        assert why is None and s.ticks == ticks
+    s, why = watch_beat(s, calls=1, busy=True, period=0.5, cut_after=1.5)
+    assert why == "a heartbeat to the coordinator blocked for 1.5s" and s.ticks == 3
+
+
+def test_watch_beat_resets_when_a_beat_returns_or_a_new_one_starts():
+    from unbroken.core.nodes import BeatWatch, watch_beat
+
+    s = BeatWatch(seen=4, ticks=5)
+    assert watch_beat(s, calls=5, busy=True, period=0.5, cut_after=3.0) == (BeatWatch(5, 0),
+                                                                           None)
+    assert watch_beat(s, calls=4, busy=False, period=0.5, cut_after=3.0) == (BeatWatch(4, 0),
+                                                                            None)

@@ -11,6 +11,9 @@
 * whether the agents' declared room (``--slots``, ``--spares``) holds the placement;
 * which network interface a node's workers bind gloo to: the one whose address routes to
   the coordinator (it reaches every peer that reaches the coordinator);
+* when an agent is cut off from the coordinator: a heartbeat call that has not returned for
+  ``cut_after`` s of the watchdog's own ticks (a cut link blocks a call in the kernel for
+  minutes, no error comes; the coordinator fenced the node long before);
 * what a node's own health sample says is wrong with the machine (memory or disk nearly
   gone, the CPUs oversubscribed): problems the guard reports (log-only: a full disk or a
   busy neighbour is for an operator, not a reason to kill a job).
@@ -25,7 +28,8 @@ from unbroken.core.membership import Observation, silence_rule, silent_members
 from unbroken.core.placement import check_nodes, make_layout, node_placement, nodes_needed
 
 __all__ = ["place_groups", "on_live_nodes", "stale_nodes", "rejoining", "spare_node",
-           "check_room", "gloo_interface", "HealthPolicy", "health_problems"]
+           "check_room", "gloo_interface", "HealthPolicy", "health_problems", "CUT_OFF_S",
+           "BeatWatch", "watch_beat"]
 
 
 def place_groups(groups: int, redundancy: int, nodes: int) -> tuple[list[int], str | None]:
@@ -47,6 +51,35 @@ def stale_nodes(observations: Mapping[Hashable, Observation], now: float, stalen
     ``silence_rule(staleness, heartbeat)``). Sorted."""
     min_beats, ceiling = silence_rule(staleness, heartbeat)
     return silent_members(observations, now, staleness, beats, min_beats, ceiling)
+
+
+#: a heartbeat blocked this long means the node is cut off (the coordinator fences a node after
+#: ``node_staleness`` = 1 s of silence by default: 3 s leaves it long done)
+CUT_OFF_S = 3.0
+
+
+@dataclass(frozen=True)
+class BeatWatch:
+    """What the watchdog remembers between its ticks: the beats begun at the last tick and
+    for how many consecutive ticks one beat has been in flight."""
+
+    seen: int = -1
+    ticks: int = 0
+
+
+def watch_beat(state: BeatWatch, calls: int, busy: bool, period: float,
+               cut_after: float = CUT_OFF_S) -> tuple[BeatWatch, str | None]:
+    """One watchdog tick: the new state and, once the same beat has been in flight for
+    ``cut_after`` s, the reason the node is cut off (else None).
+
+    Counted in ticks, not wall time: a SIGSTOPped agent (a drill, a debugger) stops both its
+    threads, and a beat caught in flight must not read as blocked for the whole stop once it
+    is continued."""
+    ticks = state.ticks + 1 if busy and calls == state.seen else 0
+    blocked = ticks * period
+    if blocked >= cut_after:
+        return BeatWatch(calls, ticks), f"a heartbeat to the coordinator blocked for {blocked:.1f}s"
+    return BeatWatch(calls, ticks), None
 
 
 def on_live_nodes(groups: int, redundancy: int, live: list[int]) -> tuple[list[int], str | None]:

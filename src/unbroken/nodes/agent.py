@@ -48,6 +48,7 @@ import threading
 import time
 from datetime import timedelta
 
+from unbroken.core.nodes import CUT_OFF_S, BeatWatch, watch_beat
 from unbroken.protocol import (JOB_ATTEMPTS, JOB_NODES, NODE_EXITS, ExitCode, job_attempt_key,
                                node_error_key, node_exit_key, node_fenced_key, node_hb_key,
                                node_key, node_left_key, node_order_key, node_orders_key,
@@ -136,9 +137,6 @@ def gloo_ifname(host: str, port: int) -> str | None:
     return gloo_interface(addrs, local)[0]
 
 
-#: a heartbeat call to the directory blocked this long: the node is cut off (see _Beat)
-CUT_OFF_S = 3.0
-
 #: every worker this agent process started, in any attempt (killed when it is cut off)
 _STARTED: list = []
 
@@ -148,7 +146,8 @@ class _Beat:
 
     A cut link is not a closed one: no RST comes, and a store call blocks in the kernel until
     TCP gives up (many minutes; the client's timeout does not bound it, measured). So a
-    watchdog thread times the beat in flight: blocked for ``cut_after`` s (the coordinator
+    watchdog thread times the beat in flight (``core.nodes.watch_beat``): blocked for
+    ``cut_after`` s (the coordinator
     fenced this node after its 1 s of silence long before), ``on_cut`` runs -- the node
     stops what it started and leaves (exit 10), instead of training on, cut off, for
     minutes. A call that *fails* (the coordinator's process is gone, its host is up: RST)
@@ -174,16 +173,11 @@ class _Beat:
                     self._busy = False
 
         def watch() -> None:
-            # counted in the watchdog's own ticks, not wall time: a SIGSTOPped agent (a drill,
-            # a debugger) stops both threads, and a beat caught in flight must not read as
-            # blocked for the whole stop once it is continued
-            seen, ticks = -1, 0
+            state = BeatWatch()
             while not self._stop.wait(period):
-                calls = self._calls
-                ticks = ticks + 1 if self._busy and calls == seen else 0
-                seen = calls
-                if ticks * period >= cut_after:
-                    on_cut(ticks * period)
+                state, why = watch_beat(state, self._calls, self._busy, period, cut_after)
+                if why is not None:
+                    on_cut(state.ticks * period)
                     return
         threading.Thread(target=beat, name="node-hb", daemon=True).start()
         if on_cut is not None:
