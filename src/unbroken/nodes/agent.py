@@ -147,10 +147,9 @@ class _Beat:
     A cut link is not a closed one: no RST comes, and a store call blocks in the kernel until
     TCP gives up (many minutes; the client's timeout does not bound it, measured). So a
     watchdog thread times the beat in flight (``core.nodes.watch_beat``): blocked for
-    ``cut_after`` s (the coordinator
-    fenced this node after its 1 s of silence long before), ``on_cut`` runs -- the node
-    stops what it started and leaves (exit 10), instead of training on, cut off, for
-    minutes. A call that *fails* (the coordinator's process is gone, its host is up: RST)
+    ``cut_after`` s (the coordinator fenced this node after its 1 s of silence long before),
+    ``on_cut`` runs -- the node stops what it started and leaves (exit 10), instead of
+    training on, cut off, for minutes. A call that *fails* (the coordinator's process is gone, its host is up: RST)
     ends the beat and leaves the decision to the attempt's own rules (exit 5)."""
 
     def __init__(self, store, node: int, period: float, on_cut=None,
