@@ -77,10 +77,12 @@ from unbroken.core.ladder import (
     FaultKind,
     LadderPolicy,
     LadderState,
+    Replayed,
     Rung,
     Tried,
     advance,
     decide,
+    held,
     quarantined,
     queue_update,
     update_due,
@@ -138,7 +140,6 @@ class Guard:
         self.health_round = 0.0
         self.health_told: set[int] = set()
         self.node_told: set[tuple[int, str]] = set()  # (node, signal) problems alerted
-        self.replay_since: float | None = None  # a replay verdict posted, not yet answered
         self.opened: dict[tuple[int, int], float] = {}    # incident (step, n) -> first seen
         self.policy = policy or LadderPolicy()
         self.losses: list[float] = []
@@ -228,7 +229,7 @@ class Guard:
         the previous attempt's answers must not hide them."""
         self.answered.clear()
         self.opened.clear()
-        self.replay_since = None
+        self.state = advance(self.state, Replayed(), self.policy)  # its replay went with it
 
     def _verdict(self, step: int, n: int, obj: dict) -> None:
         self.orders.append(PostVerdict(verdict_key(step, n), obj))
@@ -280,7 +281,6 @@ class Guard:
         if d.rung is Rung.REPLAY:  # the mismatched types; none named (a NaN): every type
             types = sorted(int(t) for t in ev.get("mismatch", {}))
             self._verdict(step, n, {"action": "replay", "types": types})
-            self.replay_since = now
             self.state = advance(self.state, Tried(d), self.policy)
             self.opened[(step, n + 1)] = t_seen
             return
@@ -323,7 +323,7 @@ class Guard:
             self._unanswerable(exc, step, n + 1)
 
     def _replayed(self, ev: dict, step: int, n: int, now: float) -> None:
-        self.replay_since = None
+        self.state = advance(self.state, Replayed(), self.policy)
         t_seen = self.opened.pop((step, n + 1), float(ev.get("t", now)))
         digests = {int(t): {int(w): int(d) for w, d in ds.items()}
                    for t, ds in ev.get("digests", {}).items()}
@@ -354,11 +354,9 @@ class Guard:
     def _failslow(self, now: float) -> None:
         if "fail-slow" in self.broken or self.slow_start is None:
             return
-        if self.replay_since is not None and now - self.replay_since < self.REPLAY_HOLD_S:
-            # a replay collects every member's digests: evicting a slow one meanwhile leaves
-            # the vote short of its majority (seen in the soak: group 0 evicted mid-replay,
-            # "1/1 agree -> no culprit", the corrupt machine stayed, the ladder gave up); the
-            # verdict is judged once the replay is answered
+        if held(self.state, self.policy, now)[0]:
+            # seen in the soak: group 0 evicted mid-replay, "1/1 agree -> no culprit", the
+            # corrupt machine stayed, the ladder gave up; judged once the replay is answered
             return
         if now - self.slow_start < self.slow_policy.round_s * self.slow_policy.rounds:
             return
@@ -451,8 +449,6 @@ class Guard:
 
     #: health signals compared across peers, and the rounds an outlier must persist (thread
     #: counts are reported, not compared: rank 0's checkpoint writer is one more, by design)
-    #: fail-slow verdicts wait at most this long for a replay in flight to be answered
-    REPLAY_HOLD_S = 30.0
     HEALTH_SIGNALS = ("cpu_util", "rss_mb")
     HEALTH_ROUNDS = 3
 

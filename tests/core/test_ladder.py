@@ -6,6 +6,7 @@ from unbroken.core.ladder import (
     EXIT_NO_PROGRESS,
     Committed,
     Fault,
+    Replayed,
     LadderError,
     LadderPolicy,
     LadderState,
@@ -13,6 +14,7 @@ from unbroken.core.ladder import (
     Tried,
     advance,
     decide,
+    held,
     quarantined,
     queue_update,
     update_due,
@@ -143,6 +145,24 @@ def test_sdc_mismatch_replays_and_proven_culprit_is_evicted():
     assert d.rung is Rung.REPLAY
     d, _ = decide(Fault("corrupt", (7,)), LadderState(), POLICY, 0.0, standby=1)
     assert d.rung is Rung.EVICT and d.groups == (7,)
+
+
+def test_an_open_replay_holds_eviction_verdicts_until_answered_or_replay_hold():
+    policy = LadderPolicy(replay_hold=30.0)
+    d, _ = decide(Fault("sdc", (0, 7)), LadderState(), policy, 100.0, standby=1)
+    assert d.rung is Rung.REPLAY
+    assert held(LadderState(), policy, 100.0) == (False, "no replay is open")
+    failed = advance(LadderState(), Tried(d, ok=False), policy)  # never ran: nothing to wait for
+    assert not held(failed, policy, 101.0)[0]
+    state = advance(LadderState(), Tried(d), policy)
+    assert state.replay_since == 100.0
+    on, why = held(state, policy, 129.9)
+    assert on and "vote short of a majority" in why
+    on, why = held(state, policy, 130.0)
+    assert not on and "past the 30s hold" in why
+    answered = advance(state, Replayed(), policy)
+    assert answered.replay_since is None and not held(answered, policy, 101.0)[0]
+    assert answered.attempts == state.attempts  # the answer closes the vote, not the incident
 
 
 def test_code_error_rolls_back_only_when_the_code_changed():

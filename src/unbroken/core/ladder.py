@@ -71,6 +71,11 @@ Rules chosen here (not in the references)
   that masking keeps healthy (``sim.ladder`` found exactly that at a 5-minute MTBF). A fault
   naming no group (NaN, SDC) may be a consequence of anything in flight, so it joins the open
   incident; so does a fault on a group the incident already named (a recurring problem).
+* **One vote at a time.** A replay collects every member's digests and names the corrupt
+  machine by majority; evicting another member while it is in flight (a fail-slow verdict)
+  leaves the vote short ("1/1 agree -> no culprit") and the corrupt machine stays. So an
+  eviction verdict from a detector waits (:func:`held`) while a replay is open, at most
+  ``replay_hold`` s (default 30); the replay's answer (``Replayed``) closes it.
 * **The no-progress guard**: an incident older than ``time_budget`` (default 1 h) jumps straight
   to ``REQUEUE``; when ``REQUEUE`` has used its attempts too, the ladder gives up.
 * The lazily queued update is applied by every rung that restarts processes (``EVICT``,
@@ -109,7 +114,9 @@ __all__ = [
     "Decision",
     "Tried",
     "Committed",
+    "Replayed",
     "decide",
+    "held",
     "advance",
     "quarantined",
     "queue_update",
@@ -226,6 +233,7 @@ class LadderPolicy:
         quarantine_after: evictions within ``quarantine_window`` after which a machine is
             quarantined (for ``quarantine_cooldown``): ``exclusion`` is this as the
             ``core.exclusion`` policy the ladder books evictions with.
+        replay_hold: the longest an open replay holds other detectors' eviction verdicts.
     """
 
     max_attempts: Mapping[Rung, int] = field(default_factory=dict)
@@ -238,6 +246,7 @@ class LadderPolicy:
     quarantine_after: int = 2
     quarantine_window: float = _EXCLUSION.window
     quarantine_cooldown: float = _EXCLUSION.cooldown
+    replay_hold: float = 30.0
 
     def __post_init__(self) -> None:
         attempts = dict(_DEFAULT_ATTEMPTS)
@@ -269,7 +278,7 @@ class LadderPolicy:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise LadderError(f"ladder policy: {name}={v!r} must be an integer >= 1")
-        for name in ("quarantine_window", "quarantine_cooldown"):
+        for name in ("quarantine_window", "quarantine_cooldown", "replay_hold"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
                     or v <= 0:
@@ -306,6 +315,7 @@ class LadderState:
         exclusions: machine -> its eviction history (``core.exclusion.NodeRecord``): which
             machines are quarantined at a time is read from it (:func:`quarantined`).
         rejected: code versions rolled back (never applied again).
+        replay_since: when the open replay was tried (None: none is open).
     """
 
     running: str = "v0"
@@ -319,6 +329,7 @@ class LadderState:
     exclusions: Mapping[int, NodeRecord] = field(default_factory=dict)
     rejected: frozenset[str] = frozenset()
     incident_groups: frozenset[int] = frozenset()  # groups the open incident has named
+    replay_since: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("running", "last_good"):
@@ -388,7 +399,12 @@ class Committed:
     steps: int
 
 
-Outcome = Tried | Committed
+@dataclass(frozen=True)
+class Replayed:
+    """The open replay was answered (its digests came back, or the attempt it ran in ended)."""
+
+
+Outcome = Tried | Committed | Replayed
 
 
 def _check_time(name: str, t: object) -> float:
@@ -578,6 +594,8 @@ def advance(state: LadderState, outcome: Outcome, policy: LadderPolicy | None = 
     ``policy.good_after`` on the running version make it the last good one.
     """
     policy = policy if policy is not None else LadderPolicy()
+    if isinstance(outcome, Replayed):
+        return replace(state, replay_since=None)
     if isinstance(outcome, Committed):
         n = outcome.steps
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
@@ -593,7 +611,7 @@ def advance(state: LadderState, outcome: Outcome, policy: LadderPolicy | None = 
                            incident_groups=frozenset())
         return replace(state, running_steps=running_steps, last_good=last_good, steps=steps)
     if not isinstance(outcome, Tried):
-        raise LadderError(f"outcome {outcome!r} is neither Tried nor Committed")
+        raise LadderError(f"outcome {outcome!r} is not Tried, Committed or Replayed")
     d = outcome.decision
     if d.rung is None:
         return state  # gave up: nothing was carried out
@@ -609,6 +627,8 @@ def advance(state: LadderState, outcome: Outcome, policy: LadderPolicy | None = 
             incident_groups=state.incident_groups | frozenset(d.groups))
     if d.rung is Rung.EVICT:
         new = replace(new, exclusions=_book(state.exclusions, d.groups, d.at, policy))
+    if d.rung is Rung.REPLAY and outcome.ok:
+        new = replace(new, replay_since=d.at)
     if outcome.ok and d.version is not None and d.version != state.running:
         rejected = state.rejected | {state.running} if d.rung is Rung.ROLLBACK else state.rejected
         pending, since = state.pending, state.pending_since
@@ -617,6 +637,20 @@ def advance(state: LadderState, outcome: Outcome, policy: LadderPolicy | None = 
         new = replace(new, running=d.version, running_steps=0, rejected=frozenset(rejected),
                       pending=pending, pending_since=since)
     return new
+
+
+def held(state: LadderState, policy: LadderPolicy, now: float) -> tuple[bool, str]:
+    """Whether a detector's eviction verdict must wait now, and why: a replay is open (its
+    vote needs every member) and has not been open ``replay_hold`` s yet."""
+    now = _check_time("now", now)
+    since = state.replay_since
+    if since is None:
+        return False, "no replay is open"
+    if now - since >= policy.replay_hold:
+        return False, (f"the replay open since {since:.1f} is {now - since:.1f}s old, past "
+                       f"the {policy.replay_hold:g}s hold")
+    return True, (f"a replay is open since {since:.1f}: evicting a member now would leave "
+                  f"its vote short of a majority")
 
 
 def queue_update(state: LadderState, version: str, now: float) -> LadderState:
@@ -652,7 +686,7 @@ def update_due(state: LadderState, policy: LadderPolicy, now: float,
 
 _POLICY_FIELDS = ("time_budget", "update_deadline", "backoff_base", "backoff_cap",
                   "resolved_after", "good_after", "quarantine_after", "quarantine_window",
-                  "quarantine_cooldown")
+                  "quarantine_cooldown", "replay_hold")
 
 
 def parse_policy(spec: str, base: LadderPolicy | None = None) -> LadderPolicy:
