@@ -12,6 +12,10 @@ import pytest
 @pytest.mark.parametrize("cmd, args, named", [
     ("run", ["--sync", "fast"], "unknown sync mode 'fast'"),
     ("demo", ["--sync", "groups:3"], "unknown sync mode 'groups:3'"),
+    ("run", ["--sync", "auto", "--selector", "/nonexistent/sel.pt"],
+     "model file '/nonexistent/sel.pt': unreadable"),
+    ("run", ["--selector", "sel.pt"], "--selector sel.pt: chooses auto's mode; it needs --sync "
+                                      "auto (got --sync sync)"),
 ])
 @pytest.mark.timeout(60)
 def test_bad_sync_mode_is_one_line_exit_2_and_nothing_started(cli, tmp_path, cmd, args, named):
@@ -47,6 +51,27 @@ def test_check_sync_names_the_bad_value(text, groups, r, named):
         check_sync(text, groups, r)
     for ok in ("sync", "mask", "auto", "ksync:3", "ksync:1", "groups", "async"):
         check_sync(ok, 4, 2)
+
+
+def test_check_selector_refuses_a_file_that_is_no_selector_or_for_other_groups(tmp_path):
+    from unbroken.supervise.spec import JobSpec, check_selector, train_config
+    from unbroken.sync import modelfile
+    from unbroken.sync.selector import train_selector
+
+    sel = train_selector(groups=6, n=20, seed=0, epochs=2, runtime=True)
+    f = tmp_path / "sel6.pt"
+    modelfile.save(str(f), "selector", sel.state, sel.meta)
+    check_selector(str(f), "auto", 6)
+    with pytest.raises(ValueError, match="trained for 6 groups, the job has 4 .*--groups 4"):
+        check_selector(str(f), "auto", 4)
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a model")
+    with pytest.raises(ValueError, match="bad.pt.*not an unbroken sync model"):
+        check_selector(str(bad), "auto", 6)
+    # the workers get the file's absolute path; no selector, no key (today's config)
+    cfg = train_config(JobSpec(trainer="mlp", groups=6, sync="auto", selector=str(f)))
+    assert cfg.selector == str(f.resolve())
+    assert "selector" not in train_config(JobSpec(trainer="mlp", sync="auto")).to_json()
 
 
 def test_sync_builds_the_plain_runner_and_the_others_the_mode_runner():

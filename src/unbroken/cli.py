@@ -162,6 +162,10 @@ def _job_args(p: argparse.ArgumentParser, *, steps: int, out: str) -> None:
                         "step time, the fastest synchronous, the others deliver stale gradients "
                         "computed in the background), async (every group its own cluster), auto "
                         "(choose sync, mask or ksync:K online by predicted time to accuracy)")
+    p.add_argument("--selector", default=None, metavar="FILE",
+                   help="with --sync auto: choose the mode with STAR's ML selector from this "
+                        "model file (unbroken sync train-selector --runtime) instead of the "
+                        "time-to-accuracy heuristic")
     p.add_argument("--target-loss", type=_finite_float, default=None, metavar="L",
                    help="report the time the loss (of a whole data step) first reaches L (tta_s)")
     p.add_argument("--chaos", type=_nonneg_int, default=None, metavar="SEED",
@@ -229,7 +233,7 @@ def _job_kwargs(a: argparse.Namespace) -> dict:
                 chaos_faults=a.chaos_faults, out=a.out, resume=a.resume, ft=ft,
                 stragglers=a.stragglers, target_loss=a.target_loss, local_nodes=a.local_nodes,
                 nodes=a.nodes, listen=a.listen,
-                sync=a.sync)
+                sync=a.sync, selector=a.selector)
 
 
 _NODES_HELP = ("place the N groups on K nodes, balanced, and report whether a node loss is "

@@ -276,3 +276,24 @@ def test_groups_cluster_members_deliver_together_and_the_fast_cluster_is_synchro
     assert pairs >= 2, [c.get("units") for c in commits.values()]
     # once clustered, the fast groups commit every step synchronously (staleness 0)
     assert sum(sorted(c["plan"]) == ["0", "3"] for c in commits.values()) > CFG.steps // 3
+
+
+@pytest.mark.timeout(90)
+def test_auto_with_the_ml_selector_lets_the_network_choose(stores, tmp_path):
+    from unbroken.sync import modelfile
+    from unbroken.sync.selector import train_selector
+
+    sel = train_selector(groups=4, n=100, seed=0, epochs=100, runtime=True)
+    path = tmp_path / "selector.pt"
+    modelfile.save(str(path), "selector", sel.state, sel.meta)
+    until = 10
+    job = _job(replace(CFG, sync="auto", selector=str(path)), stores,
+               lambda s: 0.05 if s < until else BASE)
+    assert job.error == {}
+    job.ledger_ok()
+    switches = job.events(0, "mode_switch")
+    on = switches[0]
+    assert on["from"] == "sync" and "ML selector" in on["reason"], switches
+    assert on["to"].partition(":")[0] in AUTO_MODES and on["step"] < until
+    assert switches[-1]["to"] == "sync" and switches[-1]["step"] >= until
+    assert all(_untimed(job.events(u, "mode_switch")) == _untimed(switches) for u in job.uids)

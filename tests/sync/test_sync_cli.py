@@ -35,3 +35,26 @@ def test_sync_commands_bad_input_is_one_line_exit_2(cli, tmp_path):
             assert str(bad) in p.stderr
         assert p.returncode == 2, (args, p.stderr)
         assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
+
+
+@pytest.mark.mp
+@pytest.mark.timeout(180)
+def test_a_runtime_selector_trained_from_the_cli_chooses_auto_s_mode_in_a_run(cli, tmp_path):
+    model = tmp_path / "sel.pt"
+    p = cli("sync", "train-selector", "--runtime", "--groups", "4", "--examples", "300",
+            "--held-out", "20", "--out", str(model), "--json")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert d["for"] == "runtime" and d["groups"] == 4 and d["held_out"]["profiles"] == 20
+    out = tmp_path / "run"
+    p = cli("run", "--trainer", "gpt", "--trainer-args", '{"n_layer": 1, "d_model": 32}',
+            "--steps", "40", "--faults", "none", "--sync", "auto", "--selector", str(model),
+            "--stragglers", "persistent:1@4", "--out", str(out), "--json", timeout=150)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert r["exactly_once"] and r["steps"] == 40
+    switches = [json.loads(x) for x in (out / "journal.jsonl").read_text().splitlines()
+                if '"mode_switch"' in x]
+    assert switches and all("ML selector" in e["reason"] for e in switches
+                            if e["to"] != "sync"), switches
+    assert switches[0]["to"] != "sync"

@@ -70,3 +70,30 @@ def test_ml_selector_agrees_with_the_heuristic_on_held_out_profiles():
     assert res["regret_mean"] < 0.05
     mode, reason = sel.choose([1.0] * 6, 48.0)
     assert mode == "sync" and reason.startswith("sync")
+
+
+def test_a_runtime_selector_learns_the_runtime_auto_and_only_picks_its_modes(tmp_path):
+    from unbroken.core.sync import AUTO_MODES, AutoState, CostModel, decide
+
+    sel = train_selector(groups=4, n=250, seed=0, epochs=250, runtime=True)
+    assert sel.meta["for"] == "runtime" and sel.meta["allowed"] == list(AUTO_MODES)
+    assert set(sel.meta["label_counts"]) <= {"sync", "mask", "ksync:1", "ksync:2", "ksync:3"}
+    res = compare(sel, n=50, seed=1)
+    assert res["agreement"] >= 0.75, res
+    # restricted to the allowed modes whatever the network's first choice
+    for t in ([1.0, 2.0, 1.0, 1.0], [1.0, 1.5, 3.0, 1.0], [3.0, 3.0, 1.0, 1.0]):
+        assert sel.choose(t, 32.0, ("sync", "mask"))[0] in ("sync", "mask")
+    # decide() with it as the chooser: the heuristic's hysteresis, the network's pick
+    f = tmp_path / "sel.pt"
+    modelfile.save(str(f), "selector", sel.state, sel.meta)
+    choose = load_selector(str(f)).chooser()
+    cm = CostModel.for_runtime(8, 2, noise_scale=32.0)
+    times = [1.0, 2.0, 1.0, 1.0]
+    d = decide(AutoState(), times, cm, allowed=AUTO_MODES, greedy_mask=True, choose=choose)
+    assert not d.switched and d.mode == "sync"  # 1 of 2 confirming predictions
+    d = decide(d.state, times, cm, allowed=AUTO_MODES, greedy_mask=True, choose=choose)
+    assert d.mode == sel.choose(times, 32.0, AUTO_MODES)[0]
+    assert "ML selector" in d.reason and set(d.selection.tta()) >= {"sync", "mask"}
+    back = decide(d.state, [1.0] * 4, cm, allowed=AUTO_MODES, choose=choose)
+    back = decide(back.state, [1.0] * 4, cm, allowed=AUTO_MODES, choose=choose)
+    assert back.mode == "sync" and back.reason == "sync: no straggler predicted any more"

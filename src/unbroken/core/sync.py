@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 from scipy.cluster.hierarchy import fcluster, linkage
@@ -67,10 +67,11 @@ from unbroken.core import placement, rectlr
 
 __all__ = ["MODES", "Mode", "parse_mode", "CostModel", "ModeEstimate", "Selection",
            "ksync_gap", "GapEstimate", "cluster_times", "star_k_scan", "select",
-           "flag_stragglers", "tta_of", "estimates", "AutoState", "AutoDecision", "decide", "noise_scale_terms",
-           "NoiseScale", "RUNTIME_MODES", "predict_times", "mask_bench", "bench_for_mode",
-           "KsyncStep", "ksync_step", "drain_step", "ksync_defer_estimate",
-           "data_step_losses", "RUNTIME_MIN_GAIN", "RUNTIME_MC_UPDATES", "MAX_STALENESS", "Job", "AsyncStep", "async_units",
+           "flag_stragglers", "tta_of", "estimates", "AutoState", "AutoDecision", "decide",
+           "Chooser", "AUTO_MODES", "noise_scale_terms", "NoiseScale", "RUNTIME_MODES",
+           "predict_times", "mask_bench", "bench_for_mode", "KsyncStep", "ksync_step",
+           "drain_step", "ksync_defer_estimate", "data_step_losses", "RUNTIME_MIN_GAIN",
+           "RUNTIME_MC_UPDATES", "MAX_STALENESS", "Job", "AsyncStep", "async_units",
            "stream_shard", "async_step", "restart_after"]
 
 MODES = ("sync", "mask", "ksync", "groups", "async", "auto")
@@ -440,10 +441,12 @@ def select(times: Sequence[float], cm: CostModel,
     return Selection(chosen, est, f"{chosen}: {why}; predicted s/step: {listing}")
 
 
-def tta_of(mode: str, times: Sequence[float], cm: CostModel) -> float:
+def tta_of(mode: str, times: Sequence[float], cm: CostModel,
+           greedy_mask: bool = False) -> float:
     """The TTA (s per sync-equivalent step) of any concrete mode string under ``cm``, also a
-    ``ksync:K`` whose K is not the one STAR's scan would pick."""
-    est = estimates(times, cm)
+    ``ksync:K`` whose K is not the one STAR's scan would pick (``greedy_mask``: see
+    :func:`estimates`)."""
+    est = estimates(times, cm, greedy_mask=greedy_mask)
     for e in est.values():
         if e.mode == mode:
             return e.tta
@@ -533,9 +536,15 @@ class AutoDecision:
     selection: Selection | None = None
 
 
+#: what chooses the mode once the straggler set changed: :func:`select` (the heuristic) or
+#: anything with its signature (``unbroken.sync.selector.MLSelector.chooser``: STAR's ML
+#: selector); called as ``choose(times, cm, flagged, allowed, greedy_mask)``
+Chooser = Callable[[np.ndarray, CostModel, Sequence[int], Sequence[str], bool], Selection]
+
+
 def decide(state: AutoState, times: Sequence[float] | np.ndarray, cm: CostModel,
            confirm: int = 2, allowed: Sequence[str] = _PREFERENCE,
-           greedy_mask: bool = False) -> AutoDecision:
+           greedy_mask: bool = False, choose: Chooser | None = None) -> AutoDecision:
     """One ``auto`` decision from the predicted per-group step times.
 
     ``times``: (N,) predicted step time per group, or (H, N) predictions for the next H steps
@@ -546,7 +555,8 @@ def decide(state: AutoState, times: Sequence[float] | np.ndarray, cm: CostModel,
     else :func:`select`'s choice. Otherwise the mode in force stays. Call it as often as
     predictions arrive; ``confirm`` counts calls, so at a call per 30-step window (the
     planner) 1 is enough. ``allowed``: the modes :func:`select` may choose; ``greedy_mask``:
-    see :func:`estimates`.
+    see :func:`estimates`; ``choose``: what picks the mode (default :func:`select`): the
+    hysteresis and the return to ``sync`` are the same whoever chooses.
     """
     t = _times(times)
     mean = t.mean(axis=0) if t.ndim == 2 else t
@@ -565,7 +575,7 @@ def decide(state: AutoState, times: Sequence[float] | np.ndarray, cm: CostModel,
         new = AutoState("sync", ())
         return AutoDecision("sync", "sync: no straggler predicted any more", new,
                             state.mode != "sync")
-    sel = select(mean, cm, flagged, allowed, greedy_mask)
+    sel = (choose or select)(mean, cm, flagged, allowed, greedy_mask)
     new = AutoState(sel.mode, flagged)
     return AutoDecision(sel.mode, f"stragglers {list(flagged)}: {sel.reason}", new,
                         sel.mode != state.mode, sel)
@@ -627,6 +637,10 @@ class NoiseScale:
 #: the modes the runtime (``unbroken.runtime.syncmodes``) carries out; ``auto`` chooses among
 #: sync, mask and ksync (ksync priced as the runtime runs it: ``CostModel.ksync_defers``)
 RUNTIME_MODES = ("sync", "mask", "ksync", "groups", "async", "auto")
+#: what the runtime's ``auto`` chooses among: ``groups`` and ``async`` are left out (their
+#: estimates leave out what the runtime adds to them, and the bench finds them slower to the
+#: target everywhere: ``unbroken.runtime.syncmodes``)
+AUTO_MODES = ("sync", "mask", "ksync")
 
 
 def predict_times(window: Sequence[Sequence[float]]) -> list[float] | None:

@@ -44,6 +44,9 @@ class TrainConfig:
     # the sync mode (``unbroken.core.sync.parse_mode``; every mode is built:
     # ``unbroken.runtime.syncmodes``). "sync": today's synchronous step
     sync: str = "sync"
+    # ``auto``'s chooser: the path of an ML selector model file (``unbroken sync
+    # train-selector --runtime``; STAR's ML selector), None: the TTA heuristic
+    selector: str | None = None
 
     @property
     def backend(self) -> str:
@@ -55,6 +58,8 @@ class TrainConfig:
             del d["stragglers"]      # reference cache is keyed by it)
         if d["sync"] == "sync":
             del d["sync"]
+        if d["selector"] is None:
+            del d["selector"]
         return json.dumps(d)
 
     @classmethod

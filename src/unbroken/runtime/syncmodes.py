@@ -137,8 +137,8 @@ from typing import Any, Callable
 
 import torch
 
-from unbroken.core.sync import (MAX_STALENESS, RUNTIME_MODES, AsyncStep, AutoState,
-                                CostModel, Job, KsyncStep, NoiseScale, async_step,
+from unbroken.core.sync import (AUTO_MODES, MAX_STALENESS, RUNTIME_MODES, AsyncStep,
+                                AutoState, CostModel, Job, KsyncStep, NoiseScale, async_step,
                                 bench_for_mode, data_step_losses, decide, drain_step,
                                 ksync_step, mask_bench, parse_mode, predict_times,
                                 restart_after)
@@ -161,8 +161,6 @@ __all__ = ["ModeRunner", "make_runner", "WINDOW", "PROBE"]
 WINDOW = 15
 #: a benched group computes its own shard type for the clock every PROBE steps
 PROBE = 4
-#: what ``auto`` chooses among (every mode is still estimated and journaled)
-AUTO_MODES = ("sync", "mask", "ksync")
 
 
 def make_runner(cfg: Any, *args: Any, **kw: Any) -> StackedRunner:
@@ -204,6 +202,11 @@ class ModeRunner(StackedRunner):
         self._outer_journal = journal
         self._off = n + (n * n if cfg.sdc_every > 0 else 0)  # the region, from the gradient's end
         self.cost = CostModel(shard_batch=cfg.shard_size, redundancy=cfg.redundancy)
+        self._choose = None  # auto's chooser: the heuristic, or STAR's ML selector (--selector)
+        if cfg.selector is not None:
+            from unbroken.sync.cli import load_selector
+
+            self._choose = load_selector(cfg.selector).chooser()
         self._reset_modes()
         super().__init__(cfg, uid, comm, self._journal, **kw)
 
@@ -462,7 +465,8 @@ class ModeRunner(StackedRunner):
             # ksync priced as run here: deferral, nothing stale (core.sync.ksync_defer_estimate)
             cm = CostModel.for_runtime(self.cfg.shard_size, self.cfg.redundancy,
                                        noise_scale=max(0.0, phi) if phi is not None else 0.0)
-            d = decide(self.auto, pred, cm, allowed=AUTO_MODES, greedy_mask=True)
+            d = decide(self.auto, pred, cm, allowed=AUTO_MODES, greedy_mask=True,
+                       choose=self._choose)
             if d.switched:
                 self.journal({"event": Event.MODE_SWITCH, "step": step, "from": self.auto.mode,
                               "to": d.mode, "reason": d.reason,

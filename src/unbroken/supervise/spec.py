@@ -19,6 +19,7 @@ import importlib
 import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from unbroken.core.faults import (NEED_ACT, NODE_KINDS, REMOVING, Fault, chaos_faults, parse_faults,
                                   soak_faults)
@@ -142,6 +143,7 @@ class JobSpec:
     nodes: int = 0                # ... under K node agents started elsewhere (unbroken agent)
     listen: int = 0               # with nodes: the directory's port the agents are given
     sync: str = "sync"            # the sync mode (unbroken.core.sync.parse_mode)
+    selector: str | None = None   # auto's chooser: an ML selector model file (None: heuristic)
     ft: FTConfig = field(default_factory=FTConfig)
 
     def fault_list(self) -> list[Fault]:
@@ -206,6 +208,8 @@ def check(spec: JobSpec) -> list[Fault]:
         load_trace(spec.stragglers, spec.groups)  # StragglerSpecError (a ValueError)
     if spec.sync != "sync":
         check_sync(spec.sync, spec.groups, ft.redundancy)
+    if spec.selector is not None:
+        check_selector(spec.selector, spec.sync, spec.groups)
     if spec.target_loss is not None and not math.isfinite(spec.target_loss):
         raise ValueError(f"--target-loss {spec.target_loss}: expected a finite number")
     try:
@@ -267,6 +271,21 @@ def check_sync(text: str, groups: int, redundancy: int) -> None:
                          f"{redundancy})")
 
 
+def check_selector(path: str, sync: str, groups: int) -> None:
+    """``--selector``: a selector model file that loads (checksum, weights) and was trained
+    for ``groups`` groups, with ``--sync auto``; ValueError (one line) otherwise."""
+    if sync != "auto":
+        raise ValueError(f"--selector {path}: chooses auto's mode; it needs --sync auto "
+                         f"(got --sync {sync})")
+    from unbroken.sync.cli import load_selector
+
+    sel = load_selector(path)  # ModelFileError (a ValueError) names the file
+    if sel.meta.get("groups") != groups:
+        raise ValueError(f"--selector {path}: trained for {sel.meta.get('groups')} groups, the "
+                         f"job has {groups} (train one with unbroken sync train-selector "
+                         f"--runtime --groups {groups})")
+
+
 def spares_for(spec: JobSpec, faults: list[Fault]) -> int:
     """Warm spares started with the job, one per fault that takes a process away: they import
     and build the model *before* step 0, so on a small machine their start-up does not slow
@@ -300,7 +319,9 @@ def train_config(spec: JobSpec, sdc_every: int = 0):
     return TrainConfig(groups=spec.groups, redundancy=spec.ft.redundancy, steps=spec.steps,
                        seed=spec.seed, model=spec.trainer, trainer_args=args,
                        shard_size=spec.shard_size, sdc_every=sdc_every,
-                       stragglers=normalize_spec(spec.stragglers), sync=spec.sync)
+                       stragglers=normalize_spec(spec.stragglers), sync=spec.sync,
+                       selector=None if spec.selector is None
+                       else str(Path(spec.selector).resolve()))
 
 
 def load_trainer(cfg):

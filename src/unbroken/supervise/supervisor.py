@@ -60,6 +60,7 @@ from unbroken.procwait import ExitWaiter
 from unbroken.protocol import (CODE_COUNT, STOP_KEY, SUPERVISOR_HB, ExitCode, code_key, done_key,
                                error_key)
 from unbroken.supervise.drill import LauncherDrill
+from unbroken.supervise.nodes import job_nodes
 from unbroken.supervise.outdir import prepare, read_journal, repair_journals
 from unbroken.supervise.spec import JobSpec, check, load_trainer, spares_for, train_config
 
@@ -267,25 +268,14 @@ class Supervisor:
         guard = Guard(self.emit, xid_log=xid_log, act=spec.ft.guard == "act",
                       base_model=cfg.model, uid_of_pid=holders.get,
                       ckpt_every=spec.ckpt_interval(), policy=spec.ft.policy())
-        from unbroken.nodes.directory import NodeSetupError, NodeStartError
+        from unbroken.nodes.directory import NodeStartError
 
         try:
-            directory = _directory(spec, self._line)  # node agents: one for the job's life
-        except NodeStartError as e:
-            raise RunError(str(e).splitlines()[0]) from None
-        try:
-            done, ended = self._attempts(faults, cfg, out, jdir, xid_log, spares, guard,
-                                         holders, directory)
+            with job_nodes(spec, self._line) as directory:  # node agents: one for the job's life
+                done, ended = self._attempts(faults, cfg, out, jdir, xid_log, spares, guard,
+                                             holders, directory)
         except NodeStartError as e:  # the agents did not come: the run cannot start
-            directory.end()
             raise RunError(str(e).splitlines()[0]) from None
-        except BaseException as exc:
-            if directory is not None:
-                directory.end(str(exc) if isinstance(exc, NodeSetupError) else None)
-            raise
-        finally:
-            if directory is not None:
-                directory.close()
         return self._finish(done, ended, cfg, out, jdir, t_start)
 
     def _attempts(self, faults, cfg, out: Path, jdir: Path, xid_log, spares: int, guard,
@@ -421,33 +411,6 @@ def _cluster(cfg, jdir: Path, spares: int, spec: JobSpec, ckdir: Path, *, resume
                            out=str(Path(spec.out).resolve()),
                            node_staleness=spec.ft.node_staleness, **kw)
     return StackedCluster(cfg, str(jdir), **kw)
-
-
-def _directory(spec: JobSpec, emit_line: Callable[[str], None]):
-    """The job's node directory (``unbroken.nodes.directory``), alive across its attempts:
-    ``--local-nodes K`` starts K agents here; ``--nodes K`` waits for K agents elsewhere."""
-    if not (spec.local_nodes or spec.nodes):
-        return None
-    import socket
-
-    from unbroken.core.nodes import place_groups
-    from unbroken.nodes.directory import NodeDirectory
-
-    k = spec.local_nodes or spec.nodes
-    node_of, _warning = place_groups(spec.groups, spec.ft.redundancy, k)
-    d = NodeDirectory(k, port=spec.listen, local=bool(spec.local_nodes),
-                      slots=[node_of.count(i) for i in range(k)],
-                      heartbeat=spec.ft.heartbeat)
-    if spec.nodes:
-        try:  # the address on the default route (a UDP connect sends nothing)
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-                s.connect(("192.0.2.254", 9))
-                host = s.getsockname()[0]
-        except OSError:
-            host = socket.gethostname()
-        emit_line(f"waiting for {k} node agents: unbroken agent --coordinator "
-                  f"{host}:{d.port} on each node")
-    return d
 
 
 class _Attempt:

@@ -15,6 +15,12 @@ bench's runs are too few to train on. So the network learns to imitate the heuri
 buys is decision time, and :func:`compare` measures what it costs on held-out profiles: the
 share of profiles where it picks the heuristic's mode and the TTA regret of its pick under the
 same cost model (and both against the best mode in hindsight).
+
+Two kinds: ``runtime=True`` (what ``unbroken run --sync auto --selector FILE`` decides with)
+labels by the runtime's own model (``CostModel.for_runtime``: ksync priced as deferral, the
+15 % rule to leave sync) among the modes the runtime's ``auto`` may choose
+(``core.sync.AUTO_MODES``); the default labels by STAR's model among every mode (the
+planner's comparison). A model file says which it is (``meta["for"]``).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from unbroken.core.sync import CostModel, select
+from unbroken.core.sync import AUTO_MODES, MODES, CostModel, Selection, estimates, select
 from unbroken.core.sync import tta_of as core_tta_of
 from unbroken.core.sync_trace import slowdowns
 
@@ -67,13 +73,35 @@ def simulate_profiles(n: int, groups: int, seed: int, base_s: float = 1.0
     return out
 
 
-def label(times: np.ndarray, phi: float, cm: CostModel) -> str:
-    return select(times, replace(cm, noise_scale=phi)).mode
+#: every mode but auto: what the STAR-model selector chooses among
+_EVERY = tuple(m for m in MODES if m != "auto")
 
 
-def tta_of(mode: str, times: np.ndarray, phi: float, cm: CostModel) -> float:
+def label(times: np.ndarray, phi: float, cm: CostModel, allowed=_EVERY,
+          greedy_mask: bool = False) -> str:
+    return select(times, replace(cm, noise_scale=phi), allowed=allowed,
+                  greedy_mask=greedy_mask).mode
+
+
+def _allowed(meta: dict) -> tuple[str, ...]:
+    return tuple(meta.get("allowed", _EVERY))
+
+
+def _cost_model(meta: dict, seed: int) -> CostModel:
+    """The model the selector was labelled with (another seed for held-out profiles)."""
+    c = meta["cost_model"]
+    if meta.get("for") == "runtime":
+        return CostModel.for_runtime(meta["shard_batch"], c["redundancy"], comm_s=c["comm_s"],
+                                     seed=seed)
+    return CostModel(redundancy=c["redundancy"], comm_s=c["comm_s"],
+                     staleness_cost=c["staleness_cost"], mc_updates=c["mc_updates"],
+                     shard_batch=meta["shard_batch"], seed=seed)
+
+
+def tta_of(mode: str, times: np.ndarray, phi: float, cm: CostModel,
+           greedy_mask: bool = False) -> float:
     """The cost model's TTA (s per sync-equivalent step) of ``mode`` at noise scale ``phi``."""
-    return core_tta_of(mode, times, replace(cm, noise_scale=phi))
+    return core_tta_of(mode, times, replace(cm, noise_scale=phi), greedy_mask)
 
 
 def _mlp(n_in: int, n_out: int):
@@ -99,7 +127,10 @@ class MLSelector:
             self._model = m
         return self._model
 
-    def choose(self, times, phi: float) -> tuple[str, str]:
+    def choose(self, times, phi: float,
+               allowed: tuple[str, ...] | None = None) -> tuple[str, str]:
+        """The most likely mode among ``allowed`` (mode names; ``ksync`` allows every K;
+        default: every class), and a one-line reason."""
         import torch
 
         t = np.asarray(times, dtype=float)
@@ -109,23 +140,43 @@ class MLSelector:
         x = (features(t, phi, self.meta["shard_batch"]) - self.meta["mean"]) / self.meta["std"]
         with torch.no_grad():
             p = torch.softmax(self.model()(torch.tensor(x, dtype=torch.float32)[None]), -1)[0]
-        i = int(p.argmax())
-        mode = self.meta["classes"][i]
+        classes = self.meta["classes"]
+        ok = [i for i, c in enumerate(classes)
+              if allowed is None or c.split(":")[0] in allowed]
+        i = max(ok, key=lambda j: float(p[j]))
+        mode = classes[i]
         return mode, f"{mode}: ML selector ({float(p[i]):.0%} confident)"
+
+    def chooser(self):
+        """``core.sync.decide``'s ``choose``: this network picks the mode; every mode is
+        still estimated by the cost model for the journal's ``predicted``."""
+        def choose(times, cm: CostModel, flagged, allowed, greedy_mask: bool) -> Selection:
+            mode, why = self.choose(times, cm.noise_scale, tuple(allowed))
+            est = estimates(times, cm, flagged, greedy_mask)
+            listing = ", ".join(f"{e.mode} {e.tta:.4g}" for e in est.values())
+            return Selection(mode, est, f"{why}; predicted s/step: {listing}")
+        return choose
 
 
 def train_selector(groups: int = 8, n: int = 2000, seed: int = 0, cm: CostModel | None = None,
-                   epochs: int = 300) -> MLSelector:
+                   epochs: int = 300, runtime: bool = False, shard_batch: int = 8,
+                   redundancy: int = 2) -> MLSelector:
     """Label ``n`` simulated profiles with the heuristic and fit the MLP (full batch, Adam,
-    cross-entropy), seeded."""
+    cross-entropy), seeded. ``runtime``: label as the runtime's ``auto`` decides (its cost
+    model, its modes, ``greedy_mask``), for a job of ``shard_batch`` and ``redundancy``."""
     import torch
 
-    cm = cm or CostModel(redundancy=2, comm_s=0.1, mc_updates=200, seed=seed)
+    if runtime:
+        cm = cm or CostModel.for_runtime(shard_batch, redundancy, seed=seed)
+        allowed, greedy = AUTO_MODES, True
+    else:
+        cm = cm or CostModel(redundancy=2, comm_s=0.1, mc_updates=200, seed=seed)
+        allowed, greedy = _EVERY, False
     classes = classes_for(groups)
     t0 = time.perf_counter()
     prof = simulate_profiles(n, groups, seed)
     x = np.stack([features(t, phi, cm.shard_batch) for t, phi in prof])
-    y = np.array([classes.index(label(t, phi, cm)) for t, phi in prof])
+    y = np.array([classes.index(label(t, phi, cm, allowed, greedy)) for t, phi in prof])
     label_s = time.perf_counter() - t0
     mean, std = x.mean(0), x.std(0)
     std = np.where(std > 0, std, 1.0)
@@ -141,7 +192,8 @@ def train_selector(groups: int = 8, n: int = 2000, seed: int = 0, cm: CostModel 
         opt.step()
     net.eval()
     counts = {c: int(np.sum(y == i)) for i, c in enumerate(classes) if np.any(y == i)}
-    meta = {"kind": "selector", "groups": groups, "classes": classes,
+    meta = {"kind": "selector", "for": "runtime" if runtime else "star",
+            "allowed": list(allowed), "groups": groups, "classes": classes,
             "shard_batch": cm.shard_batch, "mean": mean.tolist(), "std": std.tolist(),
             "cost_model": {"comm_s": cm.comm_s, "redundancy": cm.redundancy,
                            "staleness_cost": cm.staleness_cost, "mc_updates": cm.mc_updates},
@@ -157,19 +209,17 @@ def compare(sel: MLSelector, n: int = 500, seed: int = 1, cm: CostModel | None =
     ``regret_mean`` / ``regret_max`` (TTA of the ML pick over the heuristic's pick, minus 1)
     and each one's mean regret against the best mode in hindsight."""
     meta = sel.meta
-    cm = cm or CostModel(redundancy=meta["cost_model"]["redundancy"],
-                         comm_s=meta["cost_model"]["comm_s"],
-                         staleness_cost=meta["cost_model"]["staleness_cost"],
-                         mc_updates=meta["cost_model"]["mc_updates"],
-                         shard_batch=meta["shard_batch"], seed=seed)
+    cm = cm or _cost_model(meta, seed)
+    allowed, greedy = _allowed(meta), meta.get("for") == "runtime"
     agree, regret, h_oracle, m_oracle = 0, [], [], []
     t0 = time.perf_counter()
     for t, phi in simulate_profiles(n, meta["groups"], seed):
-        h = label(t, phi, cm)
-        m, _ = sel.choose(t, phi)
+        h = label(t, phi, cm, allowed, greedy)
+        m, _ = sel.choose(t, phi, allowed)
         agree += m == h
-        th, tm = tta_of(h, t, phi, cm), tta_of(m, t, phi, cm)
-        best = min(tta_of(c, t, phi, cm) for c in meta["classes"])
+        th, tm = tta_of(h, t, phi, cm, greedy), tta_of(m, t, phi, cm, greedy)
+        best = min(tta_of(c, t, phi, cm, greedy) for c in meta["classes"]
+                   if c.split(":")[0] in allowed)
         regret.append(tm / th - 1)
         h_oracle.append(th / best - 1)
         m_oracle.append(tm / best - 1)

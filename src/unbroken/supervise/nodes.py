@@ -1,0 +1,67 @@
+"""The job's node directory for the job's whole life (``unbroken.nodes.directory``).
+
+``--local-nodes K`` starts K agents here, ``--nodes K`` waits for K agents elsewhere; either
+way the directory outlives every attempt of the job (a restart keeps its agents) and is ended
+exactly once: the agents exit 0 when the job is over, or print the setup error and exit 2 when
+the job cannot run on these nodes. Kept out of the supervisor's loop so the loop only runs
+attempts.
+"""
+
+from __future__ import annotations
+
+import socket
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+from unbroken.supervise.spec import JobSpec
+
+__all__ = ["job_nodes", "node_directory"]
+
+
+def node_directory(spec: JobSpec, emit_line: Callable[[str], None]):
+    """The job's directory, or None when the job runs without node agents. ``--nodes``: the
+    line telling the operator what to run on each node goes to ``emit_line``."""
+    if not (spec.local_nodes or spec.nodes):
+        return None
+    from unbroken.core.nodes import place_groups
+    from unbroken.nodes.directory import NodeDirectory
+
+    k = spec.local_nodes or spec.nodes
+    node_of, _warning = place_groups(spec.groups, spec.ft.redundancy, k)
+    d = NodeDirectory(k, port=spec.listen, local=bool(spec.local_nodes),
+                      slots=[node_of.count(i) for i in range(k)],
+                      heartbeat=spec.ft.heartbeat)
+    if spec.nodes:
+        try:  # the address on the default route (a UDP connect sends nothing)
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect(("192.0.2.254", 9))
+                host = s.getsockname()[0]
+        except OSError:
+            host = socket.gethostname()
+        emit_line(f"waiting for {k} node agents: unbroken agent --coordinator "
+                  f"{host}:{d.port} on each node")
+    return d
+
+
+@contextmanager
+def job_nodes(spec: JobSpec, emit_line: Callable[[str], None]) -> Iterator:
+    """The directory (or None) for the ``with`` body; ended and closed whatever the body
+    raised. A ``NodeSetupError`` (the agents cannot run this job) is passed to the agents,
+    which print it; ``NodeStartError`` (they did not come) propagates for the caller to
+    report."""
+    from unbroken.nodes.directory import NodeSetupError, NodeStartError
+
+    directory = node_directory(spec, emit_line)
+    if directory is None:
+        yield None
+        return
+    try:
+        yield directory
+    except NodeStartError:
+        directory.end()
+        raise
+    except BaseException as exc:
+        directory.end(str(exc) if isinstance(exc, NodeSetupError) else None)
+        raise
+    finally:
+        directory.close()
