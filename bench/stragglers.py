@@ -116,7 +116,8 @@ class Hog:
             p.wait(timeout=10)
 
 
-def run_case(case: str, steps: int, seed: int, hogs: int, sync: str = "sync") -> dict:
+def run_case(case: str, steps: int, seed: int, hogs: int, sync: str = "sync",
+             selector: str | None = None) -> dict:
     """One run of ``case`` in sync mode ``sync``: its report, journal events and (for the hog)
     what was pinned."""
     from unbroken.supervise import FTConfig, JobSpec, Supervisor
@@ -124,7 +125,7 @@ def run_case(case: str, steps: int, seed: int, hogs: int, sync: str = "sync") ->
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "run")
         spec = JobSpec(trainer="gpt", groups=4, steps=steps, seed=seed, faults="none",
-                       out=out, ft=FTConfig(spares=0), sync=sync,
+                       out=out, ft=FTConfig(spares=0), sync=sync, selector=selector,
                        stragglers=None if case in ("none", "pinned", "cpu_hog") else case)
         hog = None
         if case in ("pinned", "cpu_hog"):

@@ -1,6 +1,6 @@
 """Sync modes under stragglers on this machine (issue 11): the GPT to a target loss under each
 straggler trace, in every sync mode the runtime builds (``sync``, ``mask``, ``ksync:3``,
-``groups``, ``async``) and ``auto``.
+``groups``, ``async``), ``auto`` and ``auto-ml``.
 Prints ONE JSON object; progress goes to stderr.
 
 Each run is the product as a user runs it (``unbroken run --trainer gpt --faults none --sync
@@ -51,6 +51,14 @@ gradients, a lagging data order), so like ``ksync`` they reach the target at the
 ``async_over_sync`` and ``groups_over_sync`` per trace, and ``where_async_loses``: the traces
 where ``async`` is slower to the target than ``sync`` or than the best static mode.
 
+``auto-ml``: ``auto`` with STAR's ML selector choosing the mode (``--sync auto --selector
+FILE``), the selector trained at the start of the run as ``unbroken sync train-selector
+--runtime --groups 4`` does (2,000 simulated profiles labelled by the runtime's heuristic;
+``selector`` reports its held-out agreement). ``pooled`` per trace: TTA on the seeds' mean
+curve (:func:`pooled_tta`) against the seeds' mean target, and its ratios: one seed's luck
+moves that seed's crossing a lot where the curve is flat (seed 0's ``sync`` ended 0.27 above
+seed 1's here), the mean curve less.
+
 Usage: ``.venv/bin/python bench/sync_modes.py [--steps 200] [--repeats 1]``.
 """
 
@@ -69,12 +77,43 @@ from stragglers import log, losses, run_case  # noqa: E402
 
 TRACES = ("none", "persistent:1@2", "persistent:1@1.5,persistent:2@3", "bursty:0",
           "rotating:0.3", "cpu_hog")
-MODES = ("sync", "mask", "ksync:3", "groups", "async", "auto")
+MODES = ("sync", "mask", "ksync:3", "groups", "async", "auto", "auto-ml")
 STATIC = ("sync", "mask", "ksync:3", "groups", "async")
+#: auto with STAR's ML selector (trained at the start of the run: ``train_selector``)
+SELECTOR: dict = {}
 
 
 def run(trace: str, mode: str, steps: int, seed: int, hogs: int) -> dict:
+    if mode == "auto-ml":
+        return run_case(trace, steps, seed, hogs, sync="auto", selector=SELECTOR["path"])
     return run_case(trace, steps, seed, hogs, sync=mode)
+
+
+def train_selector(path: str, seed: int) -> dict:
+    """The runtime selector for these 4-group runs (what ``unbroken sync train-selector
+    --runtime --groups 4`` writes); its held-out comparison with the heuristic."""
+    from unbroken.sync import modelfile
+    from unbroken.sync.selector import compare
+    from unbroken.sync.selector import train_selector as train
+
+    sel = train(groups=4, n=2000, seed=seed, runtime=True)
+    sel.meta["held_out"] = compare(sel, n=300, seed=seed + 1)
+    modelfile.save(path, "selector", sel.state, sel.meta)
+    return {"path": path, "examples": 2000, "held_out": sel.meta["held_out"]}
+
+
+def pooled_tta(raws: list[dict], target: float) -> float | None:
+    """TTA on the seeds' mean curve: the j-th point of every seed's smoothed curve (time
+    order) averaged over seeds; the median over seeds of that point's time from step 0; the
+    first j whose mean is at or below ``target`` (the seeds' mean target). One seed's
+    trajectory luck moves its own TTA a lot where the curve is flat; the mean curve less."""
+    curves = [smoothed(r) for r in raws]
+    zero = [min(e["t"] for e in r["events"] if e.get("event") == "commit" and e["step"] == 0)
+            for r in raws]
+    for j in range(min(len(c) for c in curves)):
+        if statistics.fmean(c[j][1] for c in curves) <= target:
+            return round(statistics.median(c[j][0] - z for c, z in zip(curves, zero)), 4)
+    return None
 
 
 def predicted_ratio(events: list[dict], window: int = 5) -> float | None:
@@ -168,6 +207,13 @@ def main() -> None:
     if bad or "sync" not in modes or "auto" not in modes:
         sys.exit(f"sync_modes: --modes {a.modes}: choose among {','.join(MODES)}, with sync "
                  f"and auto")
+    if "auto-ml" in modes:
+        import tempfile
+
+        SELECTOR.update(train_selector(os.path.join(tempfile.mkdtemp(), "selector.pt"),
+                                       a.seed))
+        log(f"[sync_modes] selector: {SELECTOR['held_out']['agreement']:.1%} agreement with "
+            f"the heuristic on held-out profiles")
     raws: dict[str, dict[str, list[dict]]] = {t: {m: [] for m in modes} for t in traces}
     for i in range(a.repeats):  # repeat i runs seed + i: another initialisation and data order
         for t in traces:
@@ -177,6 +223,7 @@ def main() -> None:
     refs = [losses(r) for r in raws["none"]["sync"]]
     # per seed: the smoothed loss its straggler-free sync run ends at (last SMOOTH data steps)
     targets = [smoothed(r)[-1][1] * (1 + 1e-9) for r in raws["none"]["sync"]]
+    pooled_target = statistics.fmean(targets)
     same = all(max(abs(x - y) for x, y in zip(losses(r), refs[i])) < 1e-6
                for ms in raws.values() for m, rs in ms.items() for i, r in enumerate(rs)
                if len(losses(r)) == len(refs[i]) and not _used_ksync(r))
@@ -209,6 +256,21 @@ def main() -> None:
         s["auto_over_sync"] = ratio(t, "auto", "sync")
         s["final_loss_auto_over_sync"] = ratio(t, "auto", "sync", "final_loss")
         s["final_eval_loss_auto_over_sync"] = ratio(t, "auto", "sync", "final_eval_loss")
+        if "auto-ml" in s:
+            s["auto-ml_over_sync"] = ratio(t, "auto-ml", "sync")
+            s["auto-ml_over_auto"] = ratio(t, "auto-ml", "auto")
+            s["auto-ml_over_best_static"] = ratio(t, "auto-ml", best)
+            s["final_eval_loss_auto-ml_over_sync"] = ratio(t, "auto-ml", "sync",
+                                                           "final_eval_loss")
+        # the seeds' mean curve (pooled_tta): less at the mercy of one seed's luck
+        pool = {m: pooled_tta(raws[t][m], pooled_target) for m in ms}
+        pb = min((m for m in static if pool[m] is not None), key=lambda m: pool[m],
+                 default=None)
+        s["pooled"] = {"tta_train_s": pool, "best_static": pb, **{
+            f"{m}_over_{ref}": round(pool[m] / pool[r], 3)
+            if pool.get(m) and pool.get(r) else None
+            for m in ("auto", "auto-ml") if m in ms
+            for ref, r in (("sync", "sync"), ("best_static", pb)) if r is not None}}
         for m in ("ksync:3", "groups", "async"):
             if m not in s:
                 continue
@@ -221,14 +283,18 @@ def main() -> None:
     bars = {
         "one_persistent_straggler_auto_25pct_sooner_than_sync": None if one is None else {
             "auto_over_sync": one["auto_over_sync"],
-            "met": bool(one["auto_over_sync"] and one["auto_over_sync"] <= 0.75)},
+            "met": bool(one["auto_over_sync"] and one["auto_over_sync"] <= 0.75),
+            "pooled_auto_over_sync": one["pooled"].get("auto_over_sync"),
+            "auto-ml_over_sync": one.get("auto-ml_over_sync")},
         "no_stragglers_auto_within_5pct_of_sync": {
             "auto_over_sync": summary["none"]["auto_over_sync"],
             "met": bool(summary["none"]["auto_over_sync"]
                         and summary["none"]["auto_over_sync"] <= 1.05)},
         "every_trace_auto_within_10pct_of_best_static": {
             t: {"auto_over_best_static": s["auto_over_best_static"], "best": s["best_static"],
-                "met": bool(s["auto_over_best_static"] and s["auto_over_best_static"] <= 1.10)}
+                "met": bool(s["auto_over_best_static"] and s["auto_over_best_static"] <= 1.10),
+                "pooled_auto_over_best_static": s["pooled"].get("auto_over_best_static"),
+                "pooled_best": s["pooled"]["best_static"]}
             for t, s in summary.items()},
         "final_loss_within_2pct_of_sync": {
             t: {"ratio": s["final_loss_auto_over_sync"],
@@ -255,7 +321,9 @@ def main() -> None:
                    else None}
                for t, s in summary.items() if "async" in s
                and (s["async"]["tta_train_s"] is None or s["best_static"] != "async")},
-           "target_loss_per_seed": targets, "smoothing_data_steps": SMOOTH,
+           "target_loss_per_seed": targets, "pooled_target": pooled_target,
+           "selector": {k: v for k, v in SELECTOR.items() if k != "path"} or None,
+           "smoothing_data_steps": SMOOTH,
            "same_losses_in_every_run": same, "ceiling_tta_train_s": ceiling,
            "bars": bars, "summary": summary, "runs": runs}
     print(json.dumps(out))
