@@ -108,8 +108,10 @@ def pooled_tta(raws: list[dict], target: float) -> float | None:
     first j whose mean is at or below ``target`` (the seeds' mean target). One seed's
     trajectory luck moves its own TTA a lot where the curve is flat; the mean curve less."""
     curves = [smoothed(r) for r in raws]
-    zero = [min(e["t"] for e in r["events"] if e.get("event") == "commit" and e["step"] == 0)
-            for r in raws]
+    zero = [min((e["t"] for e in r["events"] if e.get("event") == "commit"
+                 and e["step"] == 0), default=None) for r in raws]
+    if not curves or None in zero:
+        return None
     for j in range(min(len(c) for c in curves)):
         if statistics.fmean(c[j][1] for c in curves) <= target:
             return round(statistics.median(c[j][0] - z for c, z in zip(curves, zero)), 4)
@@ -208,10 +210,13 @@ def main() -> None:
         sys.exit(f"sync_modes: --modes {a.modes}: choose among {','.join(MODES)}, with sync "
                  f"and auto")
     if "auto-ml" in modes:
+        import atexit
+        import shutil
         import tempfile
 
-        SELECTOR.update(train_selector(os.path.join(tempfile.mkdtemp(), "selector.pt"),
-                                       a.seed))
+        tmp = tempfile.mkdtemp(prefix="sync_modes_")
+        atexit.register(shutil.rmtree, tmp, True)
+        SELECTOR.update(train_selector(os.path.join(tmp, "selector.pt"), a.seed))
         log(f"[sync_modes] selector: {SELECTOR['held_out']['agreement']:.1%} agreement with "
             f"the heuristic on held-out profiles")
     raws: dict[str, dict[str, list[dict]]] = {t: {m: [] for m in modes} for t in traces}

@@ -92,7 +92,7 @@ def finish(c, cfg, finishers: list[int], ref, tol: float = 1e-6,
     import torch
 
     from unbroken.core.shards import exactly_once
-    from unbroken.runtime.ledger import ledger_records
+    from unbroken.core.ledger import ledger_records
 
     done = {u: c.wait_key(f"done/{u}", wait_s, alive=finishers) for u in finishers}
     for u in finishers:

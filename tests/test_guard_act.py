@@ -176,10 +176,13 @@ def test_a_fail_slow_eviction_waits_for_a_replay_in_flight():
         g.on_check({"event": "sdc_check", "step": k, "ok": True})
     g.on_incident(incident("sdc", 24, mismatch={"1": {"1": 5, "2": 6}}), 107.0)
     g.poll(108.0)  # five slow rounds are closed, but a replay is in flight
+    g.poll(109.9)  # more rounds closed, the replay still open: still held, not said again
     assert not [e for e in out if e.get("how") == "fail-slow"]
+    (w,) = [e for e in out if e["event"] == "detector_warning"]  # said once, with the reason
+    assert w["detector"] == "fail-slow" and "vote short of a majority" in w["message"]
     g.on_replay({"event": "replay", "step": 24, "n": 0, "t": 108.1, "uids": {str(u): u for u in
-                 range(4)}, "digests": {"1": {"0": 5, "1": 5, "2": 9, "3": 5}}}, 108.2)
-    g.poll(108.3)
+                 range(4)}, "digests": {"1": {"0": 5, "1": 5, "2": 9, "3": 5}}}, 110.0)
+    g.poll(110.1)
     assert [e["group"] for e in out if e.get("how") == "fail-slow"] == [3]
     g2, out2 = make()  # the same rounds without a replay: flagged at the first poll
     for k in range(80):

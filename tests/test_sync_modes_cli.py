@@ -5,6 +5,8 @@ for byte."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 
@@ -53,24 +55,31 @@ def test_check_sync_names_the_bad_value(text, groups, r, named):
         check_sync(ok, 4, 2)
 
 
-def test_check_selector_refuses_a_file_that_is_no_selector_or_for_other_groups(tmp_path):
+def test_check_selector_refuses_a_file_that_is_no_runtime_selector_for_this_job(tmp_path):
     from unbroken.supervise.spec import JobSpec, check_selector, train_config
     from unbroken.sync import modelfile
     from unbroken.sync.selector import train_selector
 
-    sel = train_selector(groups=6, n=20, seed=0, epochs=2, runtime=True)
-    f = tmp_path / "sel6.pt"
-    modelfile.save(str(f), "selector", sel.state, sel.meta)
-    check_selector(str(f), "auto", 6)
-    with pytest.raises(ValueError, match="trained for 6 groups, the job has 4 .*--groups 4"):
-        check_selector(str(f), "auto", 4)
+    def save(name: str, **kw) -> str:
+        sel = train_selector(n=20, seed=0, epochs=2, **kw)
+        modelfile.save(str(tmp_path / name), "selector", sel.state, sel.meta)
+        return str(tmp_path / name)
+
+    f = save("sel6.pt", groups=6, runtime=True)
+    check_selector(f, "auto", 6, 8, 2)
+    for groups, batch, r in ((4, 8, 2), (6, 16, 2), (6, 8, 3)):
+        with pytest.raises(ValueError, match=r"trained for 6 groups, shard batch 8, redundancy "
+                                             rf"2; the job has {groups}, {batch}, {r} "):
+            check_selector(f, "auto", groups, batch, r)
+    with pytest.raises(ValueError, match="a planner's selector .* --runtime --groups 6"):
+        check_selector(save("star.pt", groups=6), "auto", 6, 8, 2)
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"not a model")
     with pytest.raises(ValueError, match="bad.pt.*not an unbroken sync model"):
-        check_selector(str(bad), "auto", 6)
+        check_selector(str(bad), "auto", 6, 8, 2)
     # the workers get the file's absolute path; no selector, no key (today's config)
-    cfg = train_config(JobSpec(trainer="mlp", groups=6, sync="auto", selector=str(f)))
-    assert cfg.selector == str(f.resolve())
+    cfg = train_config(JobSpec(trainer="mlp", groups=6, sync="auto", selector=f))
+    assert cfg.selector == str(Path(f).resolve())
     assert "selector" not in train_config(JobSpec(trainer="mlp", sync="auto")).to_json()
 
 
@@ -89,7 +98,7 @@ def test_sync_builds_the_plain_runner_and_the_others_the_mode_runner():
 
 def test_the_ledger_counts_a_caught_up_shard_at_its_data_step():
     from unbroken.core.shards import exactly_once
-    from unbroken.runtime.ledger import DivergenceError, ledger_records
+    from unbroken.core.ledger import DivergenceError, ledger_records
 
     def commit(k, plan, t, **kw):
         return {"event": "commit", "step": k, "plan": plan, "mine": [], "t": t, **kw}

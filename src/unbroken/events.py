@@ -154,4 +154,5 @@ class Event(enum.StrEnum):
     """incident, detected_t, how [, restart]: the guard answered an incident; read by ettr,
     view, bench/chaos."""
     DETECTOR_WARNING = "detector_warning"
-    """detector, message: a detector switched off or a malformed input line."""
+    """detector, message: a detector switched off, a verdict it holds back (fail-slow while a
+    replay's vote is open), or a malformed input line."""

@@ -149,6 +149,7 @@ class Guard:
         self.samples: list[tuple[float, int, float]] = []  # (t, group uid, compute_s)
         self.slow_start: float | None = None
         self.slow_closed = 0  # closed fail-slow rounds already judged
+        self._held_for: float | None = None  # the open replay a held verdict was reported for
         self.flagged: set[int] = set()
         self.xid = None
         self.broken: set[str] = set()
@@ -354,16 +355,21 @@ class Guard:
     def _failslow(self, now: float) -> None:
         if "fail-slow" in self.broken or self.slow_start is None:
             return
-        if held(self.state, self.policy, now)[0]:
-            # seen in the soak: group 0 evicted mid-replay, "1/1 agree -> no culprit", the
-            # corrupt machine stayed, the ladder gave up; judged once the replay is answered
-            return
         if now - self.slow_start < self.slow_policy.round_s * self.slow_policy.rounds:
             return
         n_closed = int((now - self.slow_start) // self.slow_policy.round_s)
         if n_closed <= self.slow_closed:
             return  # the verdict changes only when a round closes (the supervisor's loop
             #         ticks 20 times a second: re-bucketing every sample each tick was its CPU)
+        hold, why = held(self.state, self.policy, now)
+        if hold:
+            # seen in the soak: group 0 evicted mid-replay, "1/1 agree -> no culprit", the
+            # corrupt machine stayed, the ladder gave up; judged once the replay is answered
+            if self._held_for != self.state.replay_since:  # said once per replay
+                self._held_for = self.state.replay_since
+                self.emit({"event": Event.DETECTOR_WARNING, "detector": "fail-slow",
+                           "message": f"verdict waits: {why}", "t": now})
+            return
         self.slow_closed = n_closed
         # a verdict needs the last K rounds (twice that, so a streak's length still reads
         # right): older samples go, or every round re-buckets the whole run (O(steps^2))

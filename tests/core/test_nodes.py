@@ -138,3 +138,6 @@ def test_watch_beat_resets_when_a_beat_returns_or_a_new_one_starts():
                                                                            None)
     assert watch_beat(s, calls=4, busy=False, period=0.5, cut_after=3.0) == (BeatWatch(4, 0),
                                                                             None)
+    for period, cut_after in ((0.0, 3.0), (0.5, 0.0), (0.5, -1.0)):
+        with pytest.raises(ValueError, match="must be > 0"):
+            watch_beat(s, calls=4, busy=True, period=period, cut_after=cut_after)

@@ -22,7 +22,7 @@ from fakecomm import FakeGroup, MemberDied, StorePool  # noqa: E402
 from unbroken.core.shards import exactly_once  # noqa: E402
 from unbroken.protocol import STOP_KEY  # noqa: E402
 from unbroken.runtime.config import TrainConfig  # noqa: E402
-from unbroken.runtime.ledger import DivergenceError, check_ledger, ledger_records  # noqa: E402
+from unbroken.core.ledger import DivergenceError, check_ledger, ledger_records  # noqa: E402
 from unbroken.runtime.stacked import StackedRunner, StopRequested  # noqa: E402
 from unbroken.runtime.trainer import reference_run  # noqa: E402
 from unbroken.runtime.stacked import StepHooks  # noqa: E402

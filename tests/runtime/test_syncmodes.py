@@ -19,7 +19,7 @@ from test_straggler_delay import _run  # noqa: E402  (a cluster run: params and 
 
 from unbroken.core.shards import exactly_once  # noqa: E402
 from unbroken.runtime.config import TrainConfig  # noqa: E402
-from unbroken.runtime.ledger import ledger_records  # noqa: E402
+from unbroken.core.ledger import ledger_records  # noqa: E402
 from unbroken.runtime.trainer import reference_run  # noqa: E402
 
 pytestmark = pytest.mark.mp

@@ -28,7 +28,9 @@ def test_sync_commands_bad_input_is_one_line_exit_2(cli, tmp_path):
     cases = [("sync", "eval-predictor", "--model", str(bad), "--synthetic", "1"),
              ("sync", "train-predictor", "--journals", str(tmp_path / "none"), "--out",
               str(tmp_path / "m.bin")),
-             ("sync", "train-selector", "--out", "x", "--groups", "-2")]
+             ("sync", "train-selector", "--out", "x", "--groups", "-2"),
+             ("sync", "train-selector", "--out", str(tmp_path / "s.pt"), "--shard-batch",
+              "16")]
     for i, args in enumerate(cases):
         p = cli(*args)
         if i == 0:
@@ -53,8 +55,14 @@ def test_a_runtime_selector_trained_from_the_cli_chooses_auto_s_mode_in_a_run(cl
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout)
     assert r["exactly_once"] and r["steps"] == 40
-    switches = [json.loads(x) for x in (out / "journal.jsonl").read_text().splitlines()
-                if '"mode_switch"' in x]
+    events = [json.loads(x) for x in (out / "journal.jsonl").read_text().splitlines()]
+    switches = [e for e in events if e["event"] == "mode_switch"]
     assert switches and all("ML selector" in e["reason"] for e in switches
                             if e["to"] != "sync"), switches
-    assert switches[0]["to"] != "sync"
+    # the workers read the copy kept in the run directory (every node mounts --out)
+    import hashlib
+
+    start = next(e for e in events if e["event"] == "start")["config"]
+    digest = hashlib.sha256(model.read_bytes()).hexdigest()
+    assert start["selector_sha256"] == digest
+    assert hashlib.sha256((out / "selector.pt").read_bytes()).hexdigest() == digest

@@ -72,10 +72,12 @@ Rules chosen here (not in the references)
   naming no group (NaN, SDC) may be a consequence of anything in flight, so it joins the open
   incident; so does a fault on a group the incident already named (a recurring problem).
 * **One vote at a time.** A replay collects every member's digests and names the corrupt
-  machine by majority; evicting another member while it is in flight (a fail-slow verdict)
-  leaves the vote short ("1/1 agree -> no culprit") and the corrupt machine stays. So an
-  eviction verdict from a detector waits (:func:`held`) while a replay is open, at most
-  ``replay_hold`` s (default 30); the replay's answer (``Replayed``) closes it.
+  machine by majority; evicting another member while it is in flight leaves the vote short
+  ("1/1 agree -> no culprit") and the corrupt machine stays. So a *soft* eviction verdict --
+  a statistical one, fail-slow, that may as well be judged later -- waits (:func:`held`)
+  while a replay is open, at most ``replay_hold`` s (default 30); the replay's answer
+  (``Replayed``) closes it. Hard evidence (a hang, a hardware XID) is not held: that member
+  cannot vote anyway. One replay is open at a time (the guard runs them one by one).
 * **The no-progress guard**: an incident older than ``time_budget`` (default 1 h) jumps straight
   to ``REQUEUE``; when ``REQUEUE`` has used its attempts too, the ladder gives up.
 * The lazily queued update is applied by every rung that restarts processes (``EVICT``,
@@ -233,7 +235,7 @@ class LadderPolicy:
         quarantine_after: evictions within ``quarantine_window`` after which a machine is
             quarantined (for ``quarantine_cooldown``): ``exclusion`` is this as the
             ``core.exclusion`` policy the ladder books evictions with.
-        replay_hold: the longest an open replay holds other detectors' eviction verdicts.
+        replay_hold: the longest an open replay holds a soft (fail-slow) eviction verdict.
     """
 
     max_attempts: Mapping[Rung, int] = field(default_factory=dict)
@@ -640,8 +642,8 @@ def advance(state: LadderState, outcome: Outcome, policy: LadderPolicy | None = 
 
 
 def held(state: LadderState, policy: LadderPolicy, now: float) -> tuple[bool, str]:
-    """Whether a detector's eviction verdict must wait now, and why: a replay is open (its
-    vote needs every member) and has not been open ``replay_hold`` s yet."""
+    """Whether a soft (fail-slow) eviction verdict must wait now, and why: a replay is open
+    (its vote needs every member) and has not been open ``replay_hold`` s yet."""
     now = _check_time("now", now)
     since = state.replay_since
     if since is None:

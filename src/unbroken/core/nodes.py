@@ -74,7 +74,9 @@ def watch_beat(state: BeatWatch, calls: int, busy: bool, period: float,
 
     Counted in ticks, not wall time: a SIGSTOPped agent (a drill, a debugger) stops both its
     threads, and a beat caught in flight must not read as blocked for the whole stop once it
-    is continued."""
+    is continued. ValueError unless ``period`` and ``cut_after`` are > 0."""
+    if not (period > 0 and cut_after > 0):
+        raise ValueError(f"watchdog period {period!r} and cut_after {cut_after!r} must be > 0")
     ticks = state.ticks + 1 if busy and calls == state.seen else 0
     blocked = ticks * period
     if blocked >= cut_after:

@@ -148,9 +148,10 @@ class _Beat:
     TCP gives up (many minutes; the client's timeout does not bound it, measured). So a
     watchdog thread times the beat in flight (``core.nodes.watch_beat``): blocked for
     ``cut_after`` s (the coordinator fenced this node after its 1 s of silence long before),
-    ``on_cut`` runs -- the node stops what it started and leaves (exit 10), instead of
-    training on, cut off, for minutes. A call that *fails* (the coordinator's process is gone, its host is up: RST)
-    ends the beat and leaves the decision to the attempt's own rules (exit 5)."""
+    ``on_cut(why)`` runs -- the node stops what it started and leaves (exit 10), instead of
+    training on, cut off, for minutes. A call that *fails* (the coordinator's process is
+    gone, its host is up: RST) ends the beat and leaves the decision to the attempt's own
+    rules (exit 5)."""
 
     def __init__(self, store, node: int, period: float, on_cut=None,
                  cut_after: float = CUT_OFF_S) -> None:
@@ -176,7 +177,7 @@ class _Beat:
             while not self._stop.wait(period):
                 state, why = watch_beat(state, self._calls, self._busy, period, cut_after)
                 if why is not None:
-                    on_cut(state.ticks * period)
+                    on_cut(why)
                     return
         threading.Thread(target=beat, name="node-hb", daemon=True).start()
         if on_cut is not None:
@@ -186,7 +187,7 @@ class _Beat:
         self._stop.set()
 
 
-def _cut_off(coordinator: str, blocked_s: float) -> None:
+def _cut_off(coordinator: str, why: str) -> None:
     """This node cannot reach the coordinator: kill what it started, say so, exit 10."""
     running = [p for p in _STARTED if p.poll() is None]
     for p in running:
@@ -194,10 +195,9 @@ def _cut_off(coordinator: str, blocked_s: float) -> None:
             p.kill()
         except Exception:  # pragma: no cover - gone already
             pass
-    sys.stderr.write(f"unbroken: node cut off: a heartbeat to the coordinator at "
-                     f"{coordinator} blocked for {blocked_s:.1f}s (the link is down or its "
-                     f"host is gone); killed the {len(running)} workers it was running, "
-                     f"exit {int(ExitCode.FENCED)}\n")
+    sys.stderr.write(f"unbroken: node cut off from the coordinator at {coordinator}: {why} "
+                     f"(the link is down or its host is gone); killed the {len(running)} "
+                     f"workers it was running, exit {int(ExitCode.FENCED)}\n")
     sys.stderr.flush()
     os._exit(int(ExitCode.FENCED))
 
@@ -479,7 +479,7 @@ def run(a: argparse.Namespace) -> int:
               "spares": a.spares}
     node = claim(directory, a.node, record)
     beat = _Beat(directory, node, a.heartbeat,
-                 on_cut=lambda blocked: _cut_off(a.coordinator, blocked))
+                 on_cut=lambda why: _cut_off(a.coordinator, why))
     try:
         return follow(directory, host, node, record,
                       a.stderr_dir or tempfile.mkdtemp(prefix="unbroken-node-"),

@@ -21,7 +21,6 @@ simulator never need it.
 * :mod:`unbroken.runtime.mlp`, :mod:`unbroken.runtime.gpt`, :mod:`unbroken.runtime.module_trainer`
   - trainers: the tests' MLP, the demo's byte-level GPT, and an adapter for a user's (model,
   optimizer, dataset, loss).
-* :mod:`unbroken.runtime.ledger` - the exactly-once ledger read back from the journals.
 * :mod:`unbroken.runtime.store_host` - the coordinator's store in a process of its own.
 """
 

@@ -22,7 +22,7 @@ import torch
 from unbroken.core.rectlr import WipeOut
 from unbroken.events import Event
 from unbroken.protocol import JOIN_COUNT, admit_key, dead_key, join_key, state_key, wipeout_key
-from unbroken.runtime.ledger import DivergenceError
+from unbroken.core.ledger import DivergenceError
 
 __all__ = ["WipeOutError", "Admission"]
 

@@ -74,7 +74,7 @@ from unbroken.runtime.admission import Admission, WipeOutError
 from unbroken.runtime.comm import CommLike
 from unbroken.runtime.config import TrainConfig
 from unbroken.runtime.incidents import GuardStopError, Incidents
-from unbroken.runtime.ledger import DivergenceError
+from unbroken.core.ledger import DivergenceError
 from unbroken.runtime.resources import IoCounter, ring_rx_bytes
 from unbroken.runtime.stepbuf import joins_reported
 from unbroken.runtime.trainer import TrainerLike, copy_state, grad_into, make_trainer

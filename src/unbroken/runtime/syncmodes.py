@@ -146,7 +146,7 @@ from unbroken.core.rectlr import WipeOut
 from unbroken.events import Event
 from unbroken.runtime import stepbuf as sb
 from unbroken.runtime.background import Background, Result
-from unbroken.runtime.ledger import DivergenceError
+from unbroken.core.ledger import DivergenceError
 from unbroken.runtime.stacked import StackedRunner
 
 __all__ = ["ModeRunner", "make_runner", "WINDOW", "PROBE"]

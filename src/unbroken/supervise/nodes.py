@@ -18,11 +18,11 @@ from unbroken.supervise.spec import JobSpec
 __all__ = ["job_nodes", "node_directory"]
 
 
-def node_directory(spec: JobSpec, emit_line: Callable[[str], None]):
-    """The job's directory, or None when the job runs without node agents. ``--nodes``: the
-    line telling the operator what to run on each node goes to ``emit_line``."""
+def node_directory(spec: JobSpec):
+    """The job's directory and, with ``--nodes``, the line telling the operator what to run on
+    each node; (None, None) when the job runs without node agents."""
     if not (spec.local_nodes or spec.nodes):
-        return None
+        return None, None
     from unbroken.core.nodes import place_groups
     from unbroken.nodes.directory import NodeDirectory
 
@@ -31,35 +31,34 @@ def node_directory(spec: JobSpec, emit_line: Callable[[str], None]):
     d = NodeDirectory(k, port=spec.listen, local=bool(spec.local_nodes),
                       slots=[node_of.count(i) for i in range(k)],
                       heartbeat=spec.ft.heartbeat)
-    if spec.nodes:
-        try:  # the address on the default route (a UDP connect sends nothing)
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-                s.connect(("192.0.2.254", 9))
-                host = s.getsockname()[0]
-        except OSError:
-            host = socket.gethostname()
-        emit_line(f"waiting for {k} node agents: unbroken agent --coordinator "
-                  f"{host}:{d.port} on each node")
-    return d
+    if not spec.nodes:
+        return d, None
+    try:  # the address on the default route (a UDP connect sends nothing)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("192.0.2.254", 9))
+            host = s.getsockname()[0]
+    except OSError:
+        host = socket.gethostname()
+    return d, (f"waiting for {k} node agents: unbroken agent --coordinator {host}:{d.port} "
+               f"on each node")
 
 
 @contextmanager
 def job_nodes(spec: JobSpec, emit_line: Callable[[str], None]) -> Iterator:
-    """The directory (or None) for the ``with`` body; ended and closed whatever the body
-    raised. A ``NodeSetupError`` (the agents cannot run this job) is passed to the agents,
-    which print it; ``NodeStartError`` (they did not come) propagates for the caller to
-    report."""
-    from unbroken.nodes.directory import NodeSetupError, NodeStartError
+    """The directory (or None) for the ``with`` body; ended and closed whatever happens after
+    it was built. A ``NodeSetupError`` (the agents cannot run this job) is passed to the
+    agents, which print it and exit 2; anything else ends them without one (``NodeStartError``
+    -- they did not come -- propagates for the caller to report)."""
+    from unbroken.nodes.directory import NodeSetupError
 
-    directory = node_directory(spec, emit_line)
+    directory, line = node_directory(spec)
     if directory is None:
         yield None
         return
     try:
+        if line is not None:
+            emit_line(line)
         yield directory
-    except NodeStartError:
-        directory.end()
-        raise
     except BaseException as exc:
         directory.end(str(exc) if isinstance(exc, NodeSetupError) else None)
         raise

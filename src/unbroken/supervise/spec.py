@@ -209,7 +209,7 @@ def check(spec: JobSpec) -> list[Fault]:
     if spec.sync != "sync":
         check_sync(spec.sync, spec.groups, ft.redundancy)
     if spec.selector is not None:
-        check_selector(spec.selector, spec.sync, spec.groups)
+        check_selector(spec.selector, spec.sync, spec.groups, spec.shard_size, ft.redundancy)
     if spec.target_loss is not None and not math.isfinite(spec.target_loss):
         raise ValueError(f"--target-loss {spec.target_loss}: expected a finite number")
     try:
@@ -271,19 +271,29 @@ def check_sync(text: str, groups: int, redundancy: int) -> None:
                          f"{redundancy})")
 
 
-def check_selector(path: str, sync: str, groups: int) -> None:
-    """``--selector``: a selector model file that loads (checksum, weights) and was trained
-    for ``groups`` groups, with ``--sync auto``; ValueError (one line) otherwise."""
+def check_selector(path: str, sync: str, groups: int, shard_batch: int,
+                   redundancy: int) -> None:
+    """``--selector``: with ``--sync auto``, a selector model file that loads (checksum,
+    weights), labelled for the runtime (``train-selector --runtime``: the planner's STAR-model
+    selector learned another cost model and other modes) and for this job's groups, shard
+    batch and redundancy (its features and labels depend on them); ValueError (one line)."""
     if sync != "auto":
         raise ValueError(f"--selector {path}: chooses auto's mode; it needs --sync auto "
                          f"(got --sync {sync})")
     from unbroken.sync.cli import load_selector
 
-    sel = load_selector(path)  # ModelFileError (a ValueError) names the file
-    if sel.meta.get("groups") != groups:
-        raise ValueError(f"--selector {path}: trained for {sel.meta.get('groups')} groups, the "
-                         f"job has {groups} (train one with unbroken sync train-selector "
-                         f"--runtime --groups {groups})")
+    meta = load_selector(path).meta  # ModelFileError (a ValueError) names the file
+    train = (f"train one with unbroken sync train-selector --runtime --groups {groups} "
+             f"--shard-batch {shard_batch} --redundancy {redundancy}")
+    if meta.get("for") != "runtime":
+        raise ValueError(f"--selector {path}: a planner's selector (STAR's cost model, every "
+                         f"mode), not the runtime's; {train}")
+    got = (meta.get("groups"), meta.get("shard_batch"),
+           meta.get("cost_model", {}).get("redundancy"))
+    if got != (groups, shard_batch, redundancy):
+        raise ValueError(f"--selector {path}: trained for {got[0]} groups, shard batch "
+                         f"{got[1]}, redundancy {got[2]}; the job has {groups}, {shard_batch}, "
+                         f"{redundancy} ({train})")
 
 
 def spares_for(spec: JobSpec, faults: list[Fault]) -> int:

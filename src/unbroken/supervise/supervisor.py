@@ -36,7 +36,7 @@ import json
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -180,6 +180,8 @@ class Supervisor:
         if found["kept_in"]:
             self._line(f"the previous run in {out} was moved to {found['kept_in']}")
         repaired = repair_journals(out) if spec.resume else []
+        if cfg.selector is not None:  # --nodes: every node reads --out, not this machine's disk
+            cfg = replace(cfg, selector=_keep_copy(Path(cfg.selector), out / "selector.pt"))
         jdir = out / "groups"
         jdir.mkdir(exist_ok=True)
         xid_log = spec.ft.xid_log
@@ -257,7 +259,9 @@ class Supervisor:
             "model": cfg.model, "trainer_args": spec.trainer_args,
             "staleness": spec.ft.staleness, "guard": spec.ft.guard, "chaos": spec.chaos,
             "sdc_every": cfg.sdc_every, "resume": spec.resume, "stragglers": cfg.stragglers,
-            "sync": cfg.sync, "resume_step": found["resume_step"]},
+            "sync": cfg.sync, "resume_step": found["resume_step"],
+            **({"selector": spec.selector, "selector_sha256": _sha256(Path(cfg.selector))}
+               if cfg.selector else {})},
             "faults": [{"kind": f.kind, "group": f.group, "step": f.step,
                         **({"code": f.code} if f.code is not None else {})} for f in faults],
             "fault_spec": format_faults(faults)})
@@ -316,20 +320,22 @@ class Supervisor:
 
     def _finish(self, done, ended, cfg, out: Path, jdir: Path, t_start: float) -> RunResult:
         from unbroken.demo_report import build_report, straggler_report
-        from unbroken.runtime.ledger import check_ledger
+        from unbroken.core.ledger import check_ledger
 
         spec = self.spec
         journals = {int(f.stem.split("-")[1]): read_journal(f)
                     for f in sorted(jdir.glob("group-*.jsonl"))}
         wall = time.time() - t_start
-        self.emit({"event": Event.END, "wall_s": wall,
-                   **({"code": int(ended.code), "reason": str(ended)} if ended else {})})
         steps = spec.steps if ended is None else None
         rep, bad_ledger = check_ledger(journals, steps or _committed(journals), cfg.groups)
+        if bad_ledger is not None and ended is None:  # the journal's END says how it ended
+            ended = _Ended(ExitCode.FAILED, bad_ledger)
+        self.emit({"event": Event.END, "wall_s": wall,
+                   **({"code": int(ended.code), "reason": str(ended)} if ended else {})})
         report = build_report(self.events, max_abs_param_diff=None, exactly_once=rep.ok,
-                              ledger={"records": rep.records, "missing": len(rep.missing),
-                                      "duplicated": len(rep.duplicated),
-                                      "stray": len(rep.stray)})
+                              ledger=None if bad_ledger else {
+                                  "records": rep.records, "missing": len(rep.missing),
+                                  "duplicated": len(rep.duplicated), "stray": len(rep.stray)})
         report["faults_detected"] = sum(1 for f in report["time_lost_per_fault"]
                                         if f["detect_s"] is not None)
         report.update(straggler_report(self.events, t_start, spec.target_loss))
@@ -342,14 +348,31 @@ class Supervisor:
         report["png"] = str(plot_demo(self.events, out / self.figure))
         if bad_ledger is not None:
             report["exactly_once"], report["ledger_error"] = False, bad_ledger
-            if ended is None:
-                return RunResult(ExitCode.FAILED, bad_ledger, report)
         if ended is not None:
             report["stopped"] = {"code": int(ended.code), "reason": str(ended),
                                  "checkpoint": ended.checkpoint}
             return RunResult(ended.code, str(ended), report, checkpoint=ended.checkpoint)
         return RunResult(ExitCode.OK, None, report, params={u: d["params"]
                                                             for u, d in done.items()})
+
+
+def _keep_copy(src: Path, dst: Path) -> str:
+    """Copy ``src`` to ``dst`` atomically (a temporary file, fsync, rename); dst's path."""
+    import os
+    import shutil
+
+    tmp = dst.with_name(dst.name + ".tmp")
+    shutil.copyfile(src, tmp)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, dst)
+    return str(dst.resolve())
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _committed(journals: dict[int, list[dict]]) -> int:

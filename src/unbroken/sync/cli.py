@@ -66,10 +66,10 @@ def add_args(sp: argparse.ArgumentParser) -> None:
     ts.add_argument("--runtime", action="store_true",
                     help="label as the runtime's auto decides (its cost model and modes): "
                          "the selector for run --sync auto --selector FILE")
-    ts.add_argument("--shard-batch", type=_pos_int, default=8, metavar="B",
-                    help="with --runtime: the job's samples per group per step")
-    ts.add_argument("--redundancy", type=_pos_int, default=2, metavar="R",
-                    help="with --runtime: the job's SPARe redundancy")
+    ts.add_argument("--shard-batch", type=_pos_int, default=None, metavar="B",
+                    help="with --runtime: the job's samples per group per step (default 8)")
+    ts.add_argument("--redundancy", type=_pos_int, default=None, metavar="R",
+                    help="with --runtime: the job's SPARe redundancy (default 2)")
     ts.add_argument("--json", action="store_true")
 
 
@@ -180,8 +180,11 @@ def _train_selector(a: argparse.Namespace) -> dict:
     from unbroken.sync import modelfile
     from unbroken.sync.selector import compare, train_selector
 
+    if not a.runtime and (a.shard_batch is not None or a.redundancy is not None):
+        raise ValueError("train-selector: --shard-batch and --redundancy describe the job a "
+                         "runtime selector is for; they need --runtime")
     s = train_selector(groups=a.groups, n=a.examples, seed=a.seed, runtime=a.runtime,
-                       shard_batch=a.shard_batch, redundancy=a.redundancy)
+                       shard_batch=a.shard_batch or 8, redundancy=a.redundancy or 2)
     s.meta["held_out"] = compare(s, n=a.held_out, seed=a.seed + 1)
     sha = modelfile.save(a.out, "selector", s.state, s.meta)
     return {"action": "train-selector", "out": a.out, "sha256": sha,

@@ -141,8 +141,9 @@ class MLSelector:
         with torch.no_grad():
             p = torch.softmax(self.model()(torch.tensor(x, dtype=torch.float32)[None]), -1)[0]
         classes = self.meta["classes"]
+        # sync is always allowed, as the heuristic's select() always allows it
         ok = [i for i, c in enumerate(classes)
-              if allowed is None or c.split(":")[0] in allowed]
+              if allowed is None or c == "sync" or c.split(":")[0] in allowed]
         i = max(ok, key=lambda j: float(p[j]))
         mode = classes[i]
         return mode, f"{mode}: ML selector ({float(p[i]):.0%} confident)"
