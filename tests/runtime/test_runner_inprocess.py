@@ -167,10 +167,15 @@ def test_a_member_cut_off_as_its_op_completed_commits_an_orphan_the_ledger_drops
         assert rp["step"] == at and rp["members"] == survivors
         assert job.commits(u)[at]["plan"] == {"0": 0, "1": 0, "2": 2, "3": 3}
     job.ledger_ok()
+    orphans: list = []
+    rep, err = check_ledger(job.journals, CFG.steps, CFG.groups, orphans)
+    assert rep.ok and err is None and orphans == [(at, victim)]
     # journaled the other way round (the orphan's line after the re-plan's) it is dropped too
     late = {**job.journals, victim: [dict(e, t=e["t"] + 60) if e is orphan else e
                                      for e in job.journals[victim]]}
-    assert exactly_once(ledger_records(late), CFG.steps, CFG.groups).ok
+    orphans = []
+    assert exactly_once(ledger_records(late, orphans), CFG.steps, CFG.groups).ok
+    assert orphans == [(at, victim)]
     # a survivor committing a different plan for the step is still a divergence
     bad = {**job.journals, 0: [dict(e, plan=orphan["plan"], mine=[0])
                                if e["event"] == "commit" and e["step"] == at else e

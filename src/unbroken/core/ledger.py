@@ -20,7 +20,8 @@ class DivergenceError(RuntimeError):
     shard type missing / counted twice)."""
 
 
-def ledger_records(journals: dict[int, list[dict]]) -> list[tuple[int, int, int]]:
+def ledger_records(journals: dict[int, list[dict]],
+                   orphans: list[tuple[int, int]] | None = None) -> list[tuple[int, int, int]]:
     """(step, type, group) contributions of every committed step, from all journals.
 
     A step's contributions are its committed plan (type -> contributing group), checked
@@ -37,7 +38,7 @@ def ledger_records(journals: dict[int, list[dict]]) -> list[tuple[int, int, int]
     divergence: a commit of k in generation g loses to one in a later generation whose
     members include none of g's committers of k (their state left the job with them). The
     same plans disagreeing inside one generation, or with a committer that lives on, still
-    raise.
+    raise. ``orphans`` (optional) receives the (step, group) of each superseded commit.
 
     ``--sync ksync:K`` (``unbroken.runtime.syncmodes``): a commit's plan leaves out the types
     it ``deferred``, and its ``catch_up`` lists ``[data step, type, group]`` of earlier steps'
@@ -57,9 +58,13 @@ def ledger_records(journals: dict[int, list[dict]]) -> list[tuple[int, int, int]
         k, plan = e["step"], e["plan"]
         if plans.setdefault(k, plan) != plan:
             if _supersedes(e, who[k]):
+                if orphans is not None:
+                    orphans.extend((k, w) for w, _c in who[k])
                 plans[k], who[k] = plan, []
                 late.pop(k, None)
             elif all(_supersedes(c, [(g, e)]) for _g, c in who[k]):
+                if orphans is not None:
+                    orphans.append((k, g))
                 continue  # e is the orphan, journaled after the others' re-plan
             else:
                 raise DivergenceError(f"step {k}: groups committed different plans")
@@ -73,13 +78,15 @@ def ledger_records(journals: dict[int, list[dict]]) -> list[tuple[int, int, int]
         [(int(s), int(t), int(w)) for _k, cu in sorted(late.items()) for s, t, w in cu]
 
 
-def check_ledger(journals: dict[int, list[dict]], steps: int,
-                 groups: int) -> tuple[LedgerReport, str | None]:
+def check_ledger(journals: dict[int, list[dict]], steps: int, groups: int,
+                 orphans: list[tuple[int, int]] | None = None
+                 ) -> tuple[LedgerReport, str | None]:
     """The exactly-once verdict over ``steps`` steps, and one line when the journals disagree
     (then the verdict is "no": what the job did cannot be read back, which is never a
-    traceback at the end of a run that trained)."""
+    traceback at the end of a run that trained). ``orphans`` (optional) receives the
+    (step, group) of every orphan commit that was superseded."""
     try:
-        return exactly_once(ledger_records(journals), steps, groups), None
+        return exactly_once(ledger_records(journals, orphans), steps, groups), None
     except DivergenceError as exc:
         rep = exactly_once([], steps, groups)
         return rep, f"the journals disagree on what was committed: {exc}"

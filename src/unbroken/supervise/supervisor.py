@@ -327,7 +327,13 @@ class Supervisor:
                     for f in sorted(jdir.glob("group-*.jsonl"))}
         wall = time.time() - t_start
         steps = spec.steps if ended is None else None
-        rep, bad_ledger = check_ledger(journals, steps or _committed(journals), cfg.groups)
+        orphans: list[tuple[int, int]] = []
+        rep, bad_ledger = check_ledger(journals, steps or _committed(journals), cfg.groups,
+                                       orphans)
+        for k in sorted({k for k, _g in orphans}):  # a partition: say what the ledger dropped
+            who = sorted({g for s, g in orphans if s == k})
+            self._line(f"step {k}: group(s) {who} committed it alone as they were cut off; "
+                       f"the survivors' re-plan of it counts (core.ledger)")
         if bad_ledger is not None and ended is None:  # the journal's END says how it ended
             ended = _Ended(ExitCode.FAILED, bad_ledger)
         self.emit({"event": Event.END, "wall_s": wall,
@@ -346,6 +352,8 @@ class Supervisor:
         from unbroken.demo_report import plot_demo
 
         report["png"] = str(plot_demo(self.events, out / self.figure))
+        if orphans:
+            report["orphan_commits"] = [{"step": k, "group": g} for k, g in sorted(orphans)]
         if bad_ledger is not None:
             report["exactly_once"], report["ledger_error"] = False, bad_ledger
         if ended is not None:
