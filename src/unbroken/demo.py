@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from unbroken.core.faults import default_faults, format_faults
 from unbroken.protocol import ExitCode
-from unbroken.supervise.spec import JobSpec, check as check_spec, train_config
+from unbroken.supervise.spec import JobSpec, check as check_spec
 from unbroken.supervise.supervisor import RunError, Supervisor
 
 __all__ = ["demo_spec", "check", "run_demo", "DemoError", "DemoExit", "reference"]
@@ -60,10 +60,11 @@ def run_demo(spec: JobSpec, *, emit_line: Callable[[str], None] | None = None,
     purpose."""
     import torch
 
-    cfg = train_config(spec, spec.sdc_interval(check_spec(spec)))
+    sup = Supervisor(spec, emit_line=emit_line, view=view, figure="demo.png")
+    _faults, cfg = sup.check()  # bad input before anything starts; warms the fork server
     early = _EarlyReference(cfg)  # computed on idle CPU while the job runs
     try:
-        res = Supervisor(spec, emit_line=emit_line, view=view, figure="demo.png").run()
+        res = sup.run()
         report = res.report
         if res.code != ExitCode.OK:
             raise DemoExit(res.message or f"exit {int(res.code)}", int(res.code), report)

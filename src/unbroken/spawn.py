@@ -47,11 +47,14 @@ import sys
 import threading
 from typing import Any, Sequence
 
-__all__ = ["PRELOAD", "Worker", "start", "pdeathsig", "tell", "fork_server"]
+__all__ = ["PRELOAD", "Worker", "start", "warm", "pdeathsig", "tell", "fork_server"]
 
 #: what the server imports once (torch dominates; the rest is the workers' import graph)
-PRELOAD = ("torch", "torch.distributed", "unbroken.runtime.stacked", "unbroken.runtime.ftcomm",
-           "unbroken.runtime.stacked_worker", "unbroken.runtime.ftcomm_worker")
+#: torch._dynamo: a torch.optim optimizer imports it on construction (~1.3 s of CPU per
+#: worker otherwise); it starts no thread, so the server stays safe to fork
+PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "unbroken.runtime.stacked",
+           "unbroken.runtime.ftcomm", "unbroken.runtime.stacked_worker",
+           "unbroken.runtime.ftcomm_worker")
 
 _LEN = struct.Struct("!I")
 _STATUS = struct.Struct("!i")
@@ -205,6 +208,16 @@ def fork_server() -> None:
     with _server_lock:
         if _server is None:
             _server = _ForkedServer()
+
+
+def warm() -> None:
+    """Start this process's fork server now, without waiting for it: its imports (~3 s of
+    CPU) then overlap what the launcher does before its first :func:`start`, such as
+    building the user's trainer to check it."""
+    global _server
+    with _server_lock:
+        if _server is None or not _server.alive():
+            _server = _Server()
 
 
 def start(entry: str, argv: Sequence[str], *, stderr_path: str,

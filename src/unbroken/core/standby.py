@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import math
 
-from scipy.stats import binom
-
 __all__ = [
     "StandbyError",
     "standby_size",
@@ -33,6 +31,13 @@ __all__ = [
     "p_from_history",
     "p_from_mtbf",
 ]
+
+
+def _binom():
+    # imported on use: scipy.stats costs ~0.8 s, and every ``run`` imports this module
+    from scipy.stats import binom
+
+    return binom
 
 
 class StandbyError(ValueError):
@@ -61,13 +66,13 @@ def standby_size(groups: int, p: float, quantile: float = 0.99) -> int:
     if isinstance(quantile, bool) or not isinstance(quantile, (int, float)) \
             or not 0 < quantile <= 1:
         raise StandbyError(f"quantile={quantile!r} must be in (0, 1]")
-    return int(binom.ppf(quantile, n, p))
+    return int(_binom().ppf(quantile, n, p))
 
 
 def plan_standby(groups: int, p: float, quantile: float = 0.99) -> tuple[int, str]:
     """``standby_size`` with the reason (the log line): size, and the cover it buys."""
     k = standby_size(groups, p, quantile)
-    covered = float(binom.cdf(k, groups, p))
+    covered = float(_binom().cdf(k, groups, p))
     return k, (f"{k} standbys for {groups} groups at p={p:g} per window: P[failures <= {k}] = "
                f"{covered:.4f} >= {quantile:g}; expected failures {groups * p:.3g}")
 

@@ -60,6 +60,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 
+from unbroken.fsio import fsync_dir, sha256_file, write_synced
+
 __all__ = ["CheckpointError", "CheckpointStore"]
 
 # no_dist=True is deliberate (see the module docstring); DCP warns about it on every call.
@@ -83,26 +85,6 @@ class _Corrupt(Exception):
 
 def _canonical(obj: object) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
-
-
-def _sha256_file(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def _write_synced(path: Path, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _layout(tensors: Sequence[torch.Tensor]) -> list[list]:
@@ -152,7 +134,7 @@ def _verify(path: Path) -> dict:
             raise _Corrupt(f"missing file {name}") from None
         if size != want["size"]:
             raise _Corrupt(f"{name} has {size} bytes, manifest says {want['size']}")
-        if _sha256_file(f) != want["sha256"]:
+        if sha256_file(f) != want["sha256"]:
             raise _Corrupt(f"sha256 mismatch for {name}")
     return body
 
@@ -216,17 +198,17 @@ class CheckpointStore:
                 shutil.rmtree(tmp)
             tmp.mkdir()
             _write_state({f"t{i}": t for i, t in enumerate(staged)}, tmp)
-            _write_synced(tmp / _META, meta_json)
+            write_synced(tmp / _META, meta_json)
             files = {}
             for f in sorted(p for p in tmp.rglob("*") if p.is_file()):
-                files[f.relative_to(tmp).as_posix()] = {"sha256": _sha256_file(f),
+                files[f.relative_to(tmp).as_posix()] = {"sha256": sha256_file(f),
                                                         "size": f.stat().st_size}
             body = {"format": _FORMAT, "step": step, "tensors": _layout(staged),
                     "files": files}
             manifest = {"body": body,
                         "sha256": hashlib.sha256(_canonical(body).encode()).hexdigest()}
-            _write_synced(tmp / _MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
-            _fsync_dir(tmp)
+            write_synced(tmp / _MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
+            fsync_dir(tmp)
             with self._fs_lock:
                 old = None
                 if final.exists():  # the same step saved again: newest wins
@@ -235,7 +217,7 @@ class CheckpointStore:
                         shutil.rmtree(old)
                     os.rename(final, old)
                 os.rename(tmp, final)
-                _fsync_dir(self.directory)
+                fsync_dir(self.directory)
                 if old is not None:
                     shutil.rmtree(old, ignore_errors=True)
                 self._prune()

@@ -55,7 +55,9 @@ from unbroken.core.faults import Fault, format_faults, holder_faults
 from unbroken.core.membership import left_behind
 from unbroken.core.placement import make_layout, uncovered, wiped_out
 from unbroken.core.standby import refill
+from unbroken import spawn
 from unbroken.events import Event
+from unbroken.fsio import copy_atomic, sha256_file
 from unbroken.procwait import ExitWaiter
 from unbroken.protocol import (CODE_COUNT, STOP_KEY, SUPERVISOR_HB, ExitCode, code_key, done_key,
                                error_key)
@@ -157,6 +159,7 @@ class Supervisor:
         """Validate the spec and build the trainer once (bad input raises ValueError)."""
         faults = check(self.spec)
         cfg = train_config(self.spec, self.spec.sdc_interval(faults))
+        spawn.warm()  # the workers' fork server imports torch while the trainer is built here
         load_trainer(cfg)
         return faults, cfg
 
@@ -181,7 +184,7 @@ class Supervisor:
             self._line(f"the previous run in {out} was moved to {found['kept_in']}")
         repaired = repair_journals(out) if spec.resume else []
         if cfg.selector is not None:  # --nodes: every node reads --out, not this machine's disk
-            cfg = replace(cfg, selector=_keep_copy(Path(cfg.selector), out / "selector.pt"))
+            cfg = replace(cfg, selector=copy_atomic(cfg.selector, out / "selector.pt"))
         jdir = out / "groups"
         jdir.mkdir(exist_ok=True)
         xid_log = spec.ft.xid_log
@@ -260,7 +263,7 @@ class Supervisor:
             "staleness": spec.ft.staleness, "guard": spec.ft.guard, "chaos": spec.chaos,
             "sdc_every": cfg.sdc_every, "resume": spec.resume, "stragglers": cfg.stragglers,
             "sync": cfg.sync, "resume_step": found["resume_step"],
-            **({"selector": spec.selector, "selector_sha256": _sha256(Path(cfg.selector))}
+            **({"selector": spec.selector, "selector_sha256": sha256_file(cfg.selector)}
                if cfg.selector else {})},
             "faults": [{"kind": f.kind, "group": f.group, "step": f.step,
                         **({"code": f.code} if f.code is not None else {})} for f in faults],
@@ -362,25 +365,6 @@ class Supervisor:
             return RunResult(ended.code, str(ended), report, checkpoint=ended.checkpoint)
         return RunResult(ExitCode.OK, None, report, params={u: d["params"]
                                                             for u, d in done.items()})
-
-
-def _keep_copy(src: Path, dst: Path) -> str:
-    """Copy ``src`` to ``dst`` atomically (a temporary file, fsync, rename); dst's path."""
-    import os
-    import shutil
-
-    tmp = dst.with_name(dst.name + ".tmp")
-    shutil.copyfile(src, tmp)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, dst)
-    return str(dst.resolve())
-
-
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _committed(journals: dict[int, list[dict]]) -> int:

@@ -16,6 +16,8 @@ import io
 import os
 import tempfile
 
+from unbroken.fsio import fsync_dir
+
 __all__ = ["ModelFileError", "save", "load"]
 
 _MAGIC = b"unbroken-sync-model 1 "
@@ -50,11 +52,7 @@ def save(path: str, kind: str, state: dict, meta: dict) -> str:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    fsync_dir(d)
     return digest
 
 
