@@ -46,6 +46,7 @@ bench: $(STAMP) learn-tools
 	$(VENV)/bin/python bench/ftcomm_recovery.py
 	$(VENV)/bin/python bench/recovery_scaling.py
 	$(VENV)/bin/python bench/train_bars.py
+	$(VENV)/bin/python bench/startup.py
 	$(VENV)/bin/python bench/step_breakdown.py
 	$(VENV)/bin/python bench/detect_latency.py
 	$(VENV)/bin/python bench/chaos.py
