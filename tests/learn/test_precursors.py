@@ -93,6 +93,7 @@ def tuned():
     return pol
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", UNTUNED)
 def test_untuned_seeds_meet_the_reports_bar(tuned, seed):
     s = generate(SynthSpec(seed=seed))

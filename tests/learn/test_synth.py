@@ -6,6 +6,7 @@ import gzip
 import json
 
 import numpy as np
+import pytest
 
 from unbroken.core.xid import scan
 from unbroken.learn.openmetrics import read_openmetrics
@@ -38,6 +39,7 @@ def test_truth_shapes(small):
     assert 600 <= np.median(iv) <= 720
 
 
+@pytest.mark.slow
 def test_files_round_trip(small, tmp_path):
     paths = write(small, tmp_path)
     with gzip.open(paths["metrics"], "rt") as fh:

@@ -53,6 +53,7 @@ def test_a_listen_port_taken_is_one_line_exit_2(capsys, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.mp  # the run starts its store host before it waits for the agents
 def test_agents_that_never_come_are_one_line_exit_1(capsys, monkeypatch, tmp_path):
     """``--nodes 2`` and no agent: after the claim timeout, one line naming the node and how
     to start its agent; exit 1 (the run could not start), no traceback."""

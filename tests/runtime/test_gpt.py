@@ -82,6 +82,7 @@ def test_attention_is_causal():
     assert not torch.allclose(a[:, 40:], b[:, 40:])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_reference_run_learns_and_generalises():
     fresh = GPTTrainer(CFG)
@@ -117,6 +118,7 @@ def test_state_tensors_layout_is_the_same_before_and_after_training():
     assert s1[n].abs().max().item() > 0 and s0[n].abs().max().item() == 0
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_eval_loss_is_deterministic_changes_nothing_and_falls_with_training():
     tr = GPTTrainer(CFG, **CFG.trainer_args)

@@ -49,6 +49,7 @@ def test_fidelity_replication_r3_at_n600():
     assert _mean(res, "availability") == pytest.approx(0.7989, abs=0.02)
 
 
+@pytest.mark.slow
 def test_fidelity_spare_r8_at_n600():
     """Published: SPARe+CKPT (r = 8) TTT/T0 = 2.49 with 93.90% availability."""
     res = [simulate(PAPER, "spare", 8, seed=s) for s in range(5)]

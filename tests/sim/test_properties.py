@@ -40,6 +40,7 @@ def scenarios(draw, jitter: bool):
     return sc, strategy, r, draw(st.integers(1, 20)), draw(st.integers(0, 2 ** 16))
 
 
+@pytest.mark.slow
 @_settings
 @given(scenarios(jitter=False))
 def test_failures_never_beat_the_failure_free_run(case):
@@ -52,6 +53,7 @@ def test_failures_never_beat_the_failure_free_run(case):
     assert with_f.wall_clock_s >= free.wall_clock_s * (1 - 1e-12)
 
 
+@pytest.mark.slow
 @_settings
 @given(scenarios(jitter=True))
 def test_failures_never_beat_the_failure_free_run_with_jitter(case):

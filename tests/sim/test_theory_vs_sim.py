@@ -39,6 +39,7 @@ def _sim_ttt(sc: Scenario, r: int, seeds: int = 5) -> float:
 R_STAR = [(200, 8, 8), (600, 9, 9), (1000, 9, 8)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n,r_theory,r_sim", R_STAR)
 def test_closed_form_ttt_within_3_percent_of_the_simulation_at_r_star(n, r_theory, r_sim):
     sc = Scenario(groups=n)

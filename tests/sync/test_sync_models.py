@@ -63,6 +63,7 @@ def test_predictor_file_round_trip_and_refusals(tmp_path):
         load_selector(str(f))
 
 
+@pytest.mark.slow
 def test_ml_selector_agrees_with_the_heuristic_on_held_out_profiles():
     sel = train_selector(groups=6, n=250, seed=0, epochs=250)
     res = compare(sel, n=50, seed=1)
