@@ -71,3 +71,46 @@ def test_a_grad_norm_jump_is_an_implicit_fault_too():
     assert alert["signal"] == "grad_norm" and alert["step"] == 60 and alert["kind"] == "jump"
     (lad,) = [e for e in out if e["event"] == "ladder"]
     assert lad["rung"] == "retry" and "grad norm" in lad["for"]
+
+
+def test_a_node_above_its_peers_for_three_samples_is_one_alert_until_it_falls_back():
+    out: list[dict] = []
+    g = Guard(out.append)
+    quiet = {"event": "node_health", "cpus": 2, "load1": 1.0, "mem_avail_mb": 12000,
+             "mem_total_mb": 16000, "disk_free_mb": 5e4}
+
+    def second(t: float, busy: float) -> None:  # every node's sample of one second
+        for n in range(4):
+            g.on_node_health(dict(quiet, node=n, t=t + 0.01 * n, load1=busy if n == 2 else 1.0))
+
+    def peers_alerts() -> list[dict]:
+        return [e for e in out if e["event"] == "alert" and e["how"] == "node_peers"]
+
+    second(0.0, 1.0)
+    second(1.0, 3.6)  # 1.8 per CPU: under the fixed floor (2.0), three times the peers'
+    second(2.0, 3.6)
+    assert peers_alerts() == []                  # two samples above: not yet
+    second(3.0, 3.6)
+    [a] = peers_alerts()
+    assert a["node"] == 2 and a["signal"] == "load_per_cpu" and a["group"] is None
+    assert "node 2: load_per_cpu 1.80" in a["reason"] and "3 samples in a row" in a["reason"]
+    assert not any(e["event"] == "alert" and e["how"] == "node_health" for e in out)  # under the floor
+    second(4.0, 3.6)
+    assert len(peers_alerts()) == 1              # once while it lasts
+    second(5.0, 1.0)
+    for t in (6.0, 7.0, 8.0):
+        second(t, 3.6)
+    assert len(peers_alerts()) == 2              # fell back, then stood out again
+
+
+def test_a_node_that_stopped_reporting_is_no_peer():
+    out: list[dict] = []
+    g = Guard(out.append)
+    s = {"event": "node_health", "cpus": 2, "load1": 1.0, "mem_avail_mb": 12000,
+         "mem_total_mb": 16000}
+    for n in range(4):
+        g.on_node_health(dict(s, node=n, t=0.0))
+    for t in (10.0, 11.0, 12.0, 13.0):  # nodes 0 and 1 went silent at t=0: two peers left
+        g.on_node_health(dict(s, node=2, t=t, load1=6.0))
+        g.on_node_health(dict(s, node=3, t=t))
+    assert not any(e["event"] == "alert" and e["how"] == "node_peers" for e in out)

@@ -83,7 +83,7 @@ class LiveView:
             what = event.get("how", "?")
             g = event.get("group")
             detail = f" group {g}" if g is not None else (
-                f" node {event['node']}: {event.get('reason', '')}" if what == "node_health"
+                f" node {event['node']}: {event.get('reason', '')}" if what in ("node_health", "node_peers")
                 else f" xid {event['code']} ({event.get('action')})" if "code" in event else
                 f" {event.get('kind', '')} at step {event.get('step')}")
             return self._add(f"{'':9} ALERT {what}{detail}", "yellow")[0]

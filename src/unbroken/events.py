@@ -125,7 +125,8 @@ class Event(enum.StrEnum):
     NODE_HEALTH = "node_health"
     """node, mem_avail_mb, mem_total_mb, disk_free_mb, load1, cpus, workers, t: a node's
     machine sample, posted by its agent each second (``nodes.health``); problems become the
-    guard's ``alert`` (``core.nodes.health_problems``, log-only)."""
+    guard's ``alert`` (``core.nodes.health_problems``; ``core.nodes.peer_health`` against the
+    other nodes: ``how`` = ``node_peers``; log-only)."""
     NODE_XID = "node_xid"
     """node, uid, code, action, reason, pci, t: an XID line of a node's own kernel log (the
     agent's ``--xid-log``), read by the guard like the coordinator's ``--xid-log``."""

@@ -22,7 +22,9 @@ Detectors wired here:
   that stands out in 3 consecutive rounds is reported (an ``alert``, never an action);
 * **node health** — each node agent's machine sample (memory, disk, load: ``nodes.health``)
   judged by :func:`unbroken.core.nodes.health_problems`; a problem is an ``alert`` once while
-  it lasts (log-only);
+  it lasts (log-only); and against the other nodes' newest samples
+  (:func:`unbroken.core.nodes.peer_health`: load per CPU, share of memory in use), a node
+  above its peers in 3 consecutive samples is an ``alert`` (``node_peers``, log-only);
 * **XID** — new lines of a kernel-log file (``--xid-log``; dmesg saved to a file, so it can be
   tested here) mapped by the XID catalog to an action class
   (:class:`unbroken.detect.xid_source.XidSource`); a malformed line is journaled as a
@@ -59,7 +61,7 @@ from __future__ import annotations
 from typing import Callable
 
 from unbroken.core.actions import Action, PostCode, PostVerdict, Replace, actions_for
-from unbroken.core.nodes import health_problems
+from unbroken.core.nodes import PEER_ROUNDS, health_problems, peer_health
 from unbroken.core.anomaly import (
     FailSlowPolicy,
     NumericPolicy,
@@ -140,6 +142,8 @@ class Guard:
         self.health_round = 0.0
         self.health_told: set[int] = set()
         self.node_told: set[tuple[int, str]] = set()  # (node, signal) problems alerted
+        self.node_latest: dict[int, dict] = {}  # node -> newest machine sample
+        self.node_hits: dict[int, int] = {}     # node -> consecutive samples above its peers
         self.opened: dict[tuple[int, int], float] = {}    # incident (step, n) -> first seen
         self.policy = policy or LadderPolicy()
         self.losses: list[float] = []
@@ -547,11 +551,33 @@ class Guard:
                     self.emit({"event": Event.ALERT, "how": "node_health", "node": node,
                                "signal": sig, "group": None, "reason": why, "t": ev["t"]})
             self.node_told -= {(n, s) for n, s in self.node_told if n == node and s not in now}
+            self._node_peers(node, ev)
             for msg in ev.get("xid_problems", ()):
                 self.emit({"event": Event.DETECTOR_WARNING, "detector": "xid",
                            "message": f"node {node}: {msg}"[:300]})
         except Exception as exc:
             self._fail("node_health", exc)
+
+
+    def _node_peers(self, node: int, ev: dict) -> None:
+        """The node's sample against the other live nodes' newest (``core.nodes.peer_health``):
+        above them for ``PEER_ROUNDS`` samples in a row is one alert, until it falls back."""
+        self.node_latest[node] = ev
+        live = {n: s for n, s in self.node_latest.items()
+                if ev["t"] - s["t"] <= _NODE_SAMPLE_STALE_S}  # a lost node leaves the peers
+        above, why = peer_health(live)
+        if node not in above:
+            self.node_hits[node] = 0
+            return
+        self.node_hits[node] = self.node_hits.get(node, 0) + 1
+        if self.node_hits[node] == PEER_ROUNDS:
+            self.emit({"event": Event.ALERT, "how": "node_peers", "node": node,
+                       "signal": ",".join(sorted(above[node])), "group": None,
+                       "reason": f"{why}, {PEER_ROUNDS} samples in a row", "t": ev["t"]})
+
+
+#: a node sample older than this (five of its agent's 1 s samples) is not a peer any more
+_NODE_SAMPLE_STALE_S = 5.0
 
 
 def _incident_reason(ev: dict) -> str:

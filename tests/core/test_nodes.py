@@ -141,3 +141,31 @@ def test_watch_beat_resets_when_a_beat_returns_or_a_new_one_starts():
     for period, cut_after in ((0.0, 3.0), (0.5, 0.0), (0.5, -1.0)):
         with pytest.raises(ValueError, match="must be > 0"):
             watch_beat(s, calls=4, busy=True, period=period, cut_after=cut_after)
+
+
+_QUIET = {"load1": 1.0, "cpus": 2, "mem_avail_mb": 12000, "mem_total_mb": 16000}
+
+
+def test_a_node_above_its_peers_is_named_with_its_numbers_and_a_quieter_one_is_not():
+    from unbroken.core.nodes import peer_health
+
+    nodes = {n: dict(_QUIET, load1=1.0 + 0.05 * n) for n in range(5)}
+    assert peer_health(nodes)[0] == {}
+    nodes[3] = dict(_QUIET, load1=4.0)                       # 2.0 per CPU against ~0.55
+    nodes[1] = dict(_QUIET, load1=0.0)                       # idle: below, never a problem
+    above, why = peer_health(nodes)
+    assert list(above) == [3] and set(above[3]) == {"load_per_cpu"} and above[3]["load_per_cpu"] > 4
+    assert "node 3: load_per_cpu 2.00" in why and "other 4 nodes" in why
+
+
+def test_peer_health_needs_three_peers_and_a_gap_that_matters():
+    from unbroken.core.nodes import peer_health
+
+    three = {0: _QUIET, 1: _QUIET, 2: dict(_QUIET, mem_avail_mb=800)}
+    assert peer_health(three)[0] == {}                       # two peers: not enough to judge
+    four = {**three, 3: _QUIET}
+    assert set(peer_health(four)[0][2]) == {"mem_used_frac"}  # 95 % used against 25 %
+    # a large z on a small absolute gap (0.1 runnable per CPU more than idle peers) is noise
+    idle = {n: dict(_QUIET, load1=0.02) for n in range(4)}
+    idle[0] = dict(_QUIET, load1=0.2)
+    assert peer_health(idle)[0] == {}

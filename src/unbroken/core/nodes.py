@@ -16,7 +16,12 @@
   minutes, no error comes; the coordinator fenced the node long before);
 * what a node's own health sample says is wrong with the machine (memory or disk nearly
   gone, the CPUs oversubscribed): problems the guard reports (log-only: a full disk or a
-  busy neighbour is for an operator, not a reason to kill a job).
+  busy neighbour is for an operator, not a reason to kill a job);
+* which node stands out from its peers (``peer_health``): fixed floors miss a machine that
+  is merely worse than the others running the same job (a neighbour's batch job at load
+  1.5 per CPU where the peers sit at 0.5, memory filling on one node only), which is what
+  makes stragglers and OOM kills first; Backend.AI's report judges such signals against the
+  peers, robust z-score and band (``core.anomaly.peer_outliers``), over several samples.
 """
 
 from __future__ import annotations
@@ -24,12 +29,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Hashable, Iterable, Mapping
 
+from unbroken.core.anomaly import PeerPolicy, median, peer_outliers
 from unbroken.core.membership import Observation, silence_rule, silent_members
 from unbroken.core.placement import check_nodes, make_layout, node_placement, nodes_needed
 
 __all__ = ["place_groups", "on_live_nodes", "stale_nodes", "rejoining", "spare_node",
            "check_room", "gloo_interface", "HealthPolicy", "health_problems", "CUT_OFF_S",
-           "BeatWatch", "watch_beat"]
+           "BeatWatch", "watch_beat", "health_signals", "peer_health", "PEER_ROUNDS"]
 
 
 def place_groups(groups: int, redundancy: int, nodes: int) -> tuple[list[int], str | None]:
@@ -175,3 +181,52 @@ def health_problems(sample: Mapping[str, float], policy: HealthPolicy = HealthPo
         out.append(("load", f"load {load:.1f} on {cpus:.0f} CPUs (> {policy.max_load_per_cpu:g} "
                             f"per CPU: the training processes wait for a core)"))
     return out
+
+
+#: how far above the peers' median a signal must also be to matter (our choice: z alone flags
+#: 0.3 against an idle 0.05): half a runnable process per CPU more, a tenth more of memory
+PEER_MIN_GAP = {"load_per_cpu": 0.5, "mem_used_frac": 0.10}
+
+#: consecutive samples of a node (one a second) that must stand out before it is reported:
+#: one sample is a cron job, three a neighbour that stays
+PEER_ROUNDS = 3
+
+
+def health_signals(sample: Mapping[str, float]) -> dict[str, float]:
+    """The signals of a node sample that compare across peers: ``load_per_cpu`` and
+    ``mem_used_frac`` (shares, so machines of other sizes compare; free disk depends on the
+    filesystem's size and is judged by its floor alone)."""
+    out: dict[str, float] = {}
+    load, cpus = sample.get("load1"), sample.get("cpus")
+    if load is not None and cpus:
+        out["load_per_cpu"] = float(load) / float(cpus)
+    avail, total = sample.get("mem_avail_mb"), sample.get("mem_total_mb")
+    if avail is not None and total:
+        out["mem_used_frac"] = 1.0 - float(avail) / float(total)
+    return out
+
+
+def peer_health(latest: Mapping[Hashable, Mapping[str, float]],
+                policy: PeerPolicy = PeerPolicy(), min_gap: Mapping[str, float] = PEER_MIN_GAP
+                ) -> tuple[dict[Hashable, dict[str, float]], str]:
+    """Nodes whose sample stands *above* their peers' (``{node: {signal: z}}``: z > 0 and at
+    least ``min_gap`` over the peers' median; a quieter machine is no problem) and the
+    reason; ``latest``: each live node's newest sample. Needs ``policy.min_peers`` other
+    nodes reporting a signal to judge it."""
+    signals = {n: health_signals(s) for n, s in latest.items()}
+    flags, _ = peer_outliers(signals, policy)
+
+    def gap(n: Hashable, k: str) -> float:
+        peers = [sig[k] for m, sig in signals.items() if m != n and k in sig]
+        return signals[n][k] - median(peers)
+
+    above = {n: {k: z for k, z in zs.items() if z > 0 and gap(n, k) >= min_gap.get(k, 0.0)}
+             for n, zs in flags.items()}
+    above = {n: zs for n, zs in above.items() if zs}
+    if not above:
+        return {}, f"peers: no node above its {len(signals) - 1} peers"
+    detail = "; ".join(f"node {n}: " + ", ".join(
+        f"{k} {signals[n][k]:.2f} (z={z:+.1f})" for k, z in zs.items())
+        for n, zs in sorted(above.items(), key=lambda kv: repr(kv[0])))
+    return above, (f"peers: {detail} against the other {len(signals) - 1} nodes "
+                   f"(|z| > {policy.z:g}, outside their P{policy.band:g}-P{100 - policy.band:g})")
