@@ -17,7 +17,8 @@ under ``ksync`` a step's deferred shards are computed later, so its loss counts 
 at the commit that computes the last of them. A per-step loss is one global batch's and noisy,
 so TTA is judged on its running mean over the last ``SMOOTH`` = 10 data steps
 (``core.stragglers.running_mean``), and the target loss is where the straggler-free ``sync``
-run's smoothed curve ends (its last 10 data steps), plus 1e-9 relative (``mask`` sums the same
+run's smoothed curve is at data step ``--target-step`` (default ``--steps``: where it ends;
+the mean of that step's last 10 data steps), plus 1e-9 relative (``mask`` sums the same
 gradients in another order). (Before, the target was the lowest single data-step loss of that
 run: a lucky batch that a mode with another data order rarely met again.) ``sync``
 and ``mask`` compute the synchronous gradient, so they reach it at the same step and TTA
@@ -26,8 +27,9 @@ over every run that spent no step in ksync) -- ``ksync:3`` (and ``auto`` when it
 ksync) changes the data order (a deferred shard is used at a later step, on that step's
 parameters), so it reaches the target at its own step. Per run: ``tta_train_s`` (from step
 0's commit: start-up left out; the TTA compared), ``tta_s`` (from the run's start),
-``final_loss`` (the mean loss of the last 10 data steps: the fixed sample budget is ``steps x
-4 x shard``), ``final_eval_loss`` (the final parameters' loss on 64 fixed windows between the
+``final_loss`` (the mean loss of the 10 data steps before ``--target-step``: the fixed sample
+budget is ``target_step x 4 x shard``), ``final_eval_loss`` (the final parameters' loss on 64
+fixed windows between the
 training windows, ``GPTTrainer.eval_loss``: it does not depend on when each sample was
 trained on, so it is the fair one for modes that defer or delay samples: a deferred shard's
 training loss is taken on later, better-trained parameters), ``straggler_frequency``, ``sync_modes``, ``mode_switches``, and what ``auto``'s
@@ -59,7 +61,13 @@ curve (:func:`pooled_tta`) against the seeds' mean target, and its ratios: one s
 moves that seed's crossing a lot where the curve is flat (seed 0's ``sync`` ended 0.27 above
 seed 1's here), the mean curve less.
 
-Usage: ``.venv/bin/python bench/sync_modes.py [--steps 200] [--repeats 1]``.
+Why ``--target-step``: with the target where ``sync``'s curve *ends*, a mode that changes the
+data order (``ksync``, ``auto`` when it chooses it) reaches a flat curve's last value within the
+run by luck or not at all (a third of the ksync runs at 200 steps: "never"); STAR trains to the
+target, so ``--steps 240 --target-step 200`` gives every mode 40 steps of room past it. The
+held-out ``final_eval_loss`` is then of the parameters at ``--steps``, past the budget.
+
+Usage: ``.venv/bin/python bench/sync_modes.py [--steps 200] [--target-step S] [--repeats 1]``.
 """
 
 from __future__ import annotations
@@ -151,7 +159,7 @@ def smoothed(raw: dict) -> list[tuple[float, float]]:
     return running_mean(list(pts.values()), SMOOTH)
 
 
-def summarise(raw: dict, target: float) -> dict:
+def summarise(raw: dict, target: float, budget: int) -> dict:
     from unbroken.core.stragglers import time_to_target
     from unbroken.demo_report import straggler_report
 
@@ -163,7 +171,7 @@ def summarise(raw: dict, target: float) -> dict:
     ls = losses(raw)
     return {"tta_train_s": time_to_target(curve, target, t_step0),
             "tta_s": time_to_target(curve, target, t0), "wall_s": r["wall_s"],
-            "final_loss": statistics.fmean(ls[-10:]),
+            "final_loss": statistics.fmean(ls[budget - 10:budget]),
             "final_eval_loss": raw.get("eval_loss"),
             "straggler_frequency": sr["straggler_frequency"],
             "predicted_ratio": predicted_ratio(events),
@@ -194,6 +202,10 @@ def _med(xs: list) -> float | None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--target-step", type=int, default=None,
+                    help="the data step whose straggler-free sync loss is the target and the "
+                         "sample budget of final_loss (default: --steps); runs of --steps > "
+                         "it leave room to reach the target after a change of data order")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--hogs", type=int, default=5)
@@ -203,6 +215,9 @@ def main() -> None:
                     help="modes separated by ',' (a subset for a quick look; sync and auto "
                          "are needed for the bars)")
     a = ap.parse_args()
+    budget = a.target_step or a.steps
+    if not 10 <= budget <= a.steps:
+        sys.exit(f"sync_modes: --target-step {a.target_step}: choose 10..{a.steps}")
     traces = a.traces.split(";")
     modes = tuple(a.modes.split(","))
     bad = [m for m in modes if m not in MODES]
@@ -227,12 +242,13 @@ def main() -> None:
                 raws[t][m].append(run(t, m, a.steps, a.seed + i, a.hogs))
     refs = [losses(r) for r in raws["none"]["sync"]]
     # per seed: the smoothed loss its straggler-free sync run ends at (last SMOOTH data steps)
-    targets = [smoothed(r)[-1][1] * (1 + 1e-9) for r in raws["none"]["sync"]]
+    targets = [smoothed(r)[budget - 1][1] * (1 + 1e-9) for r in raws["none"]["sync"]]
     pooled_target = statistics.fmean(targets)
     same = all(max(abs(x - y) for x, y in zip(losses(r), refs[i])) < 1e-6
                for ms in raws.values() for m, rs in ms.items() for i, r in enumerate(rs)
                if len(losses(r)) == len(refs[i]) and not _used_ksync(r))
-    runs = {t: {m: [summarise(r, targets[i]) for i, r in enumerate(rs)] for m, rs in ms.items()}
+    runs = {t: {m: [summarise(r, targets[i], budget) for i, r in enumerate(rs)]
+                for m, rs in ms.items()}
             for t, ms in raws.items()}
 
     def ratio(t: str, m1: str, m2: str, key: str = "tta_train_s") -> float | None:
@@ -315,7 +331,7 @@ def main() -> None:
     out = {"bench": "sync_modes", "machine": {"cpus": os.cpu_count(),
                                               "python": platform.python_version(),
                                               "loadavg_at_end": os.getloadavg()},
-           "steps": a.steps, "repeats": a.repeats, "seed": a.seed, "modes": list(modes),
+           "steps": a.steps, "target_step": budget, "repeats": a.repeats, "seed": a.seed, "modes": list(modes),
            "where_async_loses": {
                t: {"async_over_sync": s["async_over_sync"], "reached": s["async"]["reached"],
                    "final_eval_loss_over_sync": s["final_eval_loss_async_over_sync"],
