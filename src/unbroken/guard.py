@@ -558,7 +558,6 @@ class Guard:
         except Exception as exc:
             self._fail("node_health", exc)
 
-
     def _node_peers(self, node: int, ev: dict) -> None:
         """The node's sample against the other live nodes' newest (``core.nodes.peer_health``):
         above them for ``PEER_ROUNDS`` samples in a row is one alert, until it falls back."""

@@ -169,3 +169,13 @@ def test_peer_health_needs_three_peers_and_a_gap_that_matters():
     idle = {n: dict(_QUIET, load1=0.02) for n in range(4)}
     idle[0] = dict(_QUIET, load1=0.2)
     assert peer_health(idle)[0] == {}
+
+
+def test_a_sample_with_a_broken_value_leaves_that_signal_out():
+    from unbroken.core.nodes import health_signals, peer_health
+
+    assert health_signals({"load1": float("nan"), "cpus": 2, "mem_avail_mb": "?",
+                           "mem_total_mb": 100}) == {}
+    nodes = {n: dict(_QUIET) for n in range(4)}
+    nodes[1] = dict(_QUIET, load1=float("inf"))
+    assert peer_health(nodes)[0] == {}  # judged without node 1's load, no exception

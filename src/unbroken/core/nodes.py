@@ -26,6 +26,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Hashable, Iterable, Mapping
 
@@ -195,14 +196,20 @@ PEER_ROUNDS = 3
 def health_signals(sample: Mapping[str, float]) -> dict[str, float]:
     """The signals of a node sample that compare across peers: ``load_per_cpu`` and
     ``mem_used_frac`` (shares, so machines of other sizes compare; free disk depends on the
-    filesystem's size and is judged by its floor alone)."""
+    filesystem's size and is judged by its floor alone). A value that is not a finite
+    number leaves its signal out, as a probe that failed does."""
+    def num(k: str) -> float | None:
+        v = sample.get(k)
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        return float(v) if ok else None
+
     out: dict[str, float] = {}
-    load, cpus = sample.get("load1"), sample.get("cpus")
+    load, cpus = num("load1"), num("cpus")
     if load is not None and cpus:
-        out["load_per_cpu"] = float(load) / float(cpus)
-    avail, total = sample.get("mem_avail_mb"), sample.get("mem_total_mb")
+        out["load_per_cpu"] = load / cpus
+    avail, total = num("mem_avail_mb"), num("mem_total_mb")
     if avail is not None and total:
-        out["mem_used_frac"] = 1.0 - float(avail) / float(total)
+        out["mem_used_frac"] = 1.0 - avail / total
     return out
 
 
