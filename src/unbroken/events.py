@@ -143,7 +143,7 @@ class Event(enum.StrEnum):
     """n, version, model: a code record posted (the supervisor)."""
     VERDICT_POSTED = "verdict_posted"
     """key, action, ...: a verdict posted (the supervisor)."""
-    # -- the guard (guard.py) ------------------------------------------------------------------
+    # -- the guard (unbroken.guard) -------------------------------------------------------------
     LADDER = "ladder"
     """for, fault, mode, rung, groups, exit_code, reason: a ladder decision; ``fault`` is the
     ladder input's ``core.ladder.FaultKind`` value ("update" for a queued or forced update).

@@ -1,59 +1,11 @@
-"""The guard on the coordinator: detectors in, ladder decisions journaled (log-only by default).
+"""The guard itself: every detector's findings in, the one ladder's decisions out.
 
-Why log-only by default: anything that can kill or evict part of a job must first prove itself
-on real runs (the nvidia-resiliency-ext rule). So the guard runs every detector the coordinator
-can feed and asks the one policy core (:func:`unbroken.core.ladder.decide`) what it would do;
-it journals the detection (``alert``: a detection nobody acted on, unlike the runtime's
-``detected``) and the decision (``ladder``, ``"mode": "log-only"``) but executes nothing.
-Process deaths and hangs are masked by the train runtime in-band; the supervisor asks this same
-ladder what to do about them (see below).
-
-Detectors wired here:
-
-* **fail-slow** — every group journals its own compute time per step (commit times cannot show
-  a straggler: a synchronous step waits for the slowest); rounds of 1 s, a group slower than
-  1.5x its peers' median in 5 consecutive rounds is flagged (:func:`unbroken.core.anomaly.
-  failslow`, ByteRobust's 5 rounds of 10 s scaled to the demo);
-* **numeric** — a NaN/Inf or a more than 5x jump of the committed loss
-  (:func:`unbroken.core.anomaly.numeric_event`): an implicit-failure fault;
-* **health** — every group's agent (:mod:`unbroken.detect.health`) journals its CPU use, memory
-  and threads once a second; each second the latest samples of the live groups are compared
-  peer-relatively (:func:`unbroken.core.anomaly.peer_outliers`, backendai.md §2), and a group
-  that stands out in 3 consecutive rounds is reported (an ``alert``, never an action);
-* **node health** — each node agent's machine sample (memory, disk, load: ``nodes.health``)
-  judged by :func:`unbroken.core.nodes.health_problems`; a problem is an ``alert`` once while
-  it lasts (log-only); and against the other nodes' newest samples
-  (:func:`unbroken.core.nodes.peer_health`: load per CPU, share of memory in use), a node
-  above its peers in 3 consecutive samples is an ``alert`` (``node_peers``, log-only);
-* **XID** — new lines of a kernel-log file (``--xid-log``; dmesg saved to a file, so it can be
-  tested here) mapped by the XID catalog to an action class
-  (:class:`unbroken.detect.xid_source.XidSource`); a malformed line is journaled as a
-  ``detector_warning`` and never stops anything. On many machines each node agent reads its
-  own kernel log (``unbroken agent --xid-log``) and forwards the hits, pids already mapped to
-  its workers (``on_node_xid``): the same answer.
-
-A detector that fails is reported once and switched off; it never raises into the run.
-
-``act=True`` (``--guard act``) carries the decisions out. The guard does not touch processes
-or the store itself: it appends typed actions (:mod:`unbroken.core.actions`, one pure mapping
-from a rung to what it means for the processes) to ``self.orders`` and the supervisor carries
-them out in order — ``Evict`` (SIGKILL, death notice), ``Replace`` (a warm spare takes the
-slot), ``Respawn`` (a fresh process in the same slot: retry in place), ``Quarantine``,
-``RestartJob`` (from the checkpoint, after a requeue's backoff), ``StopJob`` (the ladder gave
-up: exit 6), ``PostCode`` (code record ``code/<n>``: every member hot-swaps at one step
-boundary) and ``PostVerdict`` (the answer to a runtime incident, ``StackedRunner._incident``:
-``retry``, ``replay``, ``restore`` or ``stop``).
-
-Deaths and hangs (``on_member_lost``) and wipe-outs (``on_wipeout``) ask the same ladder, and
-their answers are carried out in log-only mode too: masking and replacing a dead group is the
-runtime's baseline, not a guard action that could kill a healthy job.
-
-Runtime incidents, read from the groups' journals, map onto ladder faults: a step error ->
-``CODE``, a non-finite sum -> ``IMPLICIT``, a bitwise mismatch of redundant hosts -> ``SDC``;
-the replay's majority names the corrupt machine -> ``CORRUPT`` (evicted at once, then every
-member restores the last checkpoint whose SDC check passed). Each answer is journaled as
-``ladder`` (the decision and its reason) and, once carried out, ``resolved`` (what the report's
-ETTR accounting charges the fault's time to).
+What each detector watches and why is in its own module (:mod:`unbroken.guard.failslow`,
+:mod:`~unbroken.guard.numeric`, :mod:`~unbroken.guard.health`, :mod:`~unbroken.guard.nodes`;
+XID lines come from :class:`unbroken.detect.xid_source.XidSource`); the package docstring says
+how they fit. This class owns what they share: the ladder's state and its answers, the
+incidents the runtime waits on, the orders for the supervisor, and the rule that a detector
+that fails is reported once and switched off, never raising into the run.
 """
 
 from __future__ import annotations
@@ -61,17 +13,6 @@ from __future__ import annotations
 from typing import Callable
 
 from unbroken.core.actions import Action, PostCode, PostVerdict, Replace, actions_for
-from unbroken.core.nodes import PEER_ROUNDS, health_problems, peer_health
-from unbroken.core.anomaly import (
-    FailSlowPolicy,
-    NumericPolicy,
-    PeerPolicy,
-    bucket_rounds,
-    failslow,
-    numeric_event,
-    peer_outliers,
-    persisting,
-)
 from unbroken.core.ladder import (
     Committed,
     Decision,
@@ -91,6 +32,10 @@ from unbroken.core.ladder import (
 )
 from unbroken.core.replay import majority_culprits, restore_target, verified_checkpoint
 from unbroken.events import Event
+from unbroken.guard.failslow import FailSlowRounds
+from unbroken.guard.health import GroupHealth
+from unbroken.guard.nodes import NodeWatch
+from unbroken.guard.numeric import NumericWatch
 from unbroken.protocol import verdict_key
 
 __all__ = ["Guard"]
@@ -103,12 +48,6 @@ def _now() -> float:
 
 _XID_ACTION = {"restart_app": "restart-app", "reset_gpu": "reset-gpu",
                "reboot_node": "reboot", "investigate": "investigate", "ignore": None}
-
-
-# gradient norms swing by 10-30x in the first tens of steps of a healthy run (the demo's GPT
-# under AdamW: 61 at step 10, 6x its recent median at step 33), so their jump check waits for
-# 50 committed steps and compares with the median of the last 50 (our choice)
-_NUMERIC = {"loss": NumericPolicy(), "grad_norm": NumericPolicy(window=50, min_history=50)}
 
 _INCIDENT_KIND = {"code": FaultKind.CODE, "implicit": FaultKind.IMPLICIT,
                   "sdc": FaultKind.SDC}
@@ -137,24 +76,15 @@ class Guard:
         self.verified = 0                 # newest checkpoint step whose SDC check passed
         self.ckpt_every = ckpt_every
         self.answered: set[tuple[str, int, int]] = set()  # (what, step, n) already answered
-        self.health: dict[int, dict] = {}     # uid -> latest health sample
-        self.health_hits: dict[int, int] = {}  # uid -> consecutive outlier rounds
-        self.health_round = 0.0
-        self.health_told: set[int] = set()
-        self.node_told: set[tuple[int, str]] = set()  # (node, signal) problems alerted
-        self.node_latest: dict[int, dict] = {}  # node -> newest machine sample
-        self.node_hits: dict[int, int] = {}     # node -> consecutive samples above its peers
         self.opened: dict[tuple[int, int], float] = {}    # incident (step, n) -> first seen
         self.policy = policy or LadderPolicy()
-        self.losses: list[float] = []
-        self.gnorms: list[float] = []
-        self.seen: set[int] = set()
-        self.slow_policy = FailSlowPolicy.demo()
-        self.samples: list[tuple[float, int, float]] = []  # (t, group uid, compute_s)
-        self.slow_start: float | None = None
-        self.slow_closed = 0  # closed fail-slow rounds already judged
+        self.seen: set[int] = set()  # steps whose first commit was read
+        # the detectors (one module each): their windows and what they reported already
+        self.slow = FailSlowRounds()
+        self.numeric = NumericWatch()
+        self.health = GroupHealth()
+        self.nodes = NodeWatch()
         self._held_for: float | None = None  # the open replay a held verdict was reported for
-        self.flagged: set[int] = set()
         self.xid = None
         self.broken: set[str] = set()
         if xid_log is not None:
@@ -357,14 +287,11 @@ class Guard:
             self.verified = max(self.verified, target)
 
     def _failslow(self, now: float) -> None:
-        if "fail-slow" in self.broken or self.slow_start is None:
+        if "fail-slow" in self.broken:
             return
-        if now - self.slow_start < self.slow_policy.round_s * self.slow_policy.rounds:
+        n_closed = self.slow.closing(now)
+        if n_closed is None:
             return
-        n_closed = int((now - self.slow_start) // self.slow_policy.round_s)
-        if n_closed <= self.slow_closed:
-            return  # the verdict changes only when a round closes (the supervisor's loop
-            #         ticks 20 times a second: re-bucketing every sample each tick was its CPU)
         hold, why = held(self.state, self.policy, now)
         if hold:
             # seen in the soak: group 0 evicted mid-replay, "1/1 agree -> no culprit", the
@@ -374,20 +301,9 @@ class Guard:
                 self.emit({"event": Event.DETECTOR_WARNING, "detector": "fail-slow",
                            "message": f"verdict waits: {why}", "t": now})
             return
-        self.slow_closed = n_closed
-        # a verdict needs the last K rounds (twice that, so a streak's length still reads
-        # right): older samples go, or every round re-buckets the whole run (O(steps^2))
-        p = self.slow_policy
-        keep = self.slow_start + max(0, n_closed - 2 * p.rounds) * p.round_s
-        if self.samples and self.samples[0][0] < keep:
-            self.samples = [x for x in self.samples if x[0] >= keep]
         try:
-            rounds = bucket_rounds(self.samples, self.slow_start, self.slow_policy)
-            # only closed rounds: the current one is still filling
-            closed = rounds[:n_closed]
-            flagged, reason = failslow(closed, self.slow_policy)
-            for g in sorted(set(flagged) - self.flagged):
-                self.flagged.add(g)
+            new, reason = self.slow.judge(n_closed)
+            for g in new:
                 self.emit({"event": Event.ALERT, "how": "fail-slow", "group": g,
                            "reason": reason, "t": now})
                 self._ladder(Fault(FaultKind.FAIL_SLOW, groups=(int(g),),
@@ -418,13 +334,10 @@ class Guard:
 
     def on_commit(self, ev: dict, uid: int | None = None) -> None:
         """Every group's commit feeds fail-slow (its compute time); the first commit of each
-        step feeds the numeric detector (the step's loss)."""
+        step feeds the numeric detector (the step's loss and gradient norm)."""
         if uid is not None and "fail-slow" not in self.broken and "compute_s" in ev:
             try:
-                t = float(ev["t"])
-                if self.slow_start is None:
-                    self.slow_start = t
-                self.samples.append((t, uid, float(ev["compute_s"])))
+                self.slow.add(float(ev["t"]), uid, float(ev["compute_s"]))
             except Exception as exc:
                 self._fail("fail-slow", exc)
         if "numeric" in self.broken or ev.get("step") in self.seen:
@@ -434,56 +347,27 @@ class Guard:
             self.state = advance(self.state, Committed(1), self.policy)
         try:
             self.seen.add(ev["step"])
-            # the committed loss and gradient norm: a NaN or a > 5x jump is an implicit
-            # failure (journaled with the ladder's answer; the step is committed already, the
-            # runtime's in-band check is what stops a NaN before it is)
-            for signal, history in (("loss", self.losses), ("grad_norm", self.gnorms)):
-                if signal not in ev:
-                    continue
-                value = float(ev[signal])
-                # the window's tail only (a few non-finite entries may sit in it): the whole
-                # history made this O(steps) per commit, O(steps^2) over a run
-                found, reason = numeric_event(history[-4 * _NUMERIC[signal].window:], value,
-                                              _NUMERIC[signal])
-                history.append(value)
-                if found is None:
-                    continue
+            for f in self.numeric.observe(ev):
                 t = float(ev["t"])
                 self.emit({"event": Event.ALERT, "how": "numeric", "group": None,
-                           "step": ev["step"], "kind": found.kind, "signal": signal,
-                           "value": value, "reason": f"{signal}: {reason}", "t": t})
-                what = f"numeric {found.kind}" + (" of grad norm" if signal != "loss" else "")
+                           "step": ev["step"], "kind": f.kind, "signal": f.signal,
+                           "value": f.value, "reason": f"{f.signal}: {f.reason}", "t": t})
+                what = f"numeric {f.kind}" + (" of grad norm" if f.signal != "loss" else "")
                 self._ladder(Fault(FaultKind.IMPLICIT), t, what)
         except Exception as exc:  # a broken detector must not disturb training
             self._fail("numeric", exc)
 
-    #: health signals compared across peers, and the rounds an outlier must persist (thread
-    #: counts are reported, not compared: rank 0's checkpoint writer is one more, by design)
-    HEALTH_SIGNALS = ("cpu_util", "rss_mb")
-    HEALTH_ROUNDS = 3
-
     def on_health(self, ev: dict, uid: int) -> None:
         if "health" not in self.broken:
-            self.health[uid] = ev
+            self.health.add(uid, ev)
 
     def _health(self, now: float, live: set[int] | None) -> None:
-        if "health" in self.broken or now - self.health_round < 1.0:
+        if "health" in self.broken:
             return
-        self.health_round = now
         try:
-            fresh = {u: {k: float(e[k]) for k in self.HEALTH_SIGNALS if k in e}
-                     for u, e in self.health.items()
-                     if now - float(e.get("t", 0)) < 2.5 and (live is None or u in live)}
-            flags, reason = peer_outliers({u: sig for u, sig in fresh.items() if sig},
-                                          PeerPolicy())
-            self.health_hits, due = persisting(self.health_hits, flags, self.HEALTH_ROUNDS)
-            for u in due:
-                if u not in self.health_told:
-                    self.health_told.add(u)
-                    self.emit({"event": Event.ALERT, "how": "health", "group": u,
-                               "signals": {k: round(z, 2) for k, z in flags[u].items()},
-                               "reason": f"{reason} ({self.HEALTH_ROUNDS} rounds in a row)",
-                               "t": now})
+            for u, signals, reason in self.health.judge(now, live):
+                self.emit({"event": Event.ALERT, "how": "health", "group": u,
+                           "signals": signals, "reason": reason, "t": now})
         except Exception as exc:
             self._fail("health", exc)
 
@@ -538,45 +422,17 @@ class Guard:
             self._fail("xid", exc)
 
     def on_node_health(self, ev: dict) -> None:
-        """A node's machine sample: each problem (``core.nodes.health_problems``) is an alert
-        once while it lasts (log-only: for an operator, not a reason to kill a job)."""
+        """A node's machine sample (:mod:`unbroken.guard.nodes`): its alerts, log-only."""
         if "node_health" in self.broken:
             return
         try:
-            node = ev["node"]
-            now = {sig: why for sig, why in health_problems(ev)}
-            for sig, why in now.items():
-                if (node, sig) not in self.node_told:
-                    self.node_told.add((node, sig))
-                    self.emit({"event": Event.ALERT, "how": "node_health", "node": node,
-                               "signal": sig, "group": None, "reason": why, "t": ev["t"]})
-            self.node_told -= {(n, s) for n, s in self.node_told if n == node and s not in now}
-            self._node_peers(node, ev)
+            for alert in self.nodes.observe(ev):
+                self.emit(alert)
             for msg in ev.get("xid_problems", ()):
                 self.emit({"event": Event.DETECTOR_WARNING, "detector": "xid",
-                           "message": f"node {node}: {msg}"[:300]})
+                           "message": f"node {ev['node']}: {msg}"[:300]})
         except Exception as exc:
             self._fail("node_health", exc)
-
-    def _node_peers(self, node: int, ev: dict) -> None:
-        """The node's sample against the other live nodes' newest (``core.nodes.peer_health``):
-        above them for ``PEER_ROUNDS`` samples in a row is one alert, until it falls back."""
-        self.node_latest[node] = ev
-        live = {n: s for n, s in self.node_latest.items()
-                if ev["t"] - s["t"] <= _NODE_SAMPLE_STALE_S}  # a lost node leaves the peers
-        above, why = peer_health(live)
-        if node not in above:
-            self.node_hits[node] = 0
-            return
-        self.node_hits[node] = self.node_hits.get(node, 0) + 1
-        if self.node_hits[node] == PEER_ROUNDS:
-            self.emit({"event": Event.ALERT, "how": "node_peers", "node": node,
-                       "signal": ",".join(sorted(above[node])), "group": None,
-                       "reason": f"{why}, {PEER_ROUNDS} samples in a row", "t": ev["t"]})
-
-
-#: a node sample older than this (five of its agent's 1 s samples) is not a peer any more
-_NODE_SAMPLE_STALE_S = 5.0
 
 
 def _incident_reason(ev: dict) -> str:
