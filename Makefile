@@ -52,7 +52,7 @@ bench: $(STAMP) learn-tools
 	$(VENV)/bin/python bench/chaos.py
 	$(VENV)/bin/python bench/chaos.py --seeds 1 --groups 16 --steps 300 --chaos-faults 50 --out docs/bench/soak.json
 	$(VENV)/bin/python bench/stragglers.py
-	$(VENV)/bin/python bench/sync_modes.py
+	$(VENV)/bin/python bench/sync_modes.py --steps 240 --target-step 200 --repeats 3 --modes sync,mask,ksync:3,auto,auto-ml
 	$(VENV)/bin/python bench/node_loss.py
 	$(VENV)/bin/python bench/learn.py
 	$(VENV)/bin/pip install -q -c requirements.lock -e '.[baselines]'
