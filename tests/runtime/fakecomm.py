@@ -31,8 +31,15 @@ Test hooks (in the fake, never in the runner)
 * ``drop_at_call=K``: the K-th all-reduce completes but this member is told it failed (a local
   error after the peers finished): the runner must roll it forward after the re-form.
 
-Not modelled: admission of spares (``reform(expect=...)`` / ``join``), heartbeats and
-staleness (a death is known at once, as after a launcher's ``declare_dead``), ``on_issue``.
+* Admission of spares: ``FakeGroup(uids, spares=[...])`` gives spare uids a store client;
+  ``reform(expect=joiners, planned=True)`` forms the next generation from the live old members
+  and every joiner any member expects (the union, as FTComm's leader waits for) once all of
+  them arrived, a joiner arriving through ``join(gen)``; ``planned`` leaves the old generation
+  unaborted. The fake has no ``send``, so the runner copies the state to a joiner through an
+  all-reduce only the source contributes to (its fallback for such a communicator).
+
+Not modelled: heartbeats and staleness (a death is known at once, as after a launcher's
+``declare_dead``), ``on_issue``, point-to-point ``send``.
 """
 
 from __future__ import annotations
@@ -93,8 +100,8 @@ class StorePool:
 class FakeGroup:
     """The shared state of N fake communicators (one per member thread)."""
 
-    def __init__(self, uids: list[int], *, stores: StorePool | None = None,
-                 wait_s: float = 20.0) -> None:
+    def __init__(self, uids: list[int], *, spares: list[int] | tuple[int, ...] = (),
+                 stores: StorePool | None = None, wait_s: float = 20.0) -> None:
         self.cond = threading.Condition()
         self.wait_s = wait_s
         self.gen_members: dict[int, list[int]] = {0: sorted(uids)}
@@ -102,9 +109,11 @@ class FakeGroup:
         self.dead: set[int] = set()
         self.rounds: dict[tuple[int, int], _Round] = {}
         self.rdzv: dict[int, set[int]] = {}
+        self.expect: dict[int, set[int]] = {}  # gen -> joiners any member expects in it
         self.cut: dict[tuple[int, int], int] = {}  # (gen, seq) -> the uid cut off in it
-        self.store, clients = (stores or StorePool(wait_s)).job(len(uids))
-        self._client = dict(zip(sorted(uids), clients))
+        everyone = sorted(uids) + sorted(spares)
+        self.store, clients = (stores or StorePool(wait_s)).job(len(everyone))
+        self._client = dict(zip(everyone, clients))
 
     def comm(self, uid: int, **hooks: Any) -> FakeComm:
         return FakeComm(self, uid, **hooks)
@@ -217,34 +226,45 @@ class FakeComm:
 
     def reform(self, expect: list[int] | tuple[int, ...] = (), *,
                planned: bool = False) -> list[int]:
-        if expect:
-            raise NotImplementedError("the fake comm does not model admissions")
         g = self.group
         old, gen = self._gen, self._gen + 1
         with g.cond:
-            g._abort(old)
+            if not planned:
+                g._abort(old)
             g.rdzv.setdefault(gen, set()).add(self.uid)
+            g.expect.setdefault(gen, set()).update(expect)
             g.cond.notify_all()
 
             def complete() -> bool:
                 if gen in g.gen_members:
                     return True
-                want = {u for u in self._members if u not in g.dead}
+                want = {u for u in set(self._members) | g.expect[gen] if u not in g.dead}
                 if want <= g.rdzv[gen]:
                     g.gen_members[gen] = sorted(want)
+                    g.cond.notify_all()
                     return True
                 return False
 
             g._wait(complete, f"rendezvous of gen {gen} on uid {self.uid}")
-            new = list(g.gen_members[gen])
+        return self._enter(gen)
+
+    def join(self, gen: int) -> list[int]:
+        """A spare enters generation ``gen`` (the one the members re-form with it)."""
+        g = self.group
+        with g.cond:
+            g.rdzv.setdefault(gen, set()).add(self.uid)
+            g.cond.notify_all()
+            g._wait(lambda: gen in g.gen_members, f"admission to gen {gen} of uid {self.uid}")
+        return self._enter(gen)
+
+    def _enter(self, gen: int) -> list[int]:
+        with self.group.cond:
+            new = list(self.group.gen_members[gen])
         if self.uid not in new:
             raise RuntimeError(f"uid {self.uid} left out of gen {gen}")
         self._gen, self._seq, self._members = gen, 0, new
         self.journal.append({"event": "reform", "gen": gen, "members": new})
         return list(new)
-
-    def join(self, gen: int) -> list[int]:
-        raise NotImplementedError("the fake comm does not model admissions")
 
     def close(self) -> None:
         pass

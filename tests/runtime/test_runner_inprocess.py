@@ -10,6 +10,7 @@ fake at a given all-reduce, never a signal, and nothing waits on a clock. Not ``
 from __future__ import annotations
 
 import threading
+from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any, Callable
 
@@ -20,7 +21,7 @@ torch = pytest.importorskip("torch")
 from fakecomm import FakeGroup, MemberDied, StorePool  # noqa: E402
 
 from unbroken.core.shards import exactly_once  # noqa: E402
-from unbroken.protocol import STOP_KEY  # noqa: E402
+from unbroken.protocol import STOP_KEY, join_key  # noqa: E402
 from unbroken.runtime.config import TrainConfig  # noqa: E402
 from unbroken.core.ledger import DivergenceError, check_ledger, ledger_records  # noqa: E402
 from unbroken.runtime.stacked import StackedRunner, StopRequested  # noqa: E402
@@ -52,10 +53,16 @@ class Job:
                  on_event: Callable[[int, dict, Any], None] | None = None,
                  prepare: Callable[[int, StackedRunner], None] | None = None,
                  faults: dict[int, Faults] | None = None,
-                 runner: Callable[..., StackedRunner] = StackedRunner) -> None:
+                 runner: Callable[..., StackedRunner] = StackedRunner,
+                 spares: dict[int, tuple[int, Callable[[], None]]] | None = None,
+                 step_hooks: dict[int, StepHooks] | None = None) -> None:
+        """``spares``: uid -> (the slot it takes, what its thread waits for before it asks
+        to join); ``step_hooks``: a member's StepHooks (faults' hooks otherwise)."""
         self.cfg = cfg
-        self.uids = list(range(cfg.groups))
-        self.group = FakeGroup(self.uids, stores=stores)
+        self.spares = dict(spares or {})
+        self.uids = list(range(cfg.groups)) + sorted(self.spares)
+        self.group = FakeGroup(self.uids[:cfg.groups], spares=sorted(self.spares),
+                               stores=stores)
         self.comms = {u: self.group.comm(u, **(hooks or {}).get(u, {})) for u in self.uids}
         self.journals: dict[int, list[dict]] = {u: [] for u in self.uids}
         self.result: dict[int, torch.Tensor] = {}
@@ -68,12 +75,17 @@ class Job:
                     on_event(u, ev, self.comms[u])
             f = (faults or {}).get(u)  # a member's injected faults wrap its comm and trainer
             self.runners[u] = runner(cfg, u, f.comm(self.comms[u]) if f else self.comms[u],
-                                     journal, hooks=f.hooks if f else None)
+                                     journal, hooks=(step_hooks or {}).get(u) or (
+                                         f.hooks if f else None))
             if prepare is not None:
                 prepare(u, self.runners[u])
 
     def _main(self, u: int) -> None:
         try:
+            if u in self.spares:
+                slot, ready = self.spares[u]
+                ready()
+                self.runners[u].join(slot, timeout=self.group.wait_s)
             self.result[u] = self.runners[u].run()
         except BaseException as exc:  # noqa: BLE001 - MemberDied included: the thread's end
             self.error[u] = exc
@@ -147,6 +159,40 @@ def test_one_group_dies_at_step_4_is_masked(reference, stores, after_send):
         assert commits[k]["gen"] == 1 and commits[k]["members"] == survivors
         assert commits[k]["plan"] == {"0": 0, "1": 0, "2": 2, "3": 3}
         assert commits[CFG.steps - 1]["mine"] == ([0, 1] if u == 0 else [u])
+    job.ledger_ok()
+
+
+class _AwaitJoin(StepHooks):
+    """A survivor's re-plan waits until the spare's join record is in the store, so the
+    admission falls at a boundary with steps left instead of racing the run's end."""
+
+    def after_replan(self, runner: StackedRunner, plan: Any) -> None:
+        runner.comm.store.wait([join_key(1)], timedelta(seconds=20))
+
+
+@pytest.mark.timeout(60)
+def test_a_spare_takes_the_dead_groups_slot_and_every_member_ends_on_the_reference(
+        reference, stores):
+    victim, at, spare, survivors = 1, 3, 4, [0, 2, 3]
+    replanned = threading.Event()
+
+    def on_event(u: int, ev: dict, _comm: Any) -> None:
+        if ev["event"] == "replan":
+            replanned.set()
+
+    job = Job(CFG, stores, hooks={victim: {"die_at_call": at}}, on_event=on_event,
+              spares={spare: (victim, lambda: replanned.wait(20))},
+              step_hooks={u: _AwaitJoin() for u in survivors}).run()
+    assert set(job.error) == {victim}
+    (joined,) = job.events(spare, "joined")
+    k = joined["step"]
+    assert joined["slot"] == victim and at < k < CFG.steps
+    for u in survivors + [spare]:
+        assert max_diff(job.result[u], reference) < 1e-9, u
+    # from its admission on the spare commits every step, holding slot 1's types
+    assert sorted(job.commits(spare)) == list(range(k, CFG.steps))
+    last = job.commits(0)[CFG.steps - 1]
+    assert sorted(last["members"]) == [0, 2, 3, spare] and last["mine"] == [0]
     job.ledger_ok()
 
 
