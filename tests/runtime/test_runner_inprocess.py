@@ -197,6 +197,35 @@ def test_a_spare_takes_the_dead_groups_slot_and_every_member_ends_on_the_referen
 
 
 @pytest.mark.timeout(60)
+def test_a_wipe_out_admits_both_replacements_and_resumes_its_step_from_memory(reference,
+                                                                             stores):
+    # stacks are (w, w+1): groups 1 and 2 are type 2's only hosts, so losing both at the
+    # same all-reduce leaves no plan; the survivors wait for replacements of slots 1 and 2
+    at, spares, survivors = 3, {4: 1, 5: 2}, [0, 3]
+    wiped = threading.Event()
+
+    def on_event(u: int, ev: dict, _comm: Any) -> None:
+        if ev["event"] == "wipeout":
+            wiped.set()
+
+    job = Job(CFG, stores, hooks={1: {"die_at_call": at}, 2: {"die_at_call": at}},
+              on_event=on_event,
+              spares={u: (slot, lambda: wiped.wait(20)) for u, slot in spares.items()}).run()
+    assert set(job.error) == {1, 2}
+    for u in survivors:
+        (w,) = job.events(u, "wipeout")
+        assert w["step"] == at and w["lost_types"] == [2] and w["dead_slots"] == [1, 2]
+        (r,) = job.events(u, "restart")
+        assert r["step"] == at and r["source"] == "memory"  # no step but the one in flight
+    for u, slot in spares.items():
+        (j,) = job.events(u, "joined")
+        assert j["slot"] == slot and sorted(job.commits(u)) == list(range(at, CFG.steps))
+    for u in survivors + sorted(spares):
+        assert max_diff(job.result[u], reference) < 1e-9, u
+    job.ledger_ok()
+
+
+@pytest.mark.timeout(60)
 def test_a_member_cut_off_as_its_op_completed_commits_an_orphan_the_ledger_drops(reference,
                                                                                   stores):
     # group 1's link goes down during step 4's all-reduce: its op completes (it commits step 4
