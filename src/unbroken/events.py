@@ -70,7 +70,8 @@ class Event(enum.StrEnum):
     """step, gen, members, phase, depth, patch, reason, fresh, reform_at: survivors re-planned
     around a loss (the runner); read by the supervisor, ettr, view, bench/chaos."""
     WIPEOUT = "wipeout"
-    """step, members, lost_types, dead_slots, reason: a loss no survivor can cover (the runner);
+    """step, gen, members, lost_types, dead_slots, reason: a loss no survivor can cover (the
+    runner; ``gen``: the generation the survivors re-formed, absent in older journals);
     read by the supervisor, ettr, view, bench/chaos."""
     BAD_SNAPSHOT = "bad_snapshot"
     """from, error: a donor's state failed verification during a join (the runner)."""

@@ -1,5 +1,7 @@
 """Pure liveness rules behind the fault-tolerant communicator (no processes, no clock)."""
 
+import math
+
 import pytest
 
 from unbroken.core.membership import (
@@ -122,12 +124,19 @@ def test_rendezvous_waits_a_few_beats_only_when_a_peer_process_is_known_gone():
     assert rendezvous_staleness(0.2, 0.1, peer_died=True) == 0.2
 
 
-def test_left_behind_is_every_holder_the_new_generation_lacks():
+def test_left_behind_is_every_earlier_member_the_new_generation_lacks():
     from unbroken.core.membership import left_behind
 
-    assert left_behind([0, 1, 2, 3], [0, 1, 3]) == [2]
-    assert left_behind([0, 1], [0, 1, 4]) == []  # a joiner is not a holder left behind
-    assert left_behind([3, 1, 2], []) == [1, 2, 3]
+    gen0 = {0: 0, 1: 0, 2: 0, 3: 0}
+    assert left_behind(gen0, 1, [0, 1, 3]) == [2]
+    assert left_behind({0: 0, 1: 0}, 1, [0, 1, 4]) == []  # a joiner is not a holder left behind
+    assert left_behind({3: 0, 1: 0, 2: 0}, 1, []) == [1, 2, 3]
+    # spare 4 admitted in gen 2; a survivor's line about gen 1 read after that: not left behind
+    assert left_behind({0: 0, 2: 0, 3: 0, 4: 2}, 1, [0, 2, 3]) == []
+    # ... but a later generation without it does leave it behind
+    assert left_behind({0: 0, 2: 0, 3: 0, 4: 2}, 3, [0, 2, 3]) == [4]
+    # a line without its generation (an older journal's wipe-out) judges every holder
+    assert left_behind({0: 0, 4: 2}, math.inf, [0]) == [4]
 
 
 def test_wipeout_cover_takes_the_shortest_prefix_with_live_joiners_for_every_dead_slot():

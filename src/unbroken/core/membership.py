@@ -215,16 +215,25 @@ def next_members(joined: Iterable[Hashable]) -> list:
     return sorted(set(joined))
 
 
-def left_behind(holders: Iterable[Hashable], reformed: Iterable[Hashable]) -> list:
+def left_behind(holders: Mapping[Hashable, int], gen: int | float,
+                reformed: Iterable[Hashable]) -> list:
     """Slot holders a re-formed generation left out: the launcher evicts them.
 
-    ``holders``: uids that hold a slot and have been a member of some generation (a spare not
-    yet admitted was never a member, so it is never "left behind"); ``reformed``: the members
-    the survivors re-formed with. A holder left out whose process still lives is hung (a death
+    ``holders``: each uid that holds a slot and has been a member of some generation, with
+    the first generation it was seen a member of (a spare not yet admitted was never a
+    member, so it is never "left behind"); ``gen``: the generation the survivors re-formed;
+    ``reformed``: its members. A holder left out whose process still lives is hung (a death
     would have been seen by the launcher first): it must be killed before the spare that takes
     its slot is admitted, or a SIGCONT would bring back a second owner of the slot.
+
+    Only a holder that was a member *before* ``gen`` can be left behind by it. The launcher
+    reads each group's journal on its own, so one survivor's line about generation g can
+    arrive after another's about g + 1, which admitted a spare; judged on members alone, that
+    spare was "left behind" by g and evicted as hung (seen in the suite: a healthy joiner
+    killed one step after its admission).
     """
-    return sorted(set(holders) - set(reformed))
+    reformed = set(reformed)
+    return sorted(u for u, first in holders.items() if first < gen and u not in reformed)
 
 
 def wipeout_cover(records: Iterable[tuple[int, bool]], dead_slots: Iterable[int]) -> int | None:

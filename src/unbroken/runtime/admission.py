@@ -51,7 +51,8 @@ class Admission:
         k, st = self.step, self.comm.store
         live = set(self.live_slots(members))
         dead = set(range(self.cfg.groups)) - live
-        self.journal({"event": Event.WIPEOUT, "step": k, "members": members,
+        self.journal({"event": Event.WIPEOUT, "step": k, "gen": self.comm.generation,
+                      "members": members,
                       "lost_types": list(d.lost_types), "dead_slots": sorted(dead),
                       "reason": d.reason, "t": time.time()})
         st.set(wipeout_key(self.uid), json.dumps({"step": k, "dead_slots": sorted(dead)}))

@@ -33,6 +33,7 @@ waits longer, ``core.membership``), a silent supervisor in ``supervisor_stalenes
 from __future__ import annotations
 
 import json
+import math
 import signal
 import threading
 import time
@@ -458,7 +459,7 @@ class _Attempt:
         self.handled: set[int] = set()
         self.restarts: set[int] = set()  # generations whose restart was announced
         self.restored = False
-        self.seen: set[int] = set()      # uids that have been members of some generation
+        self.seen: dict[int, int] = {}   # uid -> the first generation it was a member of
         self.wiped: dict[int, float] = {}  # step -> first wipe-out event time
         self.top, self.last_step_t = -1, time.time()
         self.checkpoint: str | None = None
@@ -611,10 +612,12 @@ class _Attempt:
         elif name == Event.WIPEOUT:
             self.wiped.setdefault(ev["step"], ev["t"])
         if "members" in ev and "gen" in ev:
-            self.seen.update(ev["members"])
+            for m in ev["members"]:  # lines of several journals arrive out of order: the least
+                self.seen[m] = min(self.seen.get(m, ev["gen"]), ev["gen"])
         if name in (Event.REPLAN, Event.WIPEOUT) and "members" in ev:
             # a holder the survivors re-formed without while its process lives: a hang
-            for gone in left_behind((self.members & self.seen) - self.handled, ev["members"]):
+            holders = {u: self.seen[u] for u in self.members - self.handled if u in self.seen}
+            for gone in left_behind(holders, ev.get("gen", math.inf), ev["members"]):
                 if gone not in self.finished and self.c.procs[gone].poll() is None:
                     self._lost(gone, "heartbeat")
 
