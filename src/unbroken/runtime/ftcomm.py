@@ -344,6 +344,7 @@ class FTComm:
         if self.on_issue is not None:
             hook, self.on_issue = self.on_issue, None
             hook()
+        lost_since: float | None = None
         while True:
             # the future completes a moment before the work is marked finished: between the
             # two, testing is_completed() alone spun (160 wake-ups a step on a busy box);
@@ -366,6 +367,15 @@ class FTComm:
             if self._check_abort(gen):
                 self._abandon(gen, works, buf, None)
                 return False
+            if self.store_lost:
+                # nobody can judge the peers without the store: an op still waiting a
+                # staleness after the loss waits for peers that went with the coordinator
+                # (seen: a supervisor killed during start-up, two members stuck in their first
+                # all-reduce until gloo's own timeout)
+                lost_since = lost_since or time.monotonic()
+                if time.monotonic() - lost_since > self.staleness:
+                    self._abandon(gen, works, buf, "the coordinator's store is gone")
+                    return False
             self._wake.wait(self.poll_interval)
             if not self.aborted:  # woken by this op's future (tested above) or the timeout
                 self._wake.clear()
@@ -721,6 +731,7 @@ class FTComm:
                 errors += 1
                 if errors >= 3:  # three periods without the coordinator: it is gone
                     self.store_lost = True
+                    self._wake.set()  # a waiting op judges what that means for it
 
 
 #: a collective's works complete through their futures: no thread to wait for
