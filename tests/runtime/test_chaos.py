@@ -39,10 +39,16 @@ def test_soak_a_slot_fails_again_and_every_fault_is_answered_exactly_once(demo, 
                     "stall:1@53,xid79:2@59,flip:4@66")
     assert rep["exactly_once"] is True and rep["ledger"]["records"] == 80 * 6
     assert rep["max_abs_param_diff"] < 1e-9, spec
-    fired = [e for e in events if e["event"] == "fault"]
+    fired = [e for e in events if e["event"] == "fault" and not e.get("external")]
     # every scheduled fault fired once, on the process holding its slot then
     assert sorted((e["kind"], e["group"], e.get("at")) for e in fired) == sorted(
         (f["kind"], f["group"], f["step"]) for f in events[0]["faults"])
+    # failures the machine adds: in 2 of 4 fresh-clone suite runs on 2026-12-04 live members
+    # were left out of a generation during the stall vote's dump rounds (py-spy paused them;
+    # dumps are --nonblocking since). Should one recur, the run must still answer it
+    machine = [e for e in events if e["event"] == "fault" and e.get("external")]
+    for e in machine:
+        assert any(x["event"] == "ladder" and x["groups"] == [e["uid"]] for x in events), e
     victims = {}
     for e in fired:
         if e["kind"] != "update":
@@ -50,9 +56,9 @@ def test_soak_a_slot_fails_again_and_every_fault_is_answered_exactly_once(demo, 
     assert len(set(victims[2])) == 3 and victims[2][0] == 2, victims  # three processes, slot 2
     assert victims[4][-1] != 4, victims  # slot 4's flip hit the replacement of the killed one
     lost = rep["time_lost_per_fault"]
-    assert len(lost) == 10
+    assert len(lost) == 10 + len(machine)
     for f in lost:
-        assert f["how"].startswith(SOAK[f["kind"]]), (f, spec)
+        assert f["how"].startswith(SOAK.get(f["kind"], ("replan", "restart"))), (f, spec)
         assert f["detect_s"] is not None, (f, spec)
     # time lost: a hang waits out the heartbeat timeout, a straggler runs slow for the rounds
     # that find it, a bit flip rolls back and recomputes; none of them is free

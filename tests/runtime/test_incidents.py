@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("torch")
 
 from helpers import events as evs  # noqa: E402
-from helpers import finish  # noqa: E402
+from helpers import finish, wait_while_alive  # noqa: E402
 
 from unbroken.core.replay import majority_culprits  # noqa: E402
 from unbroken.runtime.ftcomm import declare_dead  # noqa: E402
@@ -93,10 +93,14 @@ def test_bad_hot_update_raises_everywhere_and_a_rollback_recovers(ref, tmp_path)
     with StackedCluster(CFG, str(tmp_path), verdicts=True) as c:
         post(c, "code/1", {"version": "v1", "model": "unbroken.testing.updates:bad_mlp"})
         c.store.add("code/count", 1)  # applied at the next step boundary by every member
-        inc = c.wait_key("incident/1/0", 60, alive=ALL)
+        # which boundary depends on how far the workers got before the record was posted
+        # (a few steps in a long test session: waiting for step 1's key hung here)
+        wait_while_alive(lambda: evs(c.journal(0), "incident"), [c.procs[u] for u in ALL], 60)
+        k = evs(c.journal(0), "incident")[0]["step"]
+        inc = c.wait_key(f"incident/{k}/0", 60, alive=ALL)
         assert inc["kind"] == "code" and inc["errors"] == 4 and inc["version"] == "v1"
         post(c, "code/2", {"version": "v0", "model": "mlp"})
-        post(c, "verdict/1/0", {"action": "retry", "code": 2})
+        post(c, "verdict/%d/0" % k, {"action": "retry", "code": 2})
         j = finish(c, CFG, ALL, ref, tol=1e-9)
     for u in ALL:
         assert [(e["from"], e["to"]) for e in evs(j[u], "code")] == [("v0", "v1"),

@@ -98,7 +98,10 @@ def dump_pyspy(pid: int, *, timeout: float = 5.0, native: bool = False) -> str:
     exe = pyspy_path()
     if exe is None:
         raise DumpError(f"pid {pid}: py-spy not installed (pip install '.[guard]')")
-    cmd = [exe, "dump", "--pid", str(pid)] + (["--native"] if native else [])
+    # --nonblocking: a paused worker stops beating, and a dump round over a loaded machine
+    # paused members long enough for their peers to leave them out of the next generation
+    # (the suite's soak: false hangs right inside the stall vote's rounds); --native must pause
+    cmd = [exe, "dump", "--pid", str(pid)] + (["--native"] if native else ["--nonblocking"])
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
