@@ -34,7 +34,7 @@ _WHERE = {
     "JobSpec": "unbroken.supervise.spec",
     "FTConfig": "unbroken.supervise.spec",
     "Supervisor": "unbroken.supervise.supervisor",
-    "RunResult": "unbroken.supervise.supervisor",
+    "RunResult": "unbroken.supervise.outcome",
     "TrainerLike": "unbroken.runtime.trainer",
     "ModuleTrainer": "unbroken.runtime.module_trainer",
     "LadderPolicy": "unbroken.core.ladder",

@@ -641,7 +641,7 @@ def main(argv: list[str] | None = None) -> int:
     from unbroken.core.scenario import ScenarioError
     from unbroken.metrics import MetricsError
     from unbroken.supervise.outdir import NoResumePoint
-    from unbroken.supervise.supervisor import RunError
+    from unbroken.supervise.outcome import RunError
 
     a = build_parser().parse_args(argv)
     cmds = {"theory": cmd_theory, "simulate": cmd_simulate, "plan": cmd_plan, "demo": cmd_demo,

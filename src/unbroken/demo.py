@@ -22,7 +22,8 @@ from typing import Any, Callable
 from unbroken.core.faults import default_faults, format_faults
 from unbroken.protocol import ExitCode
 from unbroken.supervise.spec import JobSpec, check as check_spec
-from unbroken.supervise.supervisor import RunError, Supervisor
+from unbroken.supervise.outcome import RunError
+from unbroken.supervise.supervisor import Supervisor
 
 __all__ = ["demo_spec", "check", "run_demo", "DemoError", "DemoExit", "reference"]
 

@@ -103,7 +103,7 @@ class Event(enum.StrEnum):
     HEALTH = "health"
     """uid, step, compute_s, rate, cpu, ... [, error]: a health sample (detect/health.py's
     agent); read by the supervisor's guard."""
-    # -- the supervisor (supervise/supervisor.py, supervise/drill.py) --------------------------
+    # -- the supervisor (supervise/supervisor.py, attempt.py, drill.py) ------------------------
     START = "start"
     """config, faults, ...: the run's configuration (the supervisor); read by view, report,
     bench/chaos."""

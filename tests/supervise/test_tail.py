@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 
 from unbroken.events import Event
-from unbroken.supervise.supervisor import _Tail
+from unbroken.supervise.tail import JournalTail
 
 
 def test_tail_sees_lines_appended_after_it_opened_and_holds_back_a_partial_one(tmp_path):
     path = tmp_path / "group-0.jsonl"
-    tail = _Tail(path)
+    tail = JournalTail(path)
     assert tail.read() == []  # not there yet: nothing, no error
     with open(path, "a", buffering=1) as w:
         w.write(json.dumps({"event": "commit", "step": 0}) + "\n")
@@ -31,7 +31,7 @@ def test_tail_sees_lines_appended_after_it_opened_and_holds_back_a_partial_one(t
 def test_tail_started_past_the_old_lines_reads_only_new_ones(tmp_path):
     path = tmp_path / "group-0.jsonl"
     path.write_text(json.dumps({"event": "commit", "step": 9}) + "\n")
-    tail = _Tail(path)
+    tail = JournalTail(path)
     tail.pos = path.stat().st_size  # what a resumed attempt does (skip_old)
     with open(path, "a") as w:
         w.write(json.dumps({"event": "commit", "step": 10}) + "\n")

@@ -1,8 +1,10 @@
 """The supervisor side of a job: what to run (``spec``), where its files live (``outdir``), the
-supervisor that launches, watches and repairs it (``supervisor``), and the fire-drill faults it
-writes itself (``drill``)."""
+supervisor that launches and restarts it (``supervisor``), one attempt's loop that watches and
+repairs it (``attempt``, reading the journals through ``tail``), how a run ends (``outcome``),
+and the fire-drill faults it writes itself (``drill``)."""
 
+from unbroken.supervise.outcome import RunError, RunResult
 from unbroken.supervise.spec import FTConfig, JobSpec, TrainerError
-from unbroken.supervise.supervisor import RunError, RunResult, Supervisor
+from unbroken.supervise.supervisor import Supervisor
 
 __all__ = ["JobSpec", "FTConfig", "TrainerError", "Supervisor", "RunResult", "RunError"]
