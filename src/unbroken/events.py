@@ -118,8 +118,9 @@ class Event(enum.StrEnum):
     STOP_REQUESTED = "stop_requested"
     """signal: SIGINT / SIGTERM received (the supervisor; view)."""
     DETECTED = "detected"
-    """group, slot, how: a member removed (exit, heartbeat, xid, replay, fail-slow, ...) (the
-    supervisor); read by ettr, view, bench/chaos."""
+    """group, slot, how [, stacks]: a member removed (exit, heartbeat, xid, replay, fail-slow,
+    ...) (the supervisor); stacks: where a member left behind alive has its py-spy dump, taken
+    before the kill; read by ettr, view, bench/chaos."""
     NODE_LOST = "node_lost"
     """node, reason, uids, t: a node agent gone (its process ended) or cut off (its heartbeat
     silent); its processes are declared dead at once (``nodes.cluster``, via the supervisor)."""

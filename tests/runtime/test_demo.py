@@ -3,6 +3,8 @@ kinds of fault (a kill, a hang, two close together -> a wipe-out restart), its J
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("torch")
@@ -35,6 +37,10 @@ def test_demo_masks_faults_restarts_and_matches_the_failure_free_run(demo, tmp_p
     assert events[0]["event"] == "start" and events[-1]["event"] == "end"
     how = {e["slot"]: e["how"] for e in events if e["event"] == "detected"}
     assert how == {1: "exit", 3: "heartbeat", 2: "exit"}  # the hang was found by heartbeat
+    # the hung process was dumped before its kill: its stacks say where it stopped
+    hung = next(e for e in events if e["event"] == "detected" and e["how"] == "heartbeat")
+    text = Path(hung["stacks"]).read_text()
+    assert f"uid {hung['group']} pid" in text and "run_step" in text, text[:2000]
     png = (tmp_path / "demo.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 

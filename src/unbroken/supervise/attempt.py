@@ -46,6 +46,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Attempt", "SupervisorHeartbeat", "make_cluster"]
 
+#: the most a hung member's stack dump may take before it is killed regardless
+HUNG_DUMP_S = 3.0
+
 
 class SupervisorHeartbeat:
     """The supervisor's own heartbeat, from a thread with its own store client: it stops when
@@ -143,6 +146,7 @@ class Attempt:
         guard.maskable = self._maskable
         guard.standby = lambda: len(self._warm())  # the ladder counts on the pool as it is
         self.stall_job, self.stall_pool = None, None  # stack dumps off the loop (_stall)
+        self.dumpers: list[threading.Thread] = []  # hung members' dumps, then their kill
         self.exits = ExitWaiter()
 
     # ------------------------------------------------------------------ the loop
@@ -158,6 +162,8 @@ class Attempt:
                 tail.close()
             if self.stall_pool is not None:  # a dump in flight ends with its processes
                 self.stall_pool.shutdown(wait=False, cancel_futures=True)
+            for t in self.dumpers:  # no process outlives its attempt
+                t.join(timeout=HUNG_DUMP_S + 11)
 
     def _loop(self) -> dict[int, dict]:
         deadline = time.monotonic() + self.spec.timeout
@@ -348,16 +354,55 @@ class Attempt:
                     raise Ended(ExitCode(a.code), a.reason)
 
     def _evict(self, uid: int, how: str) -> None:
-        """Take ``uid`` out: SIGKILL if it still runs, a death notice, no longer a member."""
+        """Take ``uid`` out: SIGKILL if it still runs, a death notice, no longer a member.
+
+        A member left behind while its process lives (``how`` = heartbeat) is dumped first:
+        its stacks are the only record of why it went silent, and the survivors have already
+        re-formed without it, so the dump delays nothing (the kill follows on a thread)."""
         if uid in self.handled or uid not in self.slot_of:
             return
+        stacks = None
         if self.c.procs[uid].poll() is None:
-            self.c.procs[uid].send_signal(signal.SIGKILL)
-            self.c.procs[uid].wait(timeout=10)
+            if how == "heartbeat" and not hasattr(self.c, "dump_stacks"):
+                stacks = self._dump_then_kill(uid)
+            else:
+                self.c.procs[uid].send_signal(signal.SIGKILL)
+                self.c.procs[uid].wait(timeout=10)
         self.declare_dead(self.c.store, uid)  # survivors drop it at once, no heartbeat wait
         self.handled.add(uid)
         self.members.discard(uid)
-        self.emit({"event": Event.DETECTED, "group": uid, "slot": self.slot_of[uid], "how": how})
+        self.emit({"event": Event.DETECTED, "group": uid, "slot": self.slot_of[uid], "how": how,
+                   **({"stacks": stacks} if stacks else {})})
+
+    def _dump_then_kill(self, uid: int) -> str | None:
+        """py-spy (non-blocking: it reads a stopped or wedged process's memory) into
+        ``stacks/hung-<uid>.txt`` beside the journals, then SIGKILL, on a thread: the path, or
+        None (and the kill at once) without py-spy."""
+        from unbroken.detect.stacks import dump_stacks, pyspy_path
+
+        proc = self.c.procs[uid]
+        if pyspy_path() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=10)
+            return None
+        path = Path(self.c.journal_dir) / "stacks" / f"hung-{uid}.txt"
+
+        def dump_and_kill() -> None:
+            try:
+                d = dump_stacks(proc.pid, timeout=HUNG_DUMP_S)
+                path.parent.mkdir(exist_ok=True)
+                path.write_text(f"uid {uid} pid {proc.pid} ({d.method}, {d.seconds:.2f} s)\n"
+                                f"{d.text}")
+            except OSError:
+                pass  # the dump is a diagnosis: the kill below is what matters
+            finally:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(timeout=10)
+
+        t = threading.Thread(target=dump_and_kill, name=f"hung-dump-{uid}", daemon=True)
+        t.start()
+        self.dumpers.append(t)
+        return str(path)
 
     def _replace(self, uid: int, fresh: bool = False) -> None:
         """The slot of a dead ``uid`` goes to a warm spare, or (``fresh``: retry in place) to a
