@@ -67,8 +67,10 @@ class Event(enum.StrEnum):
     ADMIT = "admit"
     """step, gen, members, joined, source, reform_at: joiners admitted (the runner)."""
     REPLAN = "replan"
-    """step, gen, members, phase, depth, patch, reason, fresh, reform_at: survivors re-planned
-    around a loss (the runner); read by the supervisor, ettr, view, bench/chaos."""
+    """step, gen, members, phase, depth, patch, reason, fresh, reform_at, cause: survivors
+    re-planned around a loss (the runner); cause: why the old generation broke as this member
+    saw it (a stale heartbeat and whose, a gloo error, a peer's flag); read by the supervisor,
+    ettr, view, bench/chaos."""
     WIPEOUT = "wipeout"
     """step, gen, members, lost_types, dead_slots, reason: a loss no survivor can cover (the
     runner; ``gen``: the generation the survivors re-formed, absent in older journals);
@@ -83,8 +85,8 @@ class Event(enum.StrEnum):
     INIT = "init"
     """gen, members, pg_init_s: the first process group (ftcomm)."""
     REFORM = "reform"
-    """gen, members, leader, planned, dropped, detected_at, rendezvous_s, ...: a new process
-    group after a loss (ftcomm); read by benches."""
+    """gen, members, leader, planned, dropped, cause, detected_at, rendezvous_s, ...: a new
+    process group after a loss (ftcomm); read by benches."""
     JOIN = "join"
     """ftcomm: gen, members, pg_init_s (a joiner's first group); the supervisor: uid, slot, step
     (a spare joined, from its ``joined``). Read by ettr, view, report."""

@@ -41,6 +41,9 @@ def test_demo_masks_faults_restarts_and_matches_the_failure_free_run(demo, tmp_p
     hung = next(e for e in events if e["event"] == "detected" and e["how"] == "heartbeat")
     text = Path(hung["stacks"]).read_text()
     assert f"uid {hung['group']} pid" in text and "run_step" in text, text[:2000]
+    # and the survivors journal why their generation broke: one of them saw it go silent
+    causes = [e.get("cause") for e in events if e["event"] == "replan"]
+    assert any(c and "stale heartbeat: [3]" in c for c in causes), causes
     png = (tmp_path / "demo.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 

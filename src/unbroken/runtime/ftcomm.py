@@ -205,6 +205,7 @@ class FTComm:
         self._dead_epoch = 0
         self._aborted_gen = -1  # highest generation known to be aborted
         self._abort_reason: str | None = None
+        self.last_cause: str | None = None  # why the last re-form's old generation broke
         self._detected_at: float | None = None  # wall time this worker noticed the abort
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -426,6 +427,9 @@ class FTComm:
         t_start = time.monotonic()
         if not planned:
             self._set_abort(old, self._abort_reason or "reform requested")
+        # why the old generation broke, as this member saw it ("stale heartbeat: [3]", a gloo
+        # error, a peer's flag): the runner journals it with its re-plan
+        self.last_cause = None if planned else self._abort_reason
         detected_at = self._detected_at or time.time()
 
         st = self.store
@@ -479,7 +483,7 @@ class FTComm:
         t_pg = time.monotonic()
         ev = {
             "event": Event.REFORM, "gen": gen, "members": new, "leader": leader, "planned": planned,
-            "dropped": [u for u in old_members if u not in new],
+            "dropped": [u for u in old_members if u not in new], "cause": self.last_cause,
             "detected_at": detected_at,
             "rendezvous_s": round(t_rdzv - t_start, 4),
             "pg_init_s": round(t_pg - t_rdzv, 4),

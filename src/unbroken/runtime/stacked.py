@@ -574,7 +574,8 @@ class StackedRunner(Incidents, Admission):
         self.journal({"event": Event.REPLAN, "step": self.step, "gen": self.comm.generation,
                       "members": members, "phase": d.phase, "depth": d.depth,
                       "patch": {str(self._uid_of(w)): list(ts) for w, ts in d.patch.items()},
-                      "reason": d.reason, "fresh": fresh, "reform_at": t0, "t": time.time()})
+                      "reason": d.reason, "fresh": fresh, "reform_at": t0,
+                      "cause": getattr(self.comm, "last_cause", None), "t": time.time()})
         if not fresh:
             self.hooks.after_replan(self, d)
         return True
