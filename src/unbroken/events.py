@@ -97,6 +97,10 @@ class Event(enum.StrEnum):
     # -- the worker entry point (runtime/stacked_worker.py) ------------------------------------
     GUARD_STOP = "guard_stop"
     """error: the guard stopped the job (exit 6)."""
+    LEFT_OUT = "left_out"
+    """step, error, beat_gap_max_s, beat_gaps_s: a member the others re-formed without, as it
+    found out before leaving (exit 9; the worker); its own heartbeat's gaps over the last 5 s
+    say whether its beat thread starved (a gap over the staleness) or the peers misjudged it."""
     STOPPED = "stopped"
     """step, checkpoint, error: stopped on request (exit 8); read by the supervisor."""
     COORDINATOR_LOST = "coordinator_lost"

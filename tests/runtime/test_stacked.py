@@ -10,6 +10,9 @@ exits only.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 
 import pytest
 
@@ -17,6 +20,7 @@ pytest.importorskip("torch")
 
 from helpers import events, finish, kill_and_notify  # noqa: E402
 
+from unbroken.protocol import ExitCode  # noqa: E402
 from unbroken.runtime.config import TrainConfig  # noqa: E402
 from unbroken.runtime.trainer import reference_run  # noqa: E402
 from unbroken.runtime.stacked_worker import StackedCluster  # noqa: E402
@@ -101,6 +105,36 @@ def test_sigstop_hang_detected_by_heartbeat_is_masked_exactly_once(reference, tm
               for u in survivors) - t_stop
     print(f"stop -> next committed step on all survivors: {lat * 1000:.0f} ms")
     assert lat < 2.5
+
+
+def _wait_until(cond, what: str, c, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+        assert all(p.poll() is None for p in c.procs.values()), f"a process exited before {what}"
+        time.sleep(0.01)
+
+
+@pytest.mark.timeout(120)
+def test_a_member_paused_past_the_staleness_finds_itself_left_out(reference, tmp_path):
+    # a live member paused from outside (SIGSTOP: what a starved or frozen machine looks like
+    # to its peers) past the staleness: the peers re-form without it; continued, it finds
+    # itself left out, journals its own heartbeat's silence and leaves (exit 9)
+    victim, survivors = 2, [0, 1, 3]
+    with StackedCluster(CFG, str(tmp_path)) as c:
+        _wait_until(lambda: len(events(c.journal(victim), "commit")) >= 3, "step 2", c)
+        os.kill(c.procs[victim].pid, signal.SIGSTOP)
+        try:
+            _wait_until(lambda: events(c.journal(0), "replan"), "re-plan", c)
+        finally:
+            os.kill(c.procs[victim].pid, signal.SIGCONT)
+        assert c.procs[victim].wait(timeout=60) == ExitCode.JOIN_FAILED
+        journals = finish(c, CFG, survivors, reference)
+    (left,) = events(journals[victim], "left_out")
+    assert left["beat_gap_max_s"] > 0.3 and "gen 1" in left["error"], left
+    (replan,) = events(journals[0], "replan")
+    assert replan["members"] == survivors and "stale heartbeat: [2]" in str(
+        [events(journals[u], "replan")[0]["cause"] for u in survivors])
 
 
 @pytest.mark.timeout(120)

@@ -65,6 +65,7 @@ import json
 import os
 import threading
 import time
+from collections import deque
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -229,8 +230,12 @@ class FTComm:
         # thread reads them with the peers' counters, in the same round trip
         self.watched: dict[str, int] = {}
 
+        # when this member's own beats landed (monotonic): after being left out as silent, the
+        # gaps tell a starved heartbeat thread from observers that misjudged a live one
+        self.beat_times: deque[float] = deque(maxlen=100)
         self._hb_store = _clone(store)
         self._hb_store.add(hb_key(self.uid), 1)  # first beat before anyone can judge us
+        self.beat_times.append(time.monotonic())
         self._hb_known: set[str] = set()  # keys the heartbeat has seen exist (multi_get blocks
         #                                   on a missing one)
         self._thread = threading.Thread(target=self._monitor, name=f"ftcomm-hb-{uid}", daemon=True)
@@ -545,6 +550,13 @@ class FTComm:
         self._set_abort(self._gen, reason)
         self._note_detect(reason)
 
+    def beat_gaps(self, window: float = 5.0) -> list[float]:
+        """The gaps between this member's own beats in the last ``window`` s, the silence
+        since the last one included (seconds, oldest first)."""
+        now = time.monotonic()
+        ts = [t for t in list(self.beat_times) if now - t <= window] + [now]
+        return [round(b - a, 3) for a, b in zip(ts, ts[1:])]
+
     def live_now(self, staleness: float | None = None) -> list[int]:
         """Current members judged live from this worker's heartbeat observations."""
         with self._lock:
@@ -678,6 +690,7 @@ class FTComm:
         while not self._stop.wait(self.heartbeat_period):
             try:
                 st.add(hb_key(me), 1)
+                self.beat_times.append(time.monotonic())
                 with self._lock:
                     gen, members = self._gen, list(self._members)
                 others = [m for m in members if m != me]

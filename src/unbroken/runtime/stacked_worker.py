@@ -122,7 +122,7 @@ def worker_main(argv: list[str] | None = None) -> None:
     if a.uid is None:
         ap.error("--uid is required (or --from-env under torchrun)")
     os.makedirs(a.journal, exist_ok=True)
-    comm = None
+    comm = runner = None
     code = 0
     jf = open(os.path.join(a.journal, f"group-{a.uid}.jsonl"), "a", buffering=1)
     jlock = threading.Lock()  # the health agent's thread journals too
@@ -196,11 +196,15 @@ def worker_main(argv: list[str] | None = None) -> None:
         path = runner.save_checkpoint_now()
         journal({"event": Event.STOPPED, "step": runner.step, "checkpoint": path,
                  "error": str(exc), "t": time.time()})
-    except RendezvousError:
+    except RendezvousError as exc:
         # left out of a generation: a spare whose admission broke, or a member the others
         # re-formed without (judged silent on a starved machine). The job goes on without it;
         # the launcher treats it as lost and sends a spare, as for a death
         code = ExitCode.JOIN_FAILED
+        gaps = comm.beat_gaps() if comm is not None else []
+        journal({"event": Event.LEFT_OUT, "step": runner.step if runner is not None else None,
+                 "error": str(exc)[:300], "beat_gap_max_s": max(gaps, default=None),
+                 "beat_gaps_s": gaps[-20:], "t": time.time()})
     except WipeOutError as exc:
         code = ExitCode.WIPEOUT
         if comm is not None:
