@@ -98,7 +98,9 @@ class Event(enum.StrEnum):
     GUARD_STOP = "guard_stop"
     """error: the guard stopped the job (exit 6)."""
     LEFT_OUT = "left_out"
-    """step, error, beat_gap_max_s, beat_gaps_s: a member the others re-formed without, as it
+    """step, error, beat_gap_max_s, beat_gaps_s, beat_parts_max (the longest wake-up wait and
+    store round trip of its beats), late_beats (where its main thread was when a late beat
+    finally ran): a member the others re-formed without, as it
     found out before leaving (exit 9; the worker); its own heartbeat's gaps over the last 5 s
     say whether its beat thread starved (a gap over the staleness) or the peers misjudged it."""
     STOPPED = "stopped"

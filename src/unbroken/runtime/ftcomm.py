@@ -63,10 +63,13 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
+import traceback
 from collections import deque
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -233,6 +236,11 @@ class FTComm:
         # when this member's own beats landed (monotonic): after being left out as silent, the
         # gaps tell a starved heartbeat thread from observers that misjudged a live one
         self.beat_times: deque[float] = deque(maxlen=100)
+        # per beat: (when, since the previous loop's read until this wake-up, the add's round
+        # trip): a long first part is a thread that got no CPU or GIL, a long second one a
+        # store that answered late
+        self.beat_parts: deque[tuple[float, float, float]] = deque(maxlen=100)
+        self.late_beats: deque[dict] = deque(maxlen=5)  # _note_late_beat
         self._hb_store = _clone(store)
         self._hb_store.add(hb_key(self.uid), 1)  # first beat before anyone can judge us
         self.beat_times.append(time.monotonic())
@@ -557,6 +565,24 @@ class FTComm:
         ts = [t for t in list(self.beat_times) if now - t <= window] + [now]
         return [round(b - a, 3) for a, b in zip(ts, ts[1:])]
 
+    def _note_late_beat(self, at: float, late: float) -> None:
+        """Where the main thread is when this thread finally runs after a late wake-up: a
+        thread that held the GIL (or the CPU) meanwhile shows in its frames."""
+        frames = sys._current_frames()
+        main = frames.get(threading.main_thread().ident)
+        where = [f"{Path(fs.filename).name}:{fs.lineno} {fs.name}"
+                 for fs in traceback.extract_stack(main, limit=6)] if main is not None else []
+        self.late_beats.append({"at": round(at, 3), "late_s": round(late, 3), "main": where,
+                                "threads": len(frames)})
+
+    def beat_parts_max(self, window: float = 5.0) -> dict[str, float]:
+        """The longest wait to wake up and the longest beat round trip in the last
+        ``window`` s (see ``beat_parts``)."""
+        now = time.monotonic()
+        ps = [p for p in list(self.beat_parts) if now - p[0] <= window]
+        return {"wake_s": round(max((p[1] for p in ps), default=0.0), 3),
+                "add_s": round(max((p[2] for p in ps), default=0.0), 3)}
+
     def live_now(self, staleness: float | None = None) -> list[int]:
         """Current members judged live from this worker's heartbeat observations."""
         with self._lock:
@@ -689,8 +715,13 @@ class FTComm:
         errors = 0
         while not self._stop.wait(self.heartbeat_period):
             try:
+                woke = time.monotonic()
                 st.add(hb_key(me), 1)
-                self.beat_times.append(time.monotonic())
+                beat = time.monotonic()
+                self.beat_times.append(beat)
+                self.beat_parts.append((beat, woke - last, beat - woke))
+                if woke - last > 3 * self.heartbeat_period:
+                    self._note_late_beat(beat, woke - last)
                 with self._lock:
                     gen, members = self._gen, list(self._members)
                 others = [m for m in members if m != me]

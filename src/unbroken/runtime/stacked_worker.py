@@ -204,7 +204,10 @@ def worker_main(argv: list[str] | None = None) -> None:
         gaps = comm.beat_gaps() if comm is not None else []
         journal({"event": Event.LEFT_OUT, "step": runner.step if runner is not None else None,
                  "error": str(exc)[:300], "beat_gap_max_s": max(gaps, default=None),
-                 "beat_gaps_s": gaps[-20:], "t": time.time()})
+                 "beat_gaps_s": gaps[-20:],
+                 "beat_parts_max": comm.beat_parts_max() if comm is not None else None,
+                 "late_beats": list(comm.late_beats) if comm is not None else [],
+                 "t": time.time()})
     except WipeOutError as exc:
         code = ExitCode.WIPEOUT
         if comm is not None:
