@@ -18,11 +18,15 @@ Contract the launchers rely on (``LocalCluster``, ``StackedCluster``, the superv
   ``send_signal``, ``kill`` (a no-op once it has exited), plus ``sentinel``: a file
   descriptor that becomes readable when the process has ended (what
   :class:`unbroken.procwait.ExitWaiter` sleeps on).
-* The worker runs ``entry(argv)`` in a session of its own (a terminal's Ctrl-C reaches the
-  launcher only), with the launcher's environment and working directory *as they are at
-  the call* plus ``env`` (``PYTHONPATH`` included: it imports what ``python -m`` started
-  there would), stdout to /dev/null and stderr appended to ``stderr_path``; it leaves with
-  ``os._exit``.
+* The worker runs ``entry(argv)`` in a process group of its own (a terminal's Ctrl-C reaches
+  the launcher only) but in the launcher's session: with Linux's autogroup scheduling every
+  session is one scheduling entity, and a worker in a session of its own had its whole
+  process, heartbeat thread included, held off the CPU for 0.4-1.4 s after it ran ahead of
+  its share on a loaded machine (its peers then left it out as hung; the soak under a busy
+  loop: 6 false hangs in 21 runs, none in 26 since). Its environment and working directory
+  are the launcher's *as they are at the call* plus ``env`` (``PYTHONPATH`` included: it
+  imports what ``python -m`` started there would), stdout to /dev/null and stderr appended to
+  ``stderr_path``; it leaves with ``os._exit``.
 * It dies with its launcher while it starts up: the server exits when the launcher goes (its
   socket closes; ``PR_SET_PDEATHSIG`` covers a SIGKILL), and the worker holds
   ``PR_SET_PDEATHSIG`` on the server until the entry clears it (``pdeathsig(0)``) once it is
@@ -351,7 +355,7 @@ def _child(req: dict, channel: int | None, server: int) -> None:
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.setsid()
+        os.setpgid(0, 0)
         pdeathsig(signal.SIGKILL)
         if os.getppid() != server:  # the server died before the line above
             os._exit(5)

@@ -333,8 +333,8 @@ class StackedCluster(LocalCluster):
 
     def spawn(self, uid: int, *, standby: bool = False, extra: list[str] = ()) -> None:
         """Start worker ``uid`` (a warm spare with ``standby``). It dies with this launcher
-        while it starts up (:mod:`unbroken.spawn`) and sits in a session of its own, so a
-        terminal's Ctrl-C reaches the launcher only."""
+        while it starts up (:mod:`unbroken.spawn`) and sits in a process group of its own,
+        so a terminal's Ctrl-C reaches the launcher only."""
         self._start(uid, "unbroken.runtime.stacked_worker:worker_main",
                     ["--uid", str(uid), *self._common, *(["--standby"] if standby else []),
                      *extra])

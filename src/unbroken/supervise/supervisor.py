@@ -23,8 +23,8 @@ Failure semantics (each tested in ``tests/supervise``):
 * **Ctrl-C / SIGTERM**: ``ctl/stop`` is set; rank 0 reads it into the step buffer, every member
   stops after the same committed step, rank 0 writes a checkpoint, they exit 8, the spares are
   killed and :meth:`Supervisor.run` returns exit 130 / 143 with one line naming the checkpoint.
-  A second signal kills everything at once. Workers sit in their own session, so a terminal's
-  Ctrl-C does not reach them.
+  A second signal kills everything at once. Workers sit in their own process group, so a
+  terminal's Ctrl-C does not reach them.
 
 Latency budget at the default settings: a kill is noticed from the exit (~0.1 s), a hang from
 heartbeats (``staleness``, 0.3 s, once the peers beat three times meanwhile: a starved machine
