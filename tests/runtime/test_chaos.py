@@ -43,12 +43,12 @@ def test_soak_a_slot_fails_again_and_every_fault_is_answered_exactly_once(demo, 
     # every scheduled fault fired once, on the process holding its slot then
     assert sorted((e["kind"], e["group"], e.get("at")) for e in fired) == sorted(
         (f["kind"], f["group"], f["step"]) for f in events[0]["faults"])
-    # failures the machine adds: in 2 of 4 fresh-clone suite runs on 2026-12-04 live members
-    # were left out of a generation during the stall vote's dump rounds (py-spy paused them;
-    # dumps are --nonblocking since). Should one recur, the run must still answer it
+    # no failure the machine adds: a live member left out of a generation is a false hang
+    # (seen on 2026-12-04: members paused by blocking py-spy dumps, then workers held off the
+    # CPU whole by autogroup scheduling, each in a session of its own); its left_out event says
+    # how long its heartbeat was silent and where its main thread was
     machine = [e for e in events if e["event"] == "fault" and e.get("external")]
-    for e in machine:
-        assert any(x["event"] == "ladder" and x["groups"] == [e["uid"]] for x in events), e
+    assert not machine, (machine, [e for e in events if e["event"] == "left_out"])
     victims = {}
     for e in fired:
         if e["kind"] != "update":
@@ -56,7 +56,7 @@ def test_soak_a_slot_fails_again_and_every_fault_is_answered_exactly_once(demo, 
     assert len(set(victims[2])) == 3 and victims[2][0] == 2, victims  # three processes, slot 2
     assert victims[4][-1] != 4, victims  # slot 4's flip hit the replacement of the killed one
     lost = rep["time_lost_per_fault"]
-    assert len(lost) == 10 + len(machine)
+    assert len(lost) == 10
     for f in lost:
         assert f["how"].startswith(SOAK.get(f["kind"], ("replan", "restart"))), (f, spec)
         assert f["detect_s"] is not None, (f, spec)
