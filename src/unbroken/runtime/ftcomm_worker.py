@@ -193,6 +193,18 @@ class LocalCluster:
         return os.path.join(self._errdir, f"stderr-{uid}")
 
     # -- waiting (on store keys and process exits only)
+    def _stacks(self, uids: list[int]) -> str:
+        """The live workers' stacks (py-spy, non-blocking), for a wait that timed out: where a
+        worker sits is the one thing its journal cannot say."""
+        from unbroken.detect.stacks import dump_stacks
+
+        out = []
+        for u in uids:
+            if self.procs[u].poll() is None:
+                d = dump_stacks(self.procs[u].pid, timeout=5.0)
+                out.append(f"--- worker {u} ({d.method}):\n{d.text}")
+        return ("\n" + "\n".join(out)) if out else ""
+
     def wait_key(self, key: str, timeout: float, alive: list[int] | None = None) -> Any:
         """Wait for ``key``; fail fast if an expected-alive worker exited or reported an error."""
         deadline = time.monotonic() + timeout
@@ -210,7 +222,7 @@ class LocalCluster:
                     raise AssertionError(f"worker {u} exited rc={self.procs[u].returncode}:\n"
                                          f"{self.stderr(u)[-3000:]}")
             if time.monotonic() > deadline:
-                raise TimeoutError(f"no {key!r} within {timeout}s")
+                raise TimeoutError(f"no {key!r} within {timeout}s" + self._stacks(watch))
             # pause until a watched worker exits or 10 ms pass: the launcher shares the cores
             # with the workers, so its waiting must cost them nothing
             self._exits.wait([self.procs[u] for u in watch], 0.01)
