@@ -22,12 +22,21 @@ from unbroken.runtime.stacked_worker import StackedCluster  # noqa: E402
 pytestmark = pytest.mark.mp
 
 CFG = TrainConfig(groups=4, redundancy=2, steps=24, seed=5)
+# a spare joins at a step boundary once rank 0's heartbeat has read its join record (up to a
+# period, 0.1 s): 20 MLP steps after the kill are ~0.1 s, and the members sometimes finished
+# first (the spare then waits for an admission that never comes); 200 steps leave ~1 s
+CFG_JOIN = TrainConfig(groups=4, redundancy=2, steps=200, seed=5)
 CFG7 = TrainConfig(groups=7, redundancy=3, steps=16, seed=5)
 
 
 @pytest.fixture(scope="module")
 def ref4():
     return reference_run(CFG)
+
+
+@pytest.fixture(scope="module")
+def ref_join():
+    return reference_run(CFG_JOIN)
 
 
 @pytest.fixture(scope="module")
@@ -94,21 +103,21 @@ def test_member_that_missed_a_commit_rolls_forward(ref4, tmp_path):
 
 
 @pytest.mark.timeout(150)
-def test_spare_joins_heals_the_layout(ref4, tmp_path):
+def test_spare_joins_heals_the_layout(ref_join, tmp_path):
     # the communicator's rank 0 (group 0) dies at step 4 and is masked; a warm spare (uid 4)
     # is sent to take over slot 0, joins at a step boundary with a checksummed copy of the
     # state, and the plan returns to depth 1 (redundancy restored)
     finishers = [1, 2, 3, 4]
-    with StackedCluster(CFG, str(tmp_path), die_at={0: 4}, spares=1) as c:
+    with StackedCluster(CFG_JOIN, str(tmp_path), die_at={0: 4}, spares=1) as c:
         kill_and_notify(c, [0], [1, 2, 3])
         c.assign(4, 0)
-        j = finish(c, CFG, finishers, ref4)
+        j = finish(c, CFG_JOIN, finishers, ref_join)
     (adm,) = events(j[1], "admit")
     k = adm["step"]
-    assert 4 < k < CFG.steps and adm["joined"] == {"4": 0}
+    assert 4 < k < CFG_JOIN.steps and adm["joined"] == {"4": 0}
     (joined,) = events(j[4], "joined")
     assert joined["step"] == k and joined["slot"] == 0
-    assert [e["step"] for e in events(j[4], "commit")] == list(range(k, CFG.steps))
+    assert [e["step"] for e in events(j[4], "commit")] == list(range(k, CFG_JOIN.steps))
     for u in finishers:
         last = events(j[u], "commit")[-1]
         assert last["mine"] == [0 if u == 4 else u]  # back to plain DP, each its own type
@@ -116,14 +125,14 @@ def test_spare_joins_heals_the_layout(ref4, tmp_path):
 
 
 @pytest.mark.timeout(150)
-def test_corrupt_snapshot_is_refused_and_the_next_copy_used(ref4, tmp_path):
+def test_corrupt_snapshot_is_refused_and_the_next_copy_used(ref_join, tmp_path):
     # group 1 dies and a spare replaces it; the first member to serve the state (uid 0) sends a
     # copy with a flipped byte: the joiner's checksum refuses it and uid 2's copy is used
-    with StackedCluster(CFG, str(tmp_path), die_at={1: 4}, spares=1,
+    with StackedCluster(CFG_JOIN, str(tmp_path), die_at={1: 4}, spares=1,
                         corrupt_snapshot=[0]) as c:
         kill_and_notify(c, [1], [0, 2, 3])
         c.assign(4, 1)
-        j = finish(c, CFG, [0, 2, 3, 4], ref4)
+        j = finish(c, CFG_JOIN, [0, 2, 3, 4], ref_join)
     (bad,) = events(j[4], "bad_snapshot")
     assert bad["from"] == 0 and "checksum" in bad["error"]
 
@@ -161,18 +170,18 @@ def test_wipeout_without_replacements_exits_4(tmp_path):
 
 
 @pytest.mark.timeout(150)
-def test_admission_while_a_member_recovers_settles_one_way(ref4, tmp_path):
+def test_admission_while_a_member_recovers_settles_one_way(ref_join, tmp_path):
     # group 0 dies and a spare (uid 4) is sent to slot 0. Group 2 treats the completed
     # all-reduce of the step whose commit makes its peers admit the spare as failed: its
     # peers commit and re-form (planned) with the joiner while it re-forms to recover. The
     # settle, the first collective of the new generation, sends them all one way: group 2
     # is rolled forward, the spare gets the state, everyone takes the same fresh plan.
     finishers = [1, 2, 3, 4]
-    with StackedCluster(CFG, str(tmp_path), die_at={0: 4}, spares=1,
+    with StackedCluster(CFG_JOIN, str(tmp_path), die_at={0: 4}, spares=1,
                         drop_commit_on_join=[2]) as c:
         kill_and_notify(c, [0], [1, 2, 3])
         c.assign(4, 0)
-        j = finish(c, CFG, finishers, ref4, tol=1e-9)
+        j = finish(c, CFG_JOIN, finishers, ref_join, tol=1e-9)
     (rf,) = events(j[2], "roll_forward")
     (adm,) = events(j[1], "admit")
     assert adm["joined"] == {"4": 0} and rf["step"] == adm["step"] - 1
@@ -181,5 +190,5 @@ def test_admission_while_a_member_recovers_settles_one_way(ref4, tmp_path):
     assert joined["step"] == adm["step"]
     for u in finishers:
         steps = [e["step"] for e in events(j[u], "commit")]
-        assert steps == sorted(set(steps)) and steps[-1] == CFG.steps - 1
+        assert steps == sorted(set(steps)) and steps[-1] == CFG_JOIN.steps - 1
         assert events(j[u], "commit")[-1]["mine"] == [0 if u == 4 else u]
