@@ -322,7 +322,10 @@ class StackedCluster(LocalCluster):
                  "--drop-commit-at": drop_commit_at or {}, "--slow-from": slow_from or {},
                  "--stall-at": stall_at or {}, "--nan-at": nan_at or {},
                  "--flip-from": flip_from or {}}
-        for u in range(cfg.groups + spares):
+        # spares first: a spare started after the members competes for the cores with a job
+        # already training (all of it one scheduling group, ``unbroken.spawn``), and at 16
+        # groups one took 4 s to be ready, too late for the run that needed it
+        for u in [*self.spares, *range(cfg.groups)]:
             extra = [f for f, us in flags.items() if u in us]
             if drill and drill.get(u):
                 extra += ["--drill", json.dumps([list(f) for f in drill[u]])]
