@@ -570,8 +570,10 @@ class FTComm:
         thread that held the GIL (or the CPU) meanwhile shows in its frames."""
         frames = sys._current_frames()
         main = frames.get(threading.main_thread().ident)
-        where = [f"{Path(fs.filename).name}:{fs.lineno} {fs.name}"
-                 for fs in traceback.extract_stack(main, limit=6)] if main is not None else []
+        # no source lines: reading files here would delay the next beat further
+        stack = traceback.StackSummary.extract(traceback.walk_stack(main), limit=6,
+                                               lookup_lines=False) if main is not None else []
+        where = [f"{Path(fs.filename).name}:{fs.lineno} {fs.name}" for fs in reversed(stack)]
         self.late_beats.append({"at": round(at, 3), "late_s": round(late, 3), "main": where,
                                 "threads": len(frames)})
 
