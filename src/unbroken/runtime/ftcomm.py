@@ -233,17 +233,15 @@ class FTComm:
         # thread reads them with the peers' counters, in the same round trip
         self.watched: dict[str, int] = {}
 
-        # when this member's own beats landed (monotonic): after being left out as silent, the
-        # gaps tell a starved heartbeat thread from observers that misjudged a live one
-        self.beat_times: deque[float] = deque(maxlen=100)
-        # per beat: (when, since the previous loop's read until this wake-up, the add's round
-        # trip): a long first part is a thread that got no CPU or GIL, a long second one a
-        # store that answered late
-        self.beat_parts: deque[tuple[float, float, float]] = deque(maxlen=100)
+        # this member's own beats (``beat_report``): (when it landed, monotonic; the wait
+        # from the previous loop's read to this wake-up; the add's round trip). After being
+        # left out as silent, a long wait is a thread that got no CPU or GIL, a long round
+        # trip a store that answered late, and neither: peers that misjudged a live member
+        self.beats: deque[tuple[float, float, float]] = deque(maxlen=100)
         self.late_beats: deque[dict] = deque(maxlen=5)  # _note_late_beat
         self._hb_store = _clone(store)
         self._hb_store.add(hb_key(self.uid), 1)  # first beat before anyone can judge us
-        self.beat_times.append(time.monotonic())
+        self.beats.append((time.monotonic(), 0.0, 0.0))
         self._hb_known: set[str] = set()  # keys the heartbeat has seen exist (multi_get blocks
         #                                   on a missing one)
         self._thread = threading.Thread(target=self._monitor, name=f"ftcomm-hb-{uid}", daemon=True)
@@ -558,12 +556,19 @@ class FTComm:
         self._set_abort(self._gen, reason)
         self._note_detect(reason)
 
-    def beat_gaps(self, window: float = 5.0) -> list[float]:
-        """The gaps between this member's own beats in the last ``window`` s, the silence
-        since the last one included (seconds, oldest first)."""
+    def beat_report(self, window: float = 5.0) -> dict[str, Any]:
+        """This member's own heartbeat over the last ``window`` s: the gaps between its beats
+        (the silence since the last one included), the longest wait to wake up and round
+        trip, and where its main thread was at each late beat (the ``left_out`` event)."""
         now = time.monotonic()
-        ts = [t for t in list(self.beat_times) if now - t <= window] + [now]
-        return [round(b - a, 3) for a, b in zip(ts, ts[1:])]
+        beats = list(self.beats)  # the first beat is there from the start
+        bs = [b for b in beats if now - b[0] <= window] or beats[-1:]
+        ts = [b[0] for b in bs] + [now]
+        gaps = [round(b - a, 3) for a, b in zip(ts, ts[1:])]
+        return {"beat_gap_max_s": max(gaps), "beat_gaps_s": gaps[-20:],
+                "beat_parts_max": {"wake_s": round(max((b[1] for b in bs), default=0.0), 3),
+                                   "add_s": round(max((b[2] for b in bs), default=0.0), 3)},
+                "late_beats": list(self.late_beats)}
 
     def _note_late_beat(self, at: float, late: float) -> None:
         """Where the main thread is when this thread finally runs after a late wake-up: a
@@ -576,14 +581,6 @@ class FTComm:
         where = [f"{Path(fs.filename).name}:{fs.lineno} {fs.name}" for fs in reversed(stack)]
         self.late_beats.append({"at": round(at, 3), "late_s": round(late, 3), "main": where,
                                 "threads": len(frames)})
-
-    def beat_parts_max(self, window: float = 5.0) -> dict[str, float]:
-        """The longest wait to wake up and the longest beat round trip in the last
-        ``window`` s (see ``beat_parts``)."""
-        now = time.monotonic()
-        ps = [p for p in list(self.beat_parts) if now - p[0] <= window]
-        return {"wake_s": round(max((p[1] for p in ps), default=0.0), 3),
-                "add_s": round(max((p[2] for p in ps), default=0.0), 3)}
 
     def live_now(self, staleness: float | None = None) -> list[int]:
         """Current members judged live from this worker's heartbeat observations."""
@@ -720,8 +717,7 @@ class FTComm:
                 woke = time.monotonic()
                 st.add(hb_key(me), 1)
                 beat = time.monotonic()
-                self.beat_times.append(beat)
-                self.beat_parts.append((beat, woke - last, beat - woke))
+                self.beats.append((beat, woke - last, beat - woke))
                 if woke - last > 3 * self.heartbeat_period:
                     self._note_late_beat(beat, woke - last)
                 with self._lock:

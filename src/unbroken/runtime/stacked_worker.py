@@ -201,12 +201,8 @@ def worker_main(argv: list[str] | None = None) -> None:
         # re-formed without (judged silent on a starved machine). The job goes on without it;
         # the launcher treats it as lost and sends a spare, as for a death
         code = ExitCode.JOIN_FAILED
-        gaps = comm.beat_gaps() if comm is not None else []
         journal({"event": Event.LEFT_OUT, "step": runner.step if runner is not None else None,
-                 "error": str(exc)[:300], "beat_gap_max_s": max(gaps, default=None),
-                 "beat_gaps_s": gaps[-20:],
-                 "beat_parts_max": comm.beat_parts_max() if comm is not None else None,
-                 "late_beats": list(comm.late_beats) if comm is not None else [],
+                 "error": str(exc)[:300], **(comm.beat_report() if comm is not None else {}),
                  "t": time.time()})
     except WipeOutError as exc:
         code = ExitCode.WIPEOUT

@@ -361,30 +361,26 @@ class Attempt:
         re-formed without it, so the dump delays nothing (the kill follows on a thread)."""
         if uid in self.handled or uid not in self.slot_of:
             return
+        from unbroken.detect.stacks import pyspy_path
+
         stacks = None
         if self.c.procs[uid].poll() is None:
-            if how == "heartbeat" and not hasattr(self.c, "dump_stacks"):
+            if how == "heartbeat" and not hasattr(self.c, "dump_stacks") and pyspy_path():
                 stacks = self._dump_then_kill(uid)
             else:
-                self.c.procs[uid].send_signal(signal.SIGKILL)
-                self.c.procs[uid].wait(timeout=10)
+                _kill(self.c.procs[uid])
         self.declare_dead(self.c.store, uid)  # survivors drop it at once, no heartbeat wait
         self.handled.add(uid)
         self.members.discard(uid)
         self.emit({"event": Event.DETECTED, "group": uid, "slot": self.slot_of[uid], "how": how,
                    **({"stacks": stacks} if stacks else {})})
 
-    def _dump_then_kill(self, uid: int) -> str | None:
+    def _dump_then_kill(self, uid: int) -> str:
         """py-spy (non-blocking: it reads a stopped or wedged process's memory) into
-        ``stacks/hung-<uid>.txt`` beside the journals, then SIGKILL, on a thread: the path, or
-        None (and the kill at once) without py-spy."""
-        from unbroken.detect.stacks import dump_stacks, pyspy_path
+        ``stacks/hung-<uid>.txt`` beside the journals, then SIGKILL, on a thread; the path."""
+        from unbroken.detect.stacks import dump_stacks
 
         proc = self.c.procs[uid]
-        if pyspy_path() is None:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(timeout=10)
-            return None
         path = Path(self.c.journal_dir) / "stacks" / f"hung-{uid}.txt"
 
         def dump_and_kill() -> None:
@@ -396,8 +392,7 @@ class Attempt:
             except OSError:
                 pass  # the dump is a diagnosis: the kill below is what matters
             finally:
-                proc.send_signal(signal.SIGKILL)
-                proc.wait(timeout=10)
+                _kill(proc)
 
         t = threading.Thread(target=dump_and_kill, name=f"hung-dump-{uid}", daemon=True)
         t.start()
@@ -529,3 +524,8 @@ class Attempt:
         code = ExitCode.INTERRUPTED if sig == signal.SIGINT else ExitCode.TERMINATED
         return Ended(code, f"stopped on {sig.name} after step {self.top}{where}; --resume "
                             f"continues", self.checkpoint)
+
+
+def _kill(proc) -> None:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
