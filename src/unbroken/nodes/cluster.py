@@ -98,7 +98,9 @@ class RemoteProc:
         self.send_signal(signal.SIGTERM)
 
     def __del__(self) -> None:
-        for fd in (self.sentinel, self._w):
+        for fd in (getattr(self, "sentinel", None), getattr(self, "_w", None)):
+            if fd is None:  # __init__ failed before its pipe (seen: EMFILE in a suite run)
+                continue
             try:
                 os.close(fd)
             except OSError:
