@@ -242,3 +242,26 @@ def test_a_failure_noticed_after_the_survivors_masked_it_is_masked_not_unresolve
     fault.pop("external")                      # an injected fault is dated by its injector:
     (f,) = ettr_report(ev).faults              # nothing after it answers it
     assert not f.masked and f.how == "unresolved"
+
+
+def test_a_straggler_replaced_in_an_admission_is_answered_there_not_by_a_later_replan():
+    # slow group 3 from step 10; the guard evicts it and its spare (uid 4) is admitted at step
+    # 30: that re-form leaves 3 out and answers it. The kill of group 1 at step 50 re-plans
+    # without 3 too, and must not be taken for the straggler's answer (the soak, 2026-12-04:
+    # a straggler "answered" by a later hang's replan swallowed that hang's time)
+    ev = journal(fault_step=50)
+    for e in ev:
+        if e["event"] == "replan":
+            e["members"] = [0, 2, 4]
+    t10 = next(e["t"] for e in ev if e["event"] == "commit" and e["step"] == 10)
+    t30 = next(e["t"] for e in ev if e["event"] == "commit" and e["step"] == 30)
+    ev.append({"event": "fault", "kind": "slow", "group": 3, "step": 10, "t": t10 + 0.01})
+    for m in (0, 1, 2, 4):
+        ev.append({"event": "admit", "step": 30, "gen": 1, "members": [0, 1, 2, 4],
+                   "joined": {"4": 3}, "source": "snapshot", "reform_at": t30 + 0.01,
+                   "t": t30 + 0.02 + 0.001 * m, "src": f"group-{m}"})
+    r = ettr_report(ev)
+    kill, slow = sorted(r.faults, key=lambda f: f.kind)
+    assert slow.masked and slow.how.startswith("replan at an admission"), slow
+    assert slow.detect_s == pytest.approx(t30 - t10, abs=1e-6)
+    assert kill.lost_s == pytest.approx(1.0)

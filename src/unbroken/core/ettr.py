@@ -23,7 +23,8 @@ Definitions used here, all derived from the journal:
   interval when it redoes one. The excesses sum to ``wall_s - productive_s`` exactly.
 * **Time lost to a fault** (``lost_s``) -- the summed excess of the intervals from the one the
   fault was injected in up to the one that next commits a new step after its resolution (the
-  replan that masked it, or the restart). An interval is charged to one fault only, so two
+  replan that masked it, an admission whose generation leaves the process out -- an evicted
+  straggler whose spare joined in the same re-form --, or the restart). An interval is charged to one fault only, so two
   failures resolved together are not counted twice: the intervals from a fault's answer (its
   replan, restart -- a wipe-out's or a guard's restore -- or the guard's ``resolved``) to the
   next new step go to the fault answered (the earliest answered first), so the restore and the
@@ -274,6 +275,9 @@ def ettr_report(events: list[dict], *, window: int = 20) -> EttrReport:
             if e.get("event") == Event.RESTART:
                 return id(e) not in guard_restarts
             members = e.get("members")
+            if e.get("event") == Event.ADMIT:
+                # an evicted process's spare admitted: the generation it forms leaves g out
+                return isinstance(members, list) and g not in members
             return e.get("event") in (Event.REPLAN, Event.WIPEOUT) and not (
                 isinstance(members, list) and g in members)
 
@@ -304,10 +308,10 @@ def ettr_report(events: list[dict], *, window: int = 20) -> EttrReport:
             masked = not res.get("restart", False)
             restart_s = 0.0 if res.get("restart") else None
             how = str(res.get("how", "resolved"))
-        elif res is not None and res["event"] == Event.REPLAN:
+        elif res is not None and res["event"] in (Event.REPLAN, Event.ADMIT):
             rt = float(res["t"])
             # several groups journal the same replan: take the earliest reform start
-            same = [e for e in evs if e.get("event") == Event.REPLAN and e.get("step") ==
+            same = [e for e in evs if e.get("event") == res["event"] and e.get("step") ==
                     res.get("step") and e.get("gen") == res.get("gen")]
             reform = min((_num(e.get("reform_at")) for e in same
                           if _num(e.get("reform_at")) is not None), default=None)
@@ -315,7 +319,11 @@ def ettr_report(events: list[dict], *, window: int = 20) -> EttrReport:
                 detect, decide = max(0.0, reform - tf), max(0.0, rt - reform)
             end_t = rt
             masked, next_commit = True, True
-            how = f"replan (phase {res.get('phase', '?')}, depth {res.get('depth', '?')})"
+            how = (f"replan (phase {res.get('phase', '?')}, depth {res.get('depth', '?')})"
+                   if res["event"] == Event.REPLAN else
+                   "replan at an admission (" + ", ".join(
+                       f"uid {u} -> slot {s}" for u, s in dict(res.get("joined") or {}).items())
+                   + ")")
             rung = "mask"
         elif res is not None:
             wipe = res if res["event"] == Event.WIPEOUT else None
