@@ -625,9 +625,14 @@ class FTComm:
         # grew fastest with N (bench/recovery_scaling.py). Read when the group is created;
         # TORCH_GLOO_LAZY_INIT=0 in the environment restores the full mesh.
         os.environ.setdefault(LAZY_INIT_ENV, "1")
+        # a client connection of the group's own: a pair connected on first use waits in
+        # gloo's thread for the peer's address through this store, holding the client for
+        # the group's timeout when that peer died after the rendezvous. On the shared client
+        # that froze every store call of the training loop -- its abort, its next re-form --
+        # for 5 s (the soak, 2026-12-04: a straggler evicted while its peers re-formed)
         dist.init_process_group(
             self.backend,
-            store=dist.PrefixStore(f"pg/{gen}", self.store),
+            store=dist.PrefixStore(f"pg/{gen}", _clone(self.store)),
             rank=members.index(self.uid),
             world_size=len(members),
             timeout=timedelta(seconds=self.init_timeout if short else self.pg_timeout),
