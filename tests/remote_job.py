@@ -96,7 +96,10 @@ class RemoteJob:
             if any(pred(e) for e in events[seen:]):
                 return
             seen = len(events)
-            assert self.thread.is_alive() and time.monotonic() < deadline
+            assert self.thread.is_alive(), (
+                f"the supervisor ended first: {self.result and self.result.message!r}; "
+                f"last events: {events[-8:]}")
+            assert time.monotonic() < deadline, f"nothing matched within {timeout}s"
             time.sleep(0.02)  # polling the supervisor's own list: it has no wake-up to give
 
     def attempt_store(self):
