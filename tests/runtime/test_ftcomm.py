@@ -152,7 +152,8 @@ def test_a_member_lost_between_rendezvous_and_process_group_costs_little_not_the
                 assert "process group not formed" in aborts[0]["reason"], aborts
             assert evs[2]["members"] == survivors  # ... and generation 2 formed without it
             if lazy == "1":
-                # gloo's thread waits for 3's address through the group's own store client:
-                # on the shared one it held every store call here (this re-form's) for the
-                # init timeout -- a rendezvous of 4 s
+                # the members wait for each other's process group before a first op, so
+                # gloo's thread never waits for 3's address on the store client they share:
+                # it held every store call here (this re-form's) for the init timeout -- a
+                # rendezvous of 4 s
                 assert evs[2]["rendezvous_s"] < 1.5, evs[2]

@@ -541,6 +541,8 @@ class FTComm:
         """Build generation ``gen``'s process group and make it current."""
         self._bury_default_pg()
         self._init_pg(gen, new)
+        if gen > 0:
+            self._await_members(gen, new)
         with self._lock:
             self._gen = gen
             self._members = new
@@ -549,6 +551,35 @@ class FTComm:
             self._detected_at = None
         if self._aborted_gen >= gen:  # raced: the new generation already broke
             self._wake.set()
+
+    def _await_members(self, gen: int, new: list[int]) -> None:
+        """Return once every member of ``gen`` has built its process group; raise
+        RuntimeError (the group is then broken before its first op) when one died or went
+        silent after the member list named it.
+
+        Gloo connects a pair on its first op, and waits for the peer's address in the store
+        for the init timeout, on the store client this loop shares: a member killed between
+        the member list and its process group (a straggler the guard evicts while its peers
+        re-form) froze every store call here -- the abort, the next re-form -- for 5 s (the
+        soak, 2026-12-04). Once every member has posted its address, no op waits on the store.
+        A client of the group's own would need a connection per re-form, and 32 members
+        connecting at once waited 5 s for the store to answer (torch 2.13's TCPStore)."""
+        st, me = self.store, self.uid
+        st.set(f"rdzv/{gen}/built/{me}", "1")
+        keys = [f"rdzv/{gen}/built/{u}" for u in new if u != me]
+        deadline = time.monotonic() + self.init_timeout
+        while keys and not st.check(keys):
+            # the heartbeat thread's judgement of the old members (death notices included);
+            # a joiner that never comes costs the deadline
+            lost = set(new) & set(self._members) - set(self.live_now()) - {me}
+            if lost:
+                raise RuntimeError(f"dead or silent before its first op: {sorted(lost)}")
+            if time.monotonic() > deadline:
+                missing = [u for u in new if u != me and
+                           not st.check([f"rdzv/{gen}/built/{u}"])]
+                raise RuntimeError(f"no process group within {self.init_timeout:.1f}s: "
+                                   f"{missing}")
+            self._stop.wait(0.002)
 
     def fail(self, reason: str) -> None:
         """Declare the current generation broken from the caller's side (every member will
@@ -625,14 +656,9 @@ class FTComm:
         # grew fastest with N (bench/recovery_scaling.py). Read when the group is created;
         # TORCH_GLOO_LAZY_INIT=0 in the environment restores the full mesh.
         os.environ.setdefault(LAZY_INIT_ENV, "1")
-        # a client connection of the group's own: a pair connected on first use waits in
-        # gloo's thread for the peer's address through this store, holding the client for
-        # the group's timeout when that peer died after the rendezvous. On the shared client
-        # that froze every store call of the training loop -- its abort, its next re-form --
-        # for 5 s (the soak, 2026-12-04: a straggler evicted while its peers re-formed)
         dist.init_process_group(
             self.backend,
-            store=dist.PrefixStore(f"pg/{gen}", _clone(self.store)),
+            store=dist.PrefixStore(f"pg/{gen}", self.store),
             rank=members.index(self.uid),
             world_size=len(members),
             timeout=timedelta(seconds=self.init_timeout if short else self.pg_timeout),
