@@ -129,3 +129,18 @@ def test_workers_still_starting_leave_with_their_launcher(entries, tmp_path):
         os.close(fd)
     finally:
         p.kill()
+
+
+@pytest.mark.timeout(60)
+def test_an_exit_status_read_by_two_threads_stays_the_real_one(entries, tmp_path):
+    # the supervisor's loop polls a hung member while a dump thread kills it: both may see the
+    # sentinel readable before either has read the status; the second read found EOF and
+    # turned the exit into 255 ("unknown"). A reader that comes second is what _collect's
+    # second call is here.
+    w = spawn.start("spawn_entries:report", ["7"], stderr_path=str(tmp_path / "e"),
+                    channel=True)
+    w.receive(timeout=30)
+    select.select([w.sentinel], [], [], 30)
+    w._collect()
+    w._collect()
+    assert w.returncode == 7 and w.poll() == 7 and w.wait(timeout=1) == 7

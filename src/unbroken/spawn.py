@@ -94,6 +94,9 @@ class Worker:
         self.pid, self.sentinel, self.args = pid, sentinel, list(args)
         self._channel = channel
         self.returncode: int | None = None
+        # the status is read once: a second reader (the supervisor's loop while a dump thread
+        # kills a hung member) would find EOF and take the exit for an unknown one (255)
+        self._collecting = threading.Lock()
 
     def poll(self) -> int | None:
         if self.returncode is None and select.select([self.sentinel], [], [], 0)[0]:
@@ -108,6 +111,11 @@ class Worker:
         return self.returncode
 
     def _collect(self) -> None:
+        with self._collecting:
+            if self.returncode is None:
+                self._read_status()
+
+    def _read_status(self) -> None:
         data = os.read(self.sentinel, _STATUS.size)
         # the server writes the status when it reaps the worker; nothing (EOF) when the server
         # itself died first: the exit is unknown, as multiprocessing reports it
