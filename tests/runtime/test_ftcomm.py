@@ -157,3 +157,23 @@ def test_a_member_lost_between_rendezvous_and_process_group_costs_little_not_the
                 # it held every store call here (this re-form's) for the init timeout -- a
                 # rendezvous of 4 s
                 assert evs[2]["rendezvous_s"] < 1.5, evs[2]
+
+
+@pytest.mark.timeout(120)
+def test_the_first_abort_rings_every_member_at_once_not_at_its_next_heartbeat():
+    # a 1 s heartbeat: a member blocked in the all-reduce that waited for its own next read of
+    # the peers' flag learned of the abort up to a second after the first member that judged
+    # the hung one stale; the doorbell wakes it within milliseconds
+    with LocalCluster(N, heartbeat=1.0, staleness=3.0, pg_timeout=30.0) as c:
+        for u in UIDS:
+            c.wait_key(f"result/{u}/10", 60)
+        t_stop = c.hang(1)
+        survivors = [0, 2, 3]
+        first_in_gen1(c, survivors, t_stop, timeout=30.0)
+        done = c.stop(survivors)
+    aborts = {u: next(e for e in done[u]["journal"] if e["event"] == "abort")
+              for u in survivors}
+    rung = [u for u, e in aborts.items() if e["reason"].endswith("(doorbell)")]
+    assert rung, aborts
+    spread = max(e["t"] for e in aborts.values()) - min(e["t"] for e in aborts.values())
+    assert spread < 0.5, aborts

@@ -18,10 +18,13 @@ So survivors do not try to fix the old group. They *abandon* it and build a new 
    completes or the generation is aborted, so no thread ever blocks in gloo. The abort flag is
    a store counter (``abort/<gen>``) that the heartbeat thread reads once a period in the same
    round trip as the peers' heartbeats, and wakes the op: the step's critical path makes no
-   store round trip. (A thread blocked in the store's ``wait`` on the flag would notice
-   sooner, but needs a store connection of its own: one per generation meant 32 members
-   connecting at every re-form, and a third connection per member at start-up, both of which
-   stalled the libuv TCPStore server for about 5 s here.)
+   store round trip. The member that aborts a generation first also rings every member's
+   *doorbell* (``bell/<gen>/<uid>``), which a thread of each member waits for in the store,
+   so members blocked in the op wake at once rather than at their next read (a re-form waits
+   for the last of them). That thread's connection is opened once, after the first
+   collective, staggered by uid: one per generation meant 32 members connecting at every
+   re-form, and a third connection per member at start-up, both of which stalled the
+   TCPStore server for about 5 s here.
 2. A heartbeat thread (own store client) bumps ``hb/<uid>`` every ``heartbeat_period`` seconds
    and watches the other members. A member whose counter has not moved for ``staleness``
    seconds (5 s until the first collective has completed: start-up is slow, not hung), or
@@ -111,6 +114,18 @@ def declare_dead(store: dist.Store, uid: int) -> None:
     """
     store.add(dead_key(uid), 1)
     store.add(DEAD_EPOCH, 1)
+
+
+#: how long a doorbell waits in the store: longer than any generation lives here (should one
+#: time out, the doorbell stops and the heartbeat's reads of the flag carry on alone)
+_BELL_WAIT = timedelta(hours=24)
+#: a doorbell's connection waits this much per uid (mod 64) after the first collective
+BELL_STAGGER_S = 0.02
+
+
+def bell_key(gen: int, uid: int) -> str:
+    """The store key that wakes member ``uid`` out of generation ``gen`` ("abort" or "left")."""
+    return f"bell/{gen}/{uid}"
 
 
 def _clone(store: dist.TCPStore) -> dist.TCPStore:
@@ -213,6 +228,7 @@ class FTComm:
         self._detected_at: float | None = None  # wall time this worker noticed the abort
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self._entered = threading.Event()  # a new generation is current (the doorbell moves on)
         self._closed = False
         self.graveyard: list[tuple[Any, Any, Any]] = []
         self.journal: list[dict[str, Any]] = []
@@ -246,6 +262,10 @@ class FTComm:
         #                                   on a missing one)
         self._thread = threading.Thread(target=self._monitor, name=f"ftcomm-hb-{uid}", daemon=True)
         self._thread.start()
+        # the abort doorbell (``_doorbell``), on a connection of its own
+        self._bell = threading.Thread(target=self._doorbell, name=f"ftcomm-bell-{uid}",
+                                      daemon=True)
+        self._bell.start()
 
         if joining:
             self._gen = -1  # no generation until admitted
@@ -489,6 +509,7 @@ class FTComm:
             with self._lock:
                 self._gen, self._members = gen, new
                 self._abort_reason, self._detected_at = None, None
+            self._ring_own(old)
             self._set_abort(gen, f"gen {gen}: process group not formed: {_short(exc)}")
             self._note_detect(self._abort_reason or "process group not formed")
         t_pg = time.monotonic()
@@ -544,6 +565,7 @@ class FTComm:
         if gen > 0:
             self._await_members(gen, new)
         with self._lock:
+            old = self._gen
             self._gen = gen
             self._members = new
             self._wake.clear()
@@ -551,6 +573,16 @@ class FTComm:
             self._detected_at = None
         if self._aborted_gen >= gen:  # raced: the new generation already broke
             self._wake.set()
+        self._ring_own(old)
+
+    def _ring_own(self, gen: int) -> None:
+        """Move this member's doorbell on from ``gen``, which it has left (a peer's "abort"
+        there, read or not, no longer matters)."""
+        self._entered.set()
+        try:
+            self.store.set(bell_key(gen, self.uid), "left")
+        except Exception:
+            self.store_lost = True
 
     def _await_members(self, gen: int, new: list[int]) -> None:
         """Return once every member of ``gen`` has built its process group; raise
@@ -636,6 +668,8 @@ class FTComm:
         self._closed = True
         self._stop.set()
         self._wake.set()
+        if not self.store_lost:
+            self._ring_own(self._gen)
         self._thread.join(timeout=2 * self.heartbeat_period + 1.0)
 
     def __enter__(self) -> FTComm:
@@ -698,11 +732,64 @@ class FTComm:
             first = self._aborted_gen < gen
             self._aborted_gen = max(self._aborted_gen, gen)
         if first:
+            st = store or self.store
+            with self._lock:
+                ring = [m for m in self._members if m != self.uid] if gen == self._gen else []
             try:  # a counter: every member's heartbeat reads it with the peers' counters
-                (store or self.store).add(f"abort/{gen}", 1)
+                st.add(f"abort/{gen}", 1)
+                if ring:  # and every member's doorbell rings now, not at its next beat
+                    st.multi_set([bell_key(gen, m) for m in ring], ["abort"] * len(ring))
             except Exception:  # no coordinator: peers will see the gloo error themselves
                 self.store_lost = True
         self._wake.set()
+
+    def _peer_aborted(self, gen: int, how: str = "") -> None:
+        """A peer broke ``gen`` (its flag, or its doorbell): wake our op, publish nothing."""
+        with self._lock:
+            if self._gen == gen and self._aborted_gen < gen:
+                self._aborted_gen = gen
+                if self._abort_reason is None:
+                    self._abort_reason = "abort flag set by a peer" + how
+        self._wake.set()
+
+    def _doorbell(self) -> None:
+        """Wait in the store for this member's doorbell of the current generation.
+
+        Members blocked in an op learned of a peer's abort at their next heartbeat read, up
+        to a period later, and a re-form's rendezvous waits for the last of them: at 32 groups
+        that was most of the 0.1 s between the first abort and the last member's. The member
+        that aborts a generation first rings every member's bell (one ``multi_set``); a member
+        that leaves a generation without an abort (a planned re-form) rings its own, to move
+        its doorbell on.
+
+        Its store connection is opened once, after the first collective and staggered by uid:
+        a burst of connections stalls torch's TCPStore for 5 s (``_await_members``), and a
+        third one per member opened at start-up took 32 groups 10 s longer to start."""
+        while not self._warm:
+            if self._stop.wait(0.1):
+                return
+        if self._stop.wait(BELL_STAGGER_S * (self.uid % 64)):
+            return
+        try:
+            st = _clone(self.store)
+        except Exception:  # no store: the heartbeat finds out and says so
+            return
+        while not self._stop.is_set():
+            with self._lock:
+                gen = self._gen
+            try:
+                st.wait([bell_key(gen, self.uid)], _BELL_WAIT)
+                rang = st.get(bell_key(gen, self.uid)) == b"abort"
+            except Exception:  # the store is gone (the heartbeat says so), or we are closing
+                return
+            if rang:
+                self._peer_aborted(gen, " (doorbell)")
+            while not self._stop.is_set():  # on to the next generation
+                with self._lock:
+                    if self._gen != gen:
+                        break
+                self._entered.wait(1.0)
+                self._entered.clear()
 
     def _check_abort(self, gen: int) -> bool:
         """The local flag: set by a gloo error here, by the heartbeat thread (a dead or stale
@@ -796,12 +883,7 @@ class FTComm:
                     why = "declared dead" if set(lost) & all_dead else "stale heartbeat"
                     self._set_abort(gen, f"{why}: {lost}", st)
                 elif self._aborted_gen < gen and flagged > 0:
-                    with self._lock:  # a peer broke the generation: wake our op
-                        if self._gen == gen and self._aborted_gen < gen:
-                            self._aborted_gen = gen
-                            if self._abort_reason is None:
-                                self._abort_reason = "abort flag set by a peer"
-                    self._wake.set()
+                    self._peer_aborted(gen)  # a peer broke the generation: wake our op
                 errors = 0
             except Exception:  # store hiccup: keep beating; repeated failures show in the count
                 self.monitor_errors += 1
