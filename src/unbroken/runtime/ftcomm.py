@@ -19,12 +19,11 @@ So survivors do not try to fix the old group. They *abandon* it and build a new 
    a store counter (``abort/<gen>``) that the heartbeat thread reads once a period in the same
    round trip as the peers' heartbeats, and wakes the op: the step's critical path makes no
    store round trip. The member that aborts a generation first also rings every member's
-   *doorbell* (``bell/<gen>/<uid>``), which a thread of each member waits for in the store,
-   so members blocked in the op wake at once rather than at their next read (a re-form waits
-   for the last of them). That thread's connection is opened once, after the first
-   collective, staggered by uid: one per generation meant 32 members connecting at every
-   re-form, and a third connection per member at start-up, both of which stalled the
-   TCPStore server for about 5 s here.
+   *doorbell*, a UDP socket each member's thread waits on (its address in ``bell/<uid>``), so
+   members blocked in the op wake at once rather than at their next read (a re-form waits
+   for the last of them). Not a thread waiting in the store: that needs a connection of its
+   own, and connections opened per re-form, while training, or a third one per member at
+   start-up all stalled the TCPStore server for about 5 s here.
 2. A heartbeat thread (own store client) bumps ``hb/<uid>`` every ``heartbeat_period`` seconds
    and watches the other members. A member whose counter has not moved for ``staleness``
    seconds (5 s until the first collective has completed: start-up is slow, not hung), or
@@ -66,6 +65,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import threading
 import time
@@ -116,16 +116,20 @@ def declare_dead(store: dist.Store, uid: int) -> None:
     store.add(DEAD_EPOCH, 1)
 
 
-#: how long a doorbell waits in the store: longer than any generation lives here (should one
-#: time out, the doorbell stops and the heartbeat's reads of the flag carry on alone)
-_BELL_WAIT = timedelta(hours=24)
-#: a doorbell's connection waits this much per uid (mod 64) after the first collective
-BELL_STAGGER_S = 0.02
+def bell_key(uid: int) -> str:
+    """The store key of member ``uid``'s doorbell address ("host:port", UDP)."""
+    return f"bell/{uid}"
 
 
-def bell_key(gen: int, uid: int) -> str:
-    """The store key that wakes member ``uid`` out of generation ``gen`` ("abort" or "left")."""
-    return f"bell/{gen}/{uid}"
+def _own_address(store: Any) -> str:
+    """This host's address as the store's host reaches it (no packet is sent)."""
+    host = getattr(store, "host", "127.0.0.1")
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, 9))
+            return s.getsockname()[0]
+    except OSError:
+        return "127.0.0.1"
 
 
 def _clone(store: dist.TCPStore) -> dist.TCPStore:
@@ -228,7 +232,6 @@ class FTComm:
         self._detected_at: float | None = None  # wall time this worker noticed the abort
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._entered = threading.Event()  # a new generation is current (the doorbell moves on)
         self._closed = False
         self.graveyard: list[tuple[Any, Any, Any]] = []
         self.journal: list[dict[str, Any]] = []
@@ -262,7 +265,12 @@ class FTComm:
         #                                   on a missing one)
         self._thread = threading.Thread(target=self._monitor, name=f"ftcomm-hb-{uid}", daemon=True)
         self._thread.start()
-        # the abort doorbell (``_doorbell``), on a connection of its own
+        # the abort doorbell (``_doorbell``): a UDP socket, so ringing it involves neither the
+        # store nor a connection
+        self._bell_sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._bell_sock.bind(("", 0))
+        self._bells: dict[int, tuple[str, int]] = {}  # member -> its doorbell's address
+        store.set(bell_key(self.uid), f"{_own_address(store)}:{self._bell_sock.getsockname()[1]}")
         self._bell = threading.Thread(target=self._doorbell, name=f"ftcomm-bell-{uid}",
                                       daemon=True)
         self._bell.start()
@@ -509,7 +517,6 @@ class FTComm:
             with self._lock:
                 self._gen, self._members = gen, new
                 self._abort_reason, self._detected_at = None, None
-            self._ring_own(old)
             self._set_abort(gen, f"gen {gen}: process group not formed: {_short(exc)}")
             self._note_detect(self._abort_reason or "process group not formed")
         t_pg = time.monotonic()
@@ -565,7 +572,6 @@ class FTComm:
         if gen > 0:
             self._await_members(gen, new)
         with self._lock:
-            old = self._gen
             self._gen = gen
             self._members = new
             self._wake.clear()
@@ -573,16 +579,6 @@ class FTComm:
             self._detected_at = None
         if self._aborted_gen >= gen:  # raced: the new generation already broke
             self._wake.set()
-        self._ring_own(old)
-
-    def _ring_own(self, gen: int) -> None:
-        """Move this member's doorbell on from ``gen``, which it has left (a peer's "abort"
-        there, read or not, no longer matters)."""
-        self._entered.set()
-        try:
-            self.store.set(bell_key(gen, self.uid), "left")
-        except Exception:
-            self.store_lost = True
 
     def _await_members(self, gen: int, new: list[int]) -> None:
         """Return once every member of ``gen`` has built its process group; raise
@@ -668,8 +664,10 @@ class FTComm:
         self._closed = True
         self._stop.set()
         self._wake.set()
-        if not self.store_lost:
-            self._ring_own(self._gen)
+        try:  # wake the doorbell thread so that it sees the stop
+            self._bell_sock.sendto(b"stop", ("127.0.0.1", self._bell_sock.getsockname()[1]))
+        except OSError:
+            pass
         self._thread.join(timeout=2 * self.heartbeat_period + 1.0)
 
     def __enter__(self) -> FTComm:
@@ -737,11 +735,20 @@ class FTComm:
                 ring = [m for m in self._members if m != self.uid] if gen == self._gen else []
             try:  # a counter: every member's heartbeat reads it with the peers' counters
                 st.add(f"abort/{gen}", 1)
-                if ring:  # and every member's doorbell rings now, not at its next beat
-                    st.multi_set([bell_key(gen, m) for m in ring], ["abort"] * len(ring))
             except Exception:  # no coordinator: peers will see the gloo error themselves
                 self.store_lost = True
+            self._ring(gen, ring)  # and every member's doorbell rings now, not at its next beat
         self._wake.set()
+
+    def _ring(self, gen: int, members: list[int]) -> None:
+        msg = f"abort {gen}".encode()
+        for m in members:
+            addr = self._bells.get(m)
+            if addr is not None:
+                try:
+                    self._bell_sock.sendto(msg, addr)
+                except OSError:
+                    pass  # the heartbeat's read of the flag is still on its way
 
     def _peer_aborted(self, gen: int, how: str = "") -> None:
         """A peer broke ``gen`` (its flag, or its doorbell): wake our op, publish nothing."""
@@ -753,43 +760,36 @@ class FTComm:
         self._wake.set()
 
     def _doorbell(self) -> None:
-        """Wait in the store for this member's doorbell of the current generation.
+        """Wait for this member's doorbell: a datagram "abort <gen>" from the member that
+        aborted generation ``gen`` first.
 
         Members blocked in an op learned of a peer's abort at their next heartbeat read, up
         to a period later, and a re-form's rendezvous waits for the last of them: at 32 groups
-        that was most of the 0.1 s between the first abort and the last member's. The member
-        that aborts a generation first rings every member's bell (one ``multi_set``); a member
-        that leaves a generation without an abort (a planned re-form) rings its own, to move
-        its doorbell on.
-
-        Its store connection is opened once, after the first collective and staggered by uid:
-        a burst of connections stalls torch's TCPStore for 5 s (``_await_members``), and a
-        third one per member opened at start-up took 32 groups 10 s longer to start."""
-        while not self._warm:
-            if self._stop.wait(0.1):
-                return
-        if self._stop.wait(BELL_STAGGER_S * (self.uid % 64)):
-            return
-        try:
-            st = _clone(self.store)
-        except Exception:  # no store: the heartbeat finds out and says so
-            return
+        most of the 0.1 s between the first abort and the last member's. A datagram needs no
+        store round trip and no connection; the store cannot serve as the bell: a thread
+        waiting there needs a connection of its own, and a connection opened while the box
+        trains (or a third one per member at start-up) stalled torch's TCPStore for 5 s; a
+        wait with a timeout on the heartbeat's connection took 200 ms a call. A datagram
+        lost costs what there was before: the next heartbeat read."""
         while not self._stop.is_set():
-            with self._lock:
-                gen = self._gen
             try:
-                st.wait([bell_key(gen, self.uid)], _BELL_WAIT)
-                rang = st.get(bell_key(gen, self.uid)) == b"abort"
-            except Exception:  # the store is gone (the heartbeat says so), or we are closing
+                data = self._bell_sock.recv(64)
+            except OSError:
                 return
-            if rang:
-                self._peer_aborted(gen, " (doorbell)")
-            while not self._stop.is_set():  # on to the next generation
-                with self._lock:
-                    if self._gen != gen:
-                        break
-                self._entered.wait(1.0)
-                self._entered.clear()
+            parts = data.split()
+            if len(parts) == 2 and parts[0] == b"abort" and parts[1].isdigit():
+                self._peer_aborted(int(parts[1]), " (doorbell)")
+
+    def _learn_bells(self, st: Any, members: list[int]) -> None:
+        """Read the doorbell addresses of members not known yet (heartbeat thread, off the
+        critical path; a member's is posted before it can be a member)."""
+        for m in members:
+            if m == self.uid or m in self._bells:
+                continue
+            key = bell_key(m)
+            if st.check([key]):
+                host, port = st.get(key).decode().rsplit(":", 1)
+                self._bells[m] = (host, int(port))
 
     def _check_abort(self, gen: int) -> bool:
         """The local flag: set by a gloo error here, by the heartbeat thread (a dead or stale
@@ -841,6 +841,8 @@ class FTComm:
                 with self._lock:
                     gen, members = self._gen, list(self._members)
                 others = [m for m in members if m != me]
+                if any(m not in self._bells for m in others):
+                    self._learn_bells(st, others)
                 watch = list(self.watched)
                 # the generation's abort counter rides in the same round trip
                 keys = [hb_key(m) for m in others] + [f"abort/{gen}", DEAD_EPOCH]
