@@ -85,8 +85,8 @@ from stragglers import log, losses, run_case  # noqa: E402
 
 TRACES = ("none", "persistent:1@2", "persistent:1@1.5,persistent:2@3", "bursty:0",
           "rotating:0.3", "cpu_hog")
-MODES = ("sync", "mask", "ksync:3", "groups", "async", "auto", "auto-ml")
-STATIC = ("sync", "mask", "ksync:3", "groups", "async")
+MODES = ("sync", "mask", "ksync:3", "ksync:2", "groups", "async", "auto", "auto-ml")
+STATIC = ("sync", "mask", "ksync:3", "ksync:2", "groups", "async")
 #: auto with STAR's ML selector (trained at the start of the run: ``train_selector``)
 SELECTOR: dict = {}
 
@@ -99,12 +99,14 @@ def run(trace: str, mode: str, steps: int, seed: int, hogs: int) -> dict:
 
 def train_selector(path: str, seed: int) -> dict:
     """The runtime selector for these 4-group runs (what ``unbroken sync train-selector
-    --runtime --groups 4`` writes); its held-out comparison with the heuristic."""
+    --runtime --groups 4 [--cores C]`` writes, C this machine's cores when the 4 groups
+    outnumber them); its held-out comparison with the heuristic."""
     from unbroken.sync import modelfile
     from unbroken.sync.selector import compare
     from unbroken.sync.selector import train_selector as train
 
-    sel = train(groups=4, n=2000, seed=seed, runtime=True)
+    cores = len(os.sched_getaffinity(0))  # what a run sets (supervise.spec._host_cores)
+    sel = train(groups=4, n=2000, seed=seed, runtime=True, cores=cores if 4 > cores else 0)
     sel.meta["held_out"] = compare(sel, n=300, seed=seed + 1)
     modelfile.save(path, "selector", sel.state, sel.meta)
     return {"path": path, "examples": 2000, "held_out": sel.meta["held_out"]}
@@ -292,7 +294,7 @@ def main() -> None:
             if pool.get(m) and pool.get(r) else None
             for m in ("auto", "auto-ml") if m in ms
             for ref, r in (("sync", "sync"), ("best_static", pb)) if r is not None}}
-        for m in ("ksync:3", "groups", "async"):
+        for m in ("ksync:3", "ksync:2", "groups", "async"):
             if m not in s:
                 continue
             s[f"{m}_over_sync"] = ratio(t, m, "sync")

@@ -348,6 +348,40 @@ def test_ksync_as_the_runtime_runs_it_is_priced_by_deferral_not_staleness():
     assert tta_of("ksync:3", t, stale) != tta_of("ksync:3", t, defer)
 
 
+def test_groups_sharing_cores_are_priced_at_the_contention_each_mode_leaves():
+    from unbroken.core.sync import ksync_defer_estimate, uncontended
+
+    cm = CostModel.for_runtime(8, 2, noise_scale=64.0, cores=2)
+    assert (cm.contention(4), cm.contention(3), cm.contention(2), cm.contention(1)) == \
+        (2.0, 1.5, 1.0, 1.0)
+    assert CostModel().contention(32) == 1.0  # a device per group
+    # measured: 4 groups computing on 2 cores, 17 ms of CPU a shard each; group 3 favoured
+    # by the scheduler (19 ms), the straggler waiting 17 ms more than its share (a slow
+    # device); CPU time unknown for group 2 (a background thread): divided by the contention
+    row = uncontended([0.034, 0.051, 0.034, 0.019], [0.017, 0.017, 0.0, 0.017], cm)
+    assert row == pytest.approx([0.017, 0.034, 0.017, 0.017])
+    # two computing: each had a core of its own; a group that computed nothing stays 0
+    assert uncontended([0.017, 0.0, 0.0, 0.017], [0.017, 0, 0, 0.017], cm) == \
+        pytest.approx([0.017, 0.0, 0.0, 0.017])
+    dev = replace(cm, cores=0)  # a device per group: the walls as measured
+    assert uncontended([0.034, 0.0, 0.05, 0.02], [0.01, 0.0, 0.01, 0.01], dev) == \
+        [0.034, 0.0, 0.05, 0.02]
+    est = estimates(row, cm, greedy_mask=True)
+    assert est["sync"].tta == pytest.approx(0.068)  # as measured: everyone computes
+    # ksync:2: two groups compute two shards each at full speed (0.034); ksync:3 three
+    # groups 4/3 shards each at 1.5x contention (0.034 too, and its varying batch costs)
+    k2, k3 = ksync_defer_estimate(row, 2, cm), ksync_defer_estimate(row, 3, cm)
+    assert k2.gap == pytest.approx(0.034) and k3.gap == pytest.approx(0.034)
+    assert k2.tta < k3.tta and est["ksync"].mode == "ksync:2"
+    # with a device per group the same straggler gives ksync:3 (4/3 of a shard)
+    assert estimates(row, dev, greedy_mask=True)["ksync"].mode == "ksync:3"
+    d = decide(AutoState(), row, cm, confirm=1, allowed=("sync", "mask", "ksync"),
+               greedy_mask=True)
+    assert d.mode == "ksync:2", d.reason
+    with pytest.raises(ValueError, match="cores -1"):
+        CostModel(cores=-1)
+
+
 def test_auto_chooses_ksync_when_its_deferral_is_predicted_soonest():
     cm = CostModel(shard_batch=8, noise_scale=64.0, redundancy=2, ksync_defers=True)
     allowed = ("sync", "mask", "ksync")

@@ -70,9 +70,9 @@ __all__ = ["MODES", "Mode", "parse_mode", "CostModel", "ModeEstimate", "Selectio
            "flag_stragglers", "tta_of", "estimates", "AutoState", "AutoDecision", "decide",
            "Chooser", "AUTO_MODES", "noise_scale_terms", "NoiseScale", "RUNTIME_MODES",
            "predict_times", "mask_bench", "bench_for_mode", "KsyncStep", "ksync_step",
-           "drain_step", "ksync_defer_estimate", "data_step_losses", "RUNTIME_MIN_GAIN",
-           "RUNTIME_MC_UPDATES", "MAX_STALENESS", "Job", "AsyncStep", "async_units",
-           "stream_shard", "async_step", "restart_after"]
+           "drain_step", "ksync_defer_estimate", "uncontended", "data_step_losses",
+           "RUNTIME_MIN_GAIN", "RUNTIME_MC_UPDATES", "MAX_STALENESS", "Job", "AsyncStep",
+           "async_units", "stream_shard", "async_step", "restart_after"]
 
 MODES = ("sync", "mask", "ksync", "groups", "async", "auto")
 #: the order ties are broken in: the safest (most synchronous) mode first
@@ -140,6 +140,14 @@ class CostModel:
         ksync_defers: price ``ksync`` as the runtime runs it (the late groups' samples are
             deferred and caught up on fresh parameters: :func:`ksync_defer_estimate`, K the
             best of 1..N-1) instead of STAR's k-sync (late gradients applied stale).
+        cores: the CPU cores the groups' compute shares; 0: each group computes on a device
+            of its own (STAR's setting, and every cluster's). With N groups on C < N cores,
+            P groups computing at once each get min(1, C / P) of a core (processor sharing:
+            :meth:`contention`), so a mode that idles some groups speeds up the others --
+            ``ksync:2`` of 4 groups on 2 cores computes 2 shards a group at full speed, as fast
+            as ``sync``'s 4 at half speed. The times the model is given are then each group's
+            per-shard time on a core of its own (:func:`uncontended`), and each mode's step is
+            priced at the contention of the groups it keeps computing.
     """
 
     shard_batch: int = 8
@@ -153,17 +161,18 @@ class CostModel:
     mc_updates: int = 1000
     seed: int = 0
     ksync_defers: bool = False
+    cores: int = 0
 
     @classmethod
     def for_runtime(cls, shard_batch: int, redundancy: int, noise_scale: float = 0.0,
-                    comm_s: float = 0.0, seed: int = 0) -> "CostModel":
+                    comm_s: float = 0.0, seed: int = 0, cores: int = 0) -> "CostModel":
         """The model the runtime's ``auto`` decides with, and ``plan --stragglers`` prices
         by (one selector): ``ksync`` as the runtime runs it (deferral, nothing stale), a
         :data:`RUNTIME_MC_UPDATES`-update Monte-Carlo, and :data:`RUNTIME_MIN_GAIN` to
         leave sync."""
         return cls(shard_batch=shard_batch, redundancy=redundancy, noise_scale=noise_scale,
                    comm_s=comm_s, seed=seed, mc_updates=RUNTIME_MC_UPDATES,
-                   ksync_defers=True, min_gain=RUNTIME_MIN_GAIN)
+                   ksync_defers=True, min_gain=RUNTIME_MIN_GAIN, cores=cores)
 
     def __post_init__(self) -> None:
         if self.shard_batch < 1:
@@ -179,6 +188,13 @@ class CostModel:
         if self.redundancy < 1 or self.mc_updates < 1:
             raise ValueError(f"redundancy {self.redundancy} and mc_updates "
                              f"{self.mc_updates} must be at least 1")
+        if not (isinstance(self.cores, int) and self.cores >= 0):
+            raise ValueError(f"cores {self.cores!r} must be an integer >= 0")
+
+    def contention(self, computing: int) -> float:
+        """How much slower than on a core of its own each of ``computing`` groups computing
+        at once runs: max(1, computing / cores); 1 with a device per group (``cores`` 0)."""
+        return 1.0 if self.cores <= 0 else max(1.0, computing / self.cores)
 
     def iters(self, batch: float) -> float:
         """Relative iterations to the same progress at ``batch`` samples per update."""
@@ -311,7 +327,8 @@ def star_k_scan(times: Sequence[float], cm: CostModel) -> tuple[int, float]:
 def _mask_estimate(t: np.ndarray, flagged: Sequence[int], cm: CostModel) -> ModeEstimate:
     n = t.size
     if not flagged:
-        return ModeEstimate("mask", float(t.max()), float(t.max()), n * cm.shard_batch, 0.0,
+        s = float(t.max()) * cm.contention(n)
+        return ModeEstimate("mask", s, s, n * cm.shard_batch, 0.0,
                             "no straggler to leave out: the sync step")
     if cm.redundancy < 2:
         return ModeEstimate("mask", math.inf, math.inf, n * cm.shard_batch, 0.0,
@@ -328,7 +345,8 @@ def _mask_estimate(t: np.ndarray, flagged: Sequence[int], cm: CostModel) -> Mode
                             f"leaving out {len(flagged)} group(s) is a {d.reason}")
     compute = np.maximum(t - cm.comm_s, 0.0)
     depth = {w: len(ts) for w, ts in d.contributions().items()}
-    gap = max(depth[w] * compute[w] for w in depth) + cm.comm_s
+    # the survivors compute at once (the left-out groups' probes are rare: not priced)
+    gap = max(depth[w] * compute[w] for w in depth) * cm.contention(len(depth)) + cm.comm_s
     deepest = max(depth.values())
     return ModeEstimate("mask", gap, gap, n * cm.shard_batch, 0.0,
                         f"leaves out {sorted(int(g) for g in flagged)}, survivors' stacks up to "
@@ -356,13 +374,13 @@ def ksync_defer_estimate(times: Sequence[float], k: int, cm: CostModel) -> ModeE
     if not 1 <= k <= n:
         raise ValueError(f"k {k} outside [1, {n}]")
     if k == n:
-        return ModeEstimate(f"ksync:{k}", float(t.max()), float(t.max()), n * b, 0.0,
-                            "K = N: the sync step")
+        s = float(t.max()) * cm.contention(n)
+        return ModeEstimate(f"ksync:{k}", s, s, n * b, 0.0, "K = N: the sync step")
     fast = np.sort(t)[:k]
     compute = float(max(fast.max() - cm.comm_s, 0.0))
     m = -(-(n - k) // k)
     f = (n - k) / (m * k)
-    gap = cm.comm_s + compute * n / k
+    gap = cm.comm_s + compute * n / k * cm.contention(k)
     iters = 1.0 / ((1 - f) / cm.iters(k * b) + f / cm.iters((k + m * k) * b))
     return ModeEstimate(f"ksync:{k}", gap * iters / cm.iters(n * b), gap, n * b, 0.0,
                         f"defers the {n - k} slowest, the {k} fastest catch up "
@@ -384,7 +402,8 @@ def estimates(times: Sequence[float], cm: CostModel,
     ref = cm.iters(n * b)
     if flagged is None:
         flagged = flag_stragglers(t, cm.straggler_ratio)
-    out = {"sync": ModeEstimate("sync", float(t.max()), float(t.max()), n * b, 0.0)}
+    c = cm.contention(n)  # sync, groups and async keep every group computing
+    out = {"sync": ModeEstimate("sync", float(t.max()) * c, float(t.max()) * c, n * b, 0.0)}
     if greedy_mask:
         out["mask"] = _mask_greedy(t, flagged, cm)
     else:
@@ -395,19 +414,19 @@ def estimates(times: Sequence[float], cm: CostModel,
                            key=lambda e: e.tta, default=out["sync"])
     else:
         k, _ = star_k_scan(t, cm)
-        g = ksync_gap(t, k, cm.mc_updates, cm.seed)
+        g = ksync_gap(t * c, k, cm.mc_updates, cm.seed)
         tta_k = g.gap * cm.iters(k * b) / ref * (1 + lam * g.staleness)
         out["ksync"] = ModeEstimate(f"ksync:{k}", tta_k, g.gap, k * b, g.staleness,
                                     "k from STAR's scan")
     clusters = cluster_times(t, cm.cluster_fraction)
-    slowest = [float(t[c].max()) for c in clusters]
-    rate = sum(1.0 / (cm.iters(len(c) * b) * s) for c, s in zip(clusters, slowest))
+    slowest = [float(t[m].max()) * c for m in clusters]
+    rate = sum(1.0 / (cm.iters(len(m) * b) * s) for m, s in zip(clusters, slowest))
     gap_groups = 1.0 / sum(1.0 / s for s in slowest)
     out["groups"] = ModeEstimate(
         "groups", (1.0 / rate) / ref * (1 + lam * (len(clusters) - 1)), gap_groups,
         n * b / len(clusters), float(len(clusters) - 1),
         f"{len(clusters)} cluster(s) of sizes {[len(c) for c in clusters]}")
-    t_async = float(1.0 / np.sum(1.0 / t))
+    t_async = float(1.0 / np.sum(1.0 / t)) * c
     out["async"] = ModeEstimate("async", t_async * cm.iters(b) / ref * (1 + lam * (n - 1)),
                                 t_async, b, float(n - 1))
     return out
@@ -456,7 +475,7 @@ def tta_of(mode: str, times: Sequence[float], cm: CostModel,
     if cm.ksync_defers:
         return ksync_defer_estimate(times, m.k, cm).tta
     n, b = len(times), cm.shard_batch
-    g = ksync_gap(times, m.k, cm.mc_updates, cm.seed)
+    g = ksync_gap(_times(times) * cm.contention(n), m.k, cm.mc_updates, cm.seed)
     return g.gap * cm.iters(m.k * b) / cm.iters(n * b) * (1 + cm.staleness_cost * g.staleness)
 
 
@@ -643,6 +662,29 @@ RUNTIME_MODES = ("sync", "mask", "ksync", "groups", "async", "auto")
 AUTO_MODES = ("sync", "mask", "ksync")
 
 
+def uncontended(walls: Sequence[float], cpus: Sequence[float], cm: CostModel) -> list[float]:
+    """One step's measured per-shard times (one per group; 0 or less: computed nothing) as
+    each group's time on a core of its own, so that a window mixes steps of different modes
+    fairly. With a device per group (``cm.cores`` 0) they are returned as they are.
+
+    Sharing cores, group i's wall time w_i is its CPU time c_i stretched by the contention
+    s = :meth:`CostModel.contention` of the groups computing that step, plus what is not CPU
+    at all (a slow device's wait, the sleep of an injected straggler): w_i = c_i s + x_i. On
+    a core of its own it takes c_i + x_i, with x_i = max(0, w_i - c_i s): a group the
+    scheduler favoured (w_i under c_i s) has no x_i, so its 17 ms of CPU is 17 ms whether it
+    measured 34 ms or 19 (dividing by s alone read 9.5 ms for that lucky one, and the lower
+    envelope of a window kept it: equal groups looked 1.9x apart). ``cpus`` <= 0: unknown
+    (a background job's thread), w_i / s."""
+    s = cm.contention(sum(1 for v in walls if v > 0))
+    if cm.cores <= 0:
+        return [float(v) if v > 0 else 0.0 for v in walls]
+    out = []
+    for w, c in zip(walls, cpus):
+        w, c = float(w), float(c)
+        out.append(0.0 if w <= 0 else w / s if c <= 0 else c + max(0.0, w - c * s))
+    return out
+
+
 def predict_times(window: Sequence[Sequence[float]]) -> list[float] | None:
     """Each group's predicted per-shard compute time from its recent measurements (one row
     per step, one column per group; 0 or less: not measured that step, e.g. a group left out
@@ -669,7 +711,8 @@ def _mask_greedy(t: np.ndarray, flagged: Sequence[int], cm: CostModel) -> ModeEs
     while leaving it out too lowers the predicted step by ``cm.min_gain`` and RECTLR can give
     its types to other hosts. The estimate's ``left_out`` is the subset (empty: the sync
     step)."""
-    best = ModeEstimate("mask", float(t.max()), float(t.max()), t.size * cm.shard_batch, 0.0,
+    s = float(t.max()) * cm.contention(t.size)
+    best = ModeEstimate("mask", s, s, t.size * cm.shard_batch, 0.0,
                         "leaving no straggler out is soonest: the sync step")
     out: tuple[int, ...] = ()
     for g in sorted(flagged, key=lambda i: (-t[i], i)):
@@ -695,7 +738,7 @@ def mask_bench(times: Sequence[float], benched: Sequence[int],
         return (), "mask: no straggler predicted"
     est = _mask_greedy(t, flagged, cm)
     return est.left_out, (f"mask: stragglers {list(flagged)}: {est.note}; predicted step "
-                          f"{est.tta:.4g} s vs sync {t.max():.4g} s")
+                          f"{est.tta:.4g} s vs sync {t.max() * cm.contention(t.size):.4g} s")
 
 
 def bench_for_mode(d: AutoDecision, benched: Sequence[int]) -> tuple[int, ...]:

@@ -47,6 +47,10 @@ class TrainConfig:
     # ``auto``'s chooser: the path of an ML selector model file (``unbroken sync
     # train-selector --runtime``; STAR's ML selector), None: the TTA heuristic
     selector: str | None = None
+    # the CPU cores every group's compute shares, when the launcher runs all groups on one
+    # machine's CPUs and there are more groups than cores (the sync modes price a mode at the
+    # contention it leaves: ``unbroken.core.sync.CostModel.cores``); 0: a device per group
+    host_cores: int = 0
 
     @property
     def backend(self) -> str:
@@ -60,6 +64,8 @@ class TrainConfig:
             del d["sync"]
         if d["selector"] is None:
             del d["selector"]
+        if d["host_cores"] == 0:
+            del d["host_cores"]
         return json.dumps(d)
 
     @classmethod

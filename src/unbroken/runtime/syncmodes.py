@@ -118,13 +118,23 @@ and, under groups/async, four cells per group (see above). The two cells per gro
 group's own compute per shard type this step (0: computed nothing) and the squared norm of one
 of its shard gradients (the noise scale's small batch; the reduced gradient's norm is the big
 batch: :class:`unbroken.core.sync.NoiseScale`, McCandlish et al.).
-Every member reads the same reduced bytes, keeps the same window of the last
-:data:`WINDOW` steps, and calls the same pure functions of :mod:`unbroken.core.sync`
+Every member reads the same reduced bytes, keeps the same last :data:`WINDOW` measurements
+of each group, and calls the same pure functions of :mod:`unbroken.core.sync`
 (:func:`~unbroken.core.sync.predict_times`, :func:`~unbroken.core.sync.mask_bench`,
 :func:`~unbroken.core.sync.decide`), so all take the same plan at the same boundary without
-a message of their own. A benched group has no compute to report, so every :data:`PROBE`
-steps it computes its own first shard type for the clock only (not contributed): that is how
-``mask`` and ``auto`` see a straggler recover.
+a message of their own. A group left out as a straggler has no compute to report, so every
+:data:`PROBE` steps it computes its own first shard type for the clock only (not
+contributed): that is how ``mask`` and ``auto`` see a straggler recover. A fast group that
+``ksync`` defers (K below the groups that are not stragglers) does not probe: what was last
+measured of it stands.
+
+Shared cores. When the launcher runs every group on one machine's CPUs and there are more
+groups than cores (``TrainConfig.host_cores``, set by the supervisor), a group's measured time
+depends on how many groups computed beside it. Each measurement is stored as the group's time
+on a core of its own (:func:`~unbroken.core.sync.uncontended`) and the cost model prices each
+mode at the contention of the groups it keeps computing (``CostModel.cores``): on 2 cores,
+``ksync:2`` of 4 groups computes two shards a group at full speed, as fast as ``sync``'s four
+at half speed, and under one 2x straggler faster than ``ksync:3``'s three groups on two cores.
 
 A new generation (a failure re-plan, an admission) resets this state on every member at its
 settle (a joiner has no history), and the next boundaries rebuild it.
@@ -135,13 +145,14 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from unbroken.core.sync import (AUTO_MODES, MAX_STALENESS, RUNTIME_MODES, AsyncStep,
                                 AutoState, CostModel, Job, KsyncStep, NoiseScale, async_step,
                                 bench_for_mode, data_step_losses, decide, drain_step,
-                                ksync_step, mask_bench, parse_mode, predict_times,
-                                restart_after)
+                                flag_stragglers, ksync_step, mask_bench, parse_mode,
+                                predict_times, restart_after, uncontended)
 from unbroken.core.rectlr import WipeOut
 from unbroken.events import Event
 from unbroken.runtime import stepbuf as sb
@@ -151,7 +162,7 @@ from unbroken.runtime.stacked import StackedRunner
 
 __all__ = ["ModeRunner", "make_runner", "WINDOW", "PROBE"]
 
-#: steps of per-group compute times behind a prediction, their minimum
+#: measurements of a group's per-shard time behind its prediction, their minimum
 #: (the load of a shared machine only ever adds time). 15, not 5: four
 #: single-thread workers on two cores take turns in phases that outlast 5 steps, so a 5-step
 #: minimum still read 1.78x between equal groups (bench/sync_modes.py, no straggler, quiet
@@ -159,8 +170,11 @@ __all__ = ["ModeRunner", "make_runner", "WINDOW", "PROBE"]
 #: TTA and chose ksync:3 (not ksync:2) under one 2x straggler with 1 switch instead of 13.
 #: The cost: a new straggler is believed 15 steps late (a recovery at once).
 WINDOW = 15
-#: a benched group computes its own shard type for the clock every PROBE steps
-PROBE = 4
+#: a group left out as a straggler computes its own shard type for the clock every PROBE steps
+#: (how a recovery is seen). Not free where groups share cores: at 4, with both groups ksync:2
+#: defers probing, the straggler's run took 12 % longer (bench/sync_modes.py, 4 groups on 2
+#: cores); a fast group that is deferred does not probe
+PROBE = 8
 
 
 def make_runner(cfg: Any, *args: Any, **kw: Any) -> StackedRunner:
@@ -201,7 +215,8 @@ class ModeRunner(StackedRunner):
         # my catch-up: (step, sum, seconds, shards, {catch-up index: its loss})
         self._outer_journal = journal
         self._off = n + (n * n if cfg.sdc_every > 0 else 0)  # the region, from the gradient's end
-        self.cost = CostModel(shard_batch=cfg.shard_size, redundancy=cfg.redundancy)
+        self.cost = CostModel(shard_batch=cfg.shard_size, redundancy=cfg.redundancy,
+                              cores=cfg.host_cores)
         self._choose = None  # auto's chooser: the heuristic, or STAR's ML selector (--selector)
         if cfg.selector is not None:
             from unbroken.sync.cli import load_selector
@@ -212,7 +227,11 @@ class ModeRunner(StackedRunner):
 
     # ------------------------------------------------------------------ state
     def _reset_modes(self) -> None:
-        self.window: list[list[float]] = []
+        # per group its last WINDOW measured per-shard times, on a core of its own
+        # (core.sync.uncontended): measurements, not steps, so a group left out keeps what
+        # was last measured of it until a probe says more
+        self.hist: list[list[float]] = [[] for _ in self.cursor]
+        self.slow: tuple[int, ...] = ()   # the groups predicted stragglers: they probe
         self.bench: tuple[int, ...] = ()
         self._replan = False              # the plan came from a settle: set ours again
         self.auto = AutoState()
@@ -221,7 +240,6 @@ class ModeRunner(StackedRunner):
         self._probe: tuple[int, float] | None = None   # (step, seconds per type)
         self._sq: tuple[int, float] | None = None      # (step, |g_type|^2)
         self._rec: tuple[int, dict] | None = None      # (step, groups/async commit fields)
-        self._known = [0.0] * len(self.cursor)          # each group's last measured time
 
     def _journal(self, ev: dict) -> None:
         if ev.get("event") == Event.COMMIT:
@@ -240,12 +258,15 @@ class ModeRunner(StackedRunner):
             rec = self._rec
             if rec is not None and rec[0] == ev["step"]:
                 ev.update(rec[1])
+            if self._probe is not None and self._probe[0] == ev["step"]:
+                ev["probe_s"] = round(self._probe[1], 6)  # left out, computed for the clock
         self._outer_journal(ev)
 
     def _buflen(self) -> int:
         # time and |g|^2 per group, a coverage cell and a loss cell per caught-up shard (up to
-        # _cap each), and under groups/async four cells per group (_cells)
-        return super()._buflen() + 2 * self.cfg.groups + 2 * self._cap + \
+        # _cap each), under groups/async four cells per group (_cells), and the CPU seconds
+        # per shard of each group (_cpu_cells)
+        return super()._buflen() + 3 * self.cfg.groups + 2 * self._cap + \
             (4 * self.cfg.groups if self._bg else 0)
 
     def _cells(self) -> int:
@@ -287,7 +308,7 @@ class ModeRunner(StackedRunner):
         ks = self._ks_now()
         if ks is not None and ks[1].catch_up and (self._extra is None or self._extra[0] != k) \
                 and self.step_error is None:
-            t0, acc, n_cu, losses = time.perf_counter(), None, 0, {}
+            t0, c0, acc, n_cu, losses = time.perf_counter(), time.thread_time(), None, 0, {}
             own_loss = dict(self.trainer.last_loss)  # the step's loss is its own shards'
             for j, (w, s, t) in enumerate(ks[1].catch_up):
                 if w == slot:  # a deferred shard, on today's parameters
@@ -297,7 +318,8 @@ class ModeRunner(StackedRunner):
                     losses[j] = self.trainer.last_loss.get(t, float("nan"))
             self.trainer.last_loss.clear()
             self.trainer.last_loss.update(own_loss)
-            self._extra = (k, acc, time.perf_counter() - t0, n_cu, losses)
+            self._extra = (k, acc, time.perf_counter() - t0, n_cu, losses,
+                           time.thread_time() - c0)
         mine = self.contrib.get(slot, ())
         if mine:
             if (self._sq is None or self._sq[0] != k) and mine[0] in self.grads \
@@ -306,12 +328,12 @@ class ModeRunner(StackedRunner):
                 self._sq = (k, float(torch.dot(g, g)))
         elif self._bg:
             self._bg_prepare()
-        elif k % PROBE == 0 and (self._probe is None or self._probe[0] != k) \
-                and self.step_error is None:
+        elif k % PROBE == 0 and slot in self.slow \
+                and (self._probe is None or self._probe[0] != k) and self.step_error is None:
             # benched: the own shard type for the clock only (not contributed)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             self.trainer.grad(k, self.layout.stack(slot)[0])
-            self._probe = (k, time.perf_counter() - t0)
+            self._probe = (k, time.perf_counter() - t0, time.thread_time() - c0)
 
     def _own_time(self) -> float:
         dv = self._dv_now()
@@ -328,10 +350,31 @@ class ModeRunner(StackedRunner):
             return self._probe[1]
         return 0.0
 
+    def _own_cpu(self) -> float:
+        """The CPU seconds per shard behind :meth:`_own_time` (this thread's); 0: unknown (a
+        background job's thread)."""
+        if self._dv_now() is not None:
+            return 0.0
+        own = self.grads_step == self.step
+        ex = self._extra if self._extra is not None and self._extra[0] == self.step else None
+        if ex is not None and ex[3] > 0:
+            return ((self.cpu_s if own else 0.0) + ex[5]) / \
+                ((self.compute_n if own else 0) + ex[3])
+        if self.compute_n > 0 and own:
+            return self.cpu_s / self.compute_n
+        if self._probe is not None and self._probe[0] == self.step:
+            return self._probe[2]
+        return 0.0
+
+    def _cpu_cells(self) -> int:
+        """Offset (from the gradient's end) of the CPU seconds per shard cells, one a group."""
+        return self._cells() + (4 * self.cfg.groups if self._bg else 0)
+
     def _pack(self) -> torch.Tensor:
         buf = super()._pack()
         base, n, w = self.trainer.numel + self._off, self.cfg.groups, self.my_slot
         buf[base + w] = self._own_time()
+        buf[self.trainer.numel + self._cpu_cells() + w] = self._own_cpu()
         if self._sq is not None and self._sq[0] == self.step:
             buf[base + n + w] = self._sq[1]
         ks = self._ks_now()
@@ -434,8 +477,12 @@ class ModeRunner(StackedRunner):
         times = rest[self._off:self._off + n]
         sqs = [v for v in rest[self._off + n:self._off + 2 * n] if v > 0]
         live = set(self.live_slots(self.op_members))
-        self.window = (self.window + [[t if w in live else 0.0 for w, t in enumerate(times)]]
-                       )[-WINDOW:]
+        cpus = rest[self._cpu_cells():self._cpu_cells() + n]
+        row = uncontended([t if w in live else 0.0 for w, t in enumerate(times)], cpus,
+                          self.cost)
+        for w, t in enumerate(row):
+            if t > 0:
+                self.hist[w] = (self.hist[w] + [t])[-WINDOW:]
         if sqs:
             mean_g = self._grad_norm(buf) / n  # the reduced sum's norm / N: the mean gradient
             self.noise.update(sqs, self.cfg.shard_size, mean_g * mean_g,
@@ -452,7 +499,11 @@ class ModeRunner(StackedRunner):
         if self._bg:
             self._decide_bg(step, live)
             return
-        pred = predict_times(self.window)
+        pred = self._predict()
+        # who probes while computing nothing of its own: a predicted straggler (it stays one
+        # until within 10 % of the fastest), not a fast group ksync defers
+        self.slow = () if pred is None else \
+            flag_stragglers(pred, self.cost.straggler_ratio, self.slow)
         if self.sync_mode == "ksync":
             self._decide_ksync(step, pred, live, self.k)
             return
@@ -464,7 +515,8 @@ class ModeRunner(StackedRunner):
             phi = self.noise.phi
             # ksync priced as run here: deferral, nothing stale (core.sync.ksync_defer_estimate)
             cm = CostModel.for_runtime(self.cfg.shard_size, self.cfg.redundancy,
-                                       noise_scale=max(0.0, phi) if phi is not None else 0.0)
+                                       noise_scale=max(0.0, phi) if phi is not None else 0.0,
+                                       cores=self.cost.cores)
             d = decide(self.auto, pred, cm, allowed=AUTO_MODES, greedy_mask=True,
                        choose=self._choose)
             if d.switched:
@@ -473,6 +525,7 @@ class ModeRunner(StackedRunner):
                               "predicted": {k: round(v, 6) for k, v in
                                             (d.selection.tta() if d.selection else {}).items()},
                               "times": [round(t, 6) for t in pred], "noise_scale": phi,
+                              **({"cores": cm.cores} if cm.cores else {}),
                               "t": time.time()})
             self.auto = d.state
             if d.mode.startswith("ksync"):
@@ -523,17 +576,12 @@ class ModeRunner(StackedRunner):
 
     # ------------------------------------------------------------------ groups / async
     def _predict(self) -> list[float] | None:
-        """Each group's lowest time of the window, or (a background group delivers only every
-        few steps) its last measured one; None while a group was never measured."""
-        out = []
-        for w in range(self.cfg.groups):
-            seen = [row[w] for row in self.window if row[w] > 0]
-            if seen:
-                self._known[w] = min(seen)
-            if self._known[w] <= 0:
-                return None
-            out.append(self._known[w])
-        return out
+        """Each group's lowest of its last WINDOW measured times (a background group delivers
+        only every few steps, a benched one probes); None while a group was never measured."""
+        rows = np.zeros((WINDOW, self.cfg.groups))
+        for w, h in enumerate(self.hist):
+            rows[:len(h), w] = h
+        return predict_times(rows.tolist())
 
     def _decide_bg(self, step: int, live: set[int]) -> None:
         """groups/async: the plan of step ``step`` (:func:`unbroken.core.sync.async_step`),

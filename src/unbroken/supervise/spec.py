@@ -331,7 +331,20 @@ def train_config(spec: JobSpec, sdc_every: int = 0):
                        shard_size=spec.shard_size, sdc_every=sdc_every,
                        stragglers=normalize_spec(spec.stragglers), sync=spec.sync,
                        selector=None if spec.selector is None
-                       else str(Path(spec.selector).resolve()))
+                       else str(Path(spec.selector).resolve()),
+                       host_cores=_host_cores(spec))
+
+
+def _host_cores(spec: JobSpec) -> int:
+    """The cores the groups share when this machine runs them all (the supervisor's own
+    workers, or ``--local-nodes`` agents) and they outnumber its cores; 0 otherwise (agents
+    elsewhere: a machine each; ``sync``: nothing prices modes)."""
+    import os
+
+    cores = len(os.sched_getaffinity(0))
+    if spec.sync == "sync" or spec.nodes or spec.groups <= cores:
+        return 0
+    return cores
 
 
 def load_trainer(cfg):

@@ -70,6 +70,10 @@ def add_args(sp: argparse.ArgumentParser) -> None:
                     help="with --runtime: the job's samples per group per step (default 8)")
     ts.add_argument("--redundancy", type=_pos_int, default=None, metavar="R",
                     help="with --runtime: the job's SPARe redundancy (default 2)")
+    ts.add_argument("--cores", type=_pos_int, default=None, metavar="C",
+                    help="with --runtime: the CPU cores the job's groups share on one machine "
+                         "(a run sets it when its groups outnumber the machine's cores; "
+                         "default: a device per group)")
     ts.add_argument("--json", action="store_true")
 
 
@@ -180,11 +184,13 @@ def _train_selector(a: argparse.Namespace) -> dict:
     from unbroken.sync import modelfile
     from unbroken.sync.selector import compare, train_selector
 
-    if not a.runtime and (a.shard_batch is not None or a.redundancy is not None):
-        raise ValueError("train-selector: --shard-batch and --redundancy describe the job a "
-                         "runtime selector is for; they need --runtime")
+    if not a.runtime and (a.shard_batch is not None or a.redundancy is not None
+                          or a.cores is not None):
+        raise ValueError("train-selector: --shard-batch, --redundancy and --cores describe the "
+                         "job a runtime selector is for; they need --runtime")
     s = train_selector(groups=a.groups, n=a.examples, seed=a.seed, runtime=a.runtime,
-                       shard_batch=a.shard_batch or 8, redundancy=a.redundancy or 2)
+                       shard_batch=a.shard_batch or 8, redundancy=a.redundancy or 2,
+                       cores=a.cores or 0)
     s.meta["held_out"] = compare(s, n=a.held_out, seed=a.seed + 1)
     sha = modelfile.save(a.out, "selector", s.state, s.meta)
     return {"action": "train-selector", "out": a.out, "sha256": sha,

@@ -92,7 +92,7 @@ def _cost_model(meta: dict, seed: int) -> CostModel:
     c = meta["cost_model"]
     if meta.get("for") == "runtime":
         return CostModel.for_runtime(meta["shard_batch"], c["redundancy"], comm_s=c["comm_s"],
-                                     seed=seed)
+                                     seed=seed, cores=c.get("cores", 0))
     return CostModel(redundancy=c["redundancy"], comm_s=c["comm_s"],
                      staleness_cost=c["staleness_cost"], mc_updates=c["mc_updates"],
                      shard_batch=meta["shard_batch"], seed=seed)
@@ -161,14 +161,15 @@ class MLSelector:
 
 def train_selector(groups: int = 8, n: int = 2000, seed: int = 0, cm: CostModel | None = None,
                    epochs: int = 300, runtime: bool = False, shard_batch: int = 8,
-                   redundancy: int = 2) -> MLSelector:
+                   redundancy: int = 2, cores: int = 0) -> MLSelector:
     """Label ``n`` simulated profiles with the heuristic and fit the MLP (full batch, Adam,
     cross-entropy), seeded. ``runtime``: label as the runtime's ``auto`` decides (its cost
-    model, its modes, ``greedy_mask``), for a job of ``shard_batch`` and ``redundancy``."""
+    model, its modes, ``greedy_mask``), for a job of ``shard_batch`` and ``redundancy`` whose
+    groups share ``cores`` CPU cores (0: a device each; ``CostModel.cores``)."""
     import torch
 
     if runtime:
-        cm = cm or CostModel.for_runtime(shard_batch, redundancy, seed=seed)
+        cm = cm or CostModel.for_runtime(shard_batch, redundancy, seed=seed, cores=cores)
         allowed, greedy = AUTO_MODES, True
     else:
         cm = cm or CostModel(redundancy=2, comm_s=0.1, mc_updates=200, seed=seed)
@@ -196,7 +197,7 @@ def train_selector(groups: int = 8, n: int = 2000, seed: int = 0, cm: CostModel 
     meta = {"kind": "selector", "for": "runtime" if runtime else "star",
             "allowed": list(allowed), "groups": groups, "classes": classes,
             "shard_batch": cm.shard_batch, "mean": mean.tolist(), "std": std.tolist(),
-            "cost_model": {"comm_s": cm.comm_s, "redundancy": cm.redundancy,
+            "cost_model": {"comm_s": cm.comm_s, "redundancy": cm.redundancy, "cores": cm.cores,
                            "staleness_cost": cm.staleness_cost, "mc_updates": cm.mc_updates},
             "labels": "heuristic on simulated profiles", "examples": n, "label_counts": counts,
             "train_loss": loss.item(), "seed": seed, "label_s": round(label_s, 3),
