@@ -35,6 +35,11 @@ equivalent step* (divided by iters(N B)), so sync's TTA is simply its step time,
   step like failed ones, ``core.rectlr.decide`` gives the surviving hosts their types, and the
   step costs max over survivors of (types it computes x its per-type compute) + the all-reduce.
   The gradient is exactly the synchronous one, so iters = iters(N B) and no staleness.
+* Groups sharing CPU cores (``CostModel.cores``; 0, a device per group, is STAR's setting):
+  P groups computing at once each run at 1 / max(1, P / C) of a core, so every mode is priced
+  at the contention it leaves, on per-group times measured as if alone
+  (:func:`uncontended`). A mode that idles groups then speeds up the others: on 2 cores
+  ``ksync:2`` of 4 groups costs what ``sync`` does without a straggler.
 
 The heuristic is the *intended* logic of star.md section 4 -- the scan for k in which the gap
 for i workers is carried from one iteration to the next (the code never updates it), the
