@@ -49,7 +49,11 @@ def test_mask_leaves_a_3x_straggler_out_sooner_than_sync_with_the_same_parameter
     rep = exactly_once(ledger_records(mask), CFG.steps, CFG.groups)
     assert rep.ok and rep.records == CFG.steps * CFG.groups, rep
     benches = events(mask[0], "bench")
-    assert benches and benches[0]["bench"] == [1], benches
+    # the straggler is left out from the first bench on. Where the groups share cores (4 on
+    # this 2-core machine) leaving a second group out can be sooner too (2 survivors at full
+    # speed): mask may take one the load made look slow, and bring it back
+    assert benches and 1 in benches[0]["bench"], benches
+    assert all(1 in e["bench"] for e in benches), benches
     first = benches[0]["step"]
     assert all(e["mine"] == [] for e in events(mask[1], "commit")[first:])
     # every member decided the same at the same boundary

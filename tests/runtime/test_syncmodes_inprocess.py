@@ -324,8 +324,8 @@ def test_auto_with_the_ml_selector_lets_the_network_choose(stores, tmp_path):
     sel = train_selector(groups=4, n=100, seed=0, epochs=100, runtime=True)
     path = tmp_path / "selector.pt"
     modelfile.save(str(path), "selector", sel.state, sel.meta)
-    until = 10
-    job = _job(replace(CFG, sync="auto", selector=str(path)), stores,
+    until = 10  # 32 steps: the recovery is seen by probes every PROBE = 8 steps
+    job = _job(replace(CFG, sync="auto", selector=str(path), steps=32), stores,
                lambda s: 0.05 if s < until else BASE)
     assert job.error == {}
     job.ledger_ok()
