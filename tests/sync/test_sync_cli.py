@@ -30,7 +30,10 @@ def test_sync_commands_bad_input_is_one_line_exit_2(cli, tmp_path):
               str(tmp_path / "m.bin")),
              ("sync", "train-selector", "--out", "x", "--groups", "-2"),
              ("sync", "train-selector", "--out", str(tmp_path / "s.pt"), "--shard-batch",
-              "16")]
+              "16"),
+             ("sync", "train-selector", "--out", str(tmp_path / "s.pt"), "--cores", "2"),
+             ("sync", "train-selector", "--out", str(tmp_path / "s.pt"), "--runtime",
+              "--cores", "0")]
     for i, args in enumerate(cases):
         p = cli(*args)
         if i == 0:
