@@ -13,6 +13,18 @@ def test_plan_stragglers_json_and_bad_specs(cli, tmp_path):
     d = json.loads(p.stdout)
     assert set(d["modes"]) == {"sync", "mask", "ksync", "groups", "async"}
     assert d["auto"]["vs_sync"] < 0.75 and d["straggler_frequency"] == 1.0
+    # 4 groups sharing 2 cores (what a run on this machine prices by): ksync:2, not ksync:3
+    plans = {}
+    for extra in ((), ("--cores", "2")):
+        p = cli("plan", "--stragglers", "persistent:1@2", "--groups", "4", "--step-time",
+                "1s", "--allreduce", "0.2s", "--straggler-steps", "30", "--json", *extra)
+        assert p.returncode == 0, p.stderr
+        plans[extra[-1] if extra else "device"] = json.loads(p.stdout)
+    assert plans["device"]["cores"] == 0 and plans["2"]["cores"] == 2
+    assert plans["device"]["modes"]["ksync"]["mode"] == "ksync:3"
+    assert plans["2"]["modes"]["ksync"]["mode"] == "ksync:2"
+    # the all-reduce is not stretched: sync's step is 0.2 + 2 x (2 x 1 s) on 2 cores
+    assert plans["2"]["modes"]["sync"]["gap_s"] == pytest.approx(4.2)
     csv = tmp_path / "s.csv"
     csv.write_text("0,1,0.5\n")
     for spec in ("persistent:9@2", str(csv)):

@@ -201,6 +201,14 @@ class CostModel:
         at once runs: max(1, computing / cores); 1 with a device per group (``cores`` 0)."""
         return 1.0 if self.cores <= 0 else max(1.0, computing / self.cores)
 
+    def stretch(self, t: float | np.ndarray, computing: int) -> float | np.ndarray:
+        """Step time(s) ``t`` (compute + ``comm_s``) with ``computing`` groups computing at
+        once: the compute part stretched by :meth:`contention`, the all-reduce not; ``t``
+        unchanged with a device per group."""
+        if self.cores <= 0:
+            return t
+        return self.comm_s + np.maximum(t - self.comm_s, 0.0) * self.contention(computing)
+
     def iters(self, batch: float) -> float:
         """Relative iterations to the same progress at ``batch`` samples per update."""
         return 1.0 + self.noise_scale / batch
@@ -332,7 +340,7 @@ def star_k_scan(times: Sequence[float], cm: CostModel) -> tuple[int, float]:
 def _mask_estimate(t: np.ndarray, flagged: Sequence[int], cm: CostModel) -> ModeEstimate:
     n = t.size
     if not flagged:
-        s = float(t.max()) * cm.contention(n)
+        s = float(cm.stretch(t.max(), n))
         return ModeEstimate("mask", s, s, n * cm.shard_batch, 0.0,
                             "no straggler to leave out: the sync step")
     if cm.redundancy < 2:
@@ -379,7 +387,7 @@ def ksync_defer_estimate(times: Sequence[float], k: int, cm: CostModel) -> ModeE
     if not 1 <= k <= n:
         raise ValueError(f"k {k} outside [1, {n}]")
     if k == n:
-        s = float(t.max()) * cm.contention(n)
+        s = float(cm.stretch(t.max(), n))
         return ModeEstimate(f"ksync:{k}", s, s, n * b, 0.0, "K = N: the sync step")
     fast = np.sort(t)[:k]
     compute = float(max(fast.max() - cm.comm_s, 0.0))
@@ -407,8 +415,8 @@ def estimates(times: Sequence[float], cm: CostModel,
     ref = cm.iters(n * b)
     if flagged is None:
         flagged = flag_stragglers(t, cm.straggler_ratio)
-    c = cm.contention(n)  # sync, groups and async keep every group computing
-    out = {"sync": ModeEstimate("sync", float(t.max()) * c, float(t.max()) * c, n * b, 0.0)}
+    ts = cm.stretch(t, n)  # sync, groups and async keep every group computing
+    out = {"sync": ModeEstimate("sync", float(ts.max()), float(ts.max()), n * b, 0.0)}
     if greedy_mask:
         out["mask"] = _mask_greedy(t, flagged, cm)
     else:
@@ -419,19 +427,19 @@ def estimates(times: Sequence[float], cm: CostModel,
                            key=lambda e: e.tta, default=out["sync"])
     else:
         k, _ = star_k_scan(t, cm)
-        g = ksync_gap(t * c, k, cm.mc_updates, cm.seed)
+        g = ksync_gap(ts, k, cm.mc_updates, cm.seed)
         tta_k = g.gap * cm.iters(k * b) / ref * (1 + lam * g.staleness)
         out["ksync"] = ModeEstimate(f"ksync:{k}", tta_k, g.gap, k * b, g.staleness,
                                     "k from STAR's scan")
     clusters = cluster_times(t, cm.cluster_fraction)
-    slowest = [float(t[m].max()) * c for m in clusters]
+    slowest = [float(ts[m].max()) for m in clusters]
     rate = sum(1.0 / (cm.iters(len(m) * b) * s) for m, s in zip(clusters, slowest))
     gap_groups = 1.0 / sum(1.0 / s for s in slowest)
     out["groups"] = ModeEstimate(
         "groups", (1.0 / rate) / ref * (1 + lam * (len(clusters) - 1)), gap_groups,
         n * b / len(clusters), float(len(clusters) - 1),
         f"{len(clusters)} cluster(s) of sizes {[len(c) for c in clusters]}")
-    t_async = float(1.0 / np.sum(1.0 / t)) * c
+    t_async = float(1.0 / np.sum(1.0 / ts))
     out["async"] = ModeEstimate("async", t_async * cm.iters(b) / ref * (1 + lam * (n - 1)),
                                 t_async, b, float(n - 1))
     return out
@@ -480,7 +488,7 @@ def tta_of(mode: str, times: Sequence[float], cm: CostModel,
     if cm.ksync_defers:
         return ksync_defer_estimate(times, m.k, cm).tta
     n, b = len(times), cm.shard_batch
-    g = ksync_gap(_times(times) * cm.contention(n), m.k, cm.mc_updates, cm.seed)
+    g = ksync_gap(cm.stretch(_times(times), n), m.k, cm.mc_updates, cm.seed)
     return g.gap * cm.iters(m.k * b) / cm.iters(n * b) * (1 + cm.staleness_cost * g.staleness)
 
 
@@ -716,7 +724,7 @@ def _mask_greedy(t: np.ndarray, flagged: Sequence[int], cm: CostModel) -> ModeEs
     while leaving it out too lowers the predicted step by ``cm.min_gain`` and RECTLR can give
     its types to other hosts. The estimate's ``left_out`` is the subset (empty: the sync
     step)."""
-    s = float(t.max()) * cm.contention(t.size)
+    s = float(cm.stretch(t.max(), t.size))
     best = ModeEstimate("mask", s, s, t.size * cm.shard_batch, 0.0,
                         "leaving no straggler out is soonest: the sync step")
     out: tuple[int, ...] = ()
@@ -743,7 +751,7 @@ def mask_bench(times: Sequence[float], benched: Sequence[int],
         return (), "mask: no straggler predicted"
     est = _mask_greedy(t, flagged, cm)
     return est.left_out, (f"mask: stragglers {list(flagged)}: {est.note}; predicted step "
-                          f"{est.tta:.4g} s vs sync {t.max() * cm.contention(t.size):.4g} s")
+                          f"{est.tta:.4g} s vs sync {float(cm.stretch(t.max(), t.size)):.4g} s")
 
 
 def bench_for_mode(d: AutoDecision, benched: Sequence[int]) -> tuple[int, ...]:

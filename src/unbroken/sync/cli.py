@@ -91,6 +91,9 @@ def add_plan_args(pl: argparse.ArgumentParser) -> None:
                    help="SPARe redundancy available to mask (1: no mask)")
     g.add_argument("--straggler-steps", type=_pos_int, default=300,
                    help="steps of the profile to evaluate")
+    g.add_argument("--cores", type=_pos_int, default=None, metavar="C",
+                   help="the CPU cores the groups share on one machine, as a run sets it when "
+                        "its groups outnumber them (default: a device per group)")
 
 
 def plan(a: argparse.Namespace, sc) -> dict:
@@ -100,7 +103,7 @@ def plan(a: argparse.Namespace, sc) -> dict:
     phi = a.noise_scale if a.noise_scale is not None else float(sc.groups * a.shard_batch)
     # the runtime's own selector: ksync priced as the runtime runs it (deferral)
     cm = CostModel.for_runtime(a.shard_batch, a.mask_redundancy, noise_scale=phi,
-                               comm_s=sc.allreduce, seed=a.seed)
+                               comm_s=sc.allreduce, seed=a.seed, cores=a.cores or 0)
     return straggler_plan(a.stragglers, sc.groups, a.straggler_steps, sc.t_compute,
                           sc.allreduce, cm, seed=a.seed)
 

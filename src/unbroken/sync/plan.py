@@ -54,7 +54,7 @@ def straggler_plan(spec: str, groups: int, steps: int, t_compute: float, t_allre
         state = d.state
         auto_s += n * tta_of(d.mode, mean, cm)
         used[d.mode] += n
-        ideal += n * (t_compute + t_allreduce)
+        ideal += n * float(cm.stretch(t_compute + t_allreduce, groups))
         if d.switched:
             switches += 1
             reasons.append(f"step {lo}: {d.reason}")
@@ -71,10 +71,11 @@ def straggler_plan(spec: str, groups: int, steps: int, t_compute: float, t_allre
         "stragglers": spec, "kind": spec.split(":", 1)[0] if ":" in spec else "csv",
         "groups": groups, "steps": steps,
         "t_compute": t_compute, "t_allreduce": t_allreduce, "noise_scale": cm.noise_scale,
-        "shard_batch": cm.shard_batch, "redundancy": cm.redundancy,
+        "shard_batch": cm.shard_batch, "redundancy": cm.redundancy, "cores": cm.cores,
         "staleness_cost": cm.staleness_cost, "window": WINDOW,
         "straggler_frequency": straggler_frequency(times),
-        "sync_trace_s": float(times.max(axis=1).sum()), "straggler_free_s": ideal,
+        "sync_trace_s": float(cm.stretch(times, groups).max(axis=1).sum()),
+        "straggler_free_s": ideal,
         "modes": modes, "best_static": best,
         "auto": {"tta_s": auto_s, "vs_sync": auto_s / sync_s, "switches": switches,
                  "steps_in_mode": dict(used), "reasons": reasons[:20]},
@@ -97,7 +98,8 @@ def plan_lines(p: dict) -> list[str]:
     lines = [f"Straggler plan: {p['stragglers']} on {p['groups']} groups, {p['steps']} steps "
              f"of {p['t_compute']:g} s compute + {p['t_allreduce']:g} s all-reduce; noise "
              f"scale {p['noise_scale']:g} samples, B = {p['shard_batch']}, r = "
-             f"{p['redundancy']}; straggler frequency {p['straggler_frequency']:.0%}",
+             f"{p['redundancy']}; straggler frequency {p['straggler_frequency']:.0%}"
+             + (f"; the groups share {p['cores']} cores" if p.get("cores") else ""),
              f"{'mode':<24}{'update gap':>12}{'TTA':>14}{'vs sync':>9}"]
     for f, m in p["modes"].items():
         mark = "  <- best static" if f == p["best_static"] else ""
