@@ -105,8 +105,10 @@ def train_selector(path: str, seed: int) -> dict:
     from unbroken.sync.selector import compare
     from unbroken.sync.selector import train_selector as train
 
-    cores = len(os.sched_getaffinity(0))  # what a run sets (supervise.spec._host_cores)
-    sel = train(groups=4, n=2000, seed=seed, runtime=True, cores=cores if 4 > cores else 0)
+    from unbroken.core.sync import shared_cores
+
+    cores = shared_cores(4, len(os.sched_getaffinity(0)))  # what a run sets
+    sel = train(groups=4, n=2000, seed=seed, runtime=True, cores=cores)
     sel.meta["held_out"] = compare(sel, n=300, seed=seed + 1)
     modelfile.save(path, "selector", sel.state, sel.meta)
     return {"path": path, "examples": 2000, "held_out": sel.meta["held_out"]}

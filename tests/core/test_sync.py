@@ -380,6 +380,9 @@ def test_groups_sharing_cores_are_priced_at_the_contention_each_mode_leaves():
     assert d.mode == "ksync:2", d.reason
     with pytest.raises(ValueError, match="cores -1"):
         CostModel(cores=-1)
+    from unbroken.core.sync import shared_cores
+    assert (shared_cores(4, 2), shared_cores(2, 2), shared_cores(32, 16), shared_cores(4, 0)) \
+        == (2, 0, 16, 0)
     # only the compute part of a step is stretched, not the all-reduce
     assert CostModel(cores=2, comm_s=0.1).stretch(1.1, 4) == pytest.approx(2.1)
     assert CostModel(comm_s=0.1).stretch(1.1, 4) == 1.1

@@ -75,9 +75,9 @@ __all__ = ["MODES", "Mode", "parse_mode", "CostModel", "ModeEstimate", "Selectio
            "flag_stragglers", "tta_of", "estimates", "AutoState", "AutoDecision", "decide",
            "Chooser", "AUTO_MODES", "noise_scale_terms", "NoiseScale", "RUNTIME_MODES",
            "predict_times", "mask_bench", "bench_for_mode", "KsyncStep", "ksync_step",
-           "drain_step", "ksync_defer_estimate", "uncontended", "data_step_losses",
-           "RUNTIME_MIN_GAIN", "RUNTIME_MC_UPDATES", "MAX_STALENESS", "Job", "AsyncStep",
-           "async_units", "stream_shard", "async_step", "restart_after"]
+           "drain_step", "ksync_defer_estimate", "uncontended", "shared_cores",
+           "data_step_losses", "RUNTIME_MIN_GAIN", "RUNTIME_MC_UPDATES", "MAX_STALENESS",
+           "Job", "AsyncStep", "async_units", "stream_shard", "async_step", "restart_after"]
 
 MODES = ("sync", "mask", "ksync", "groups", "async", "auto")
 #: the order ties are broken in: the safest (most synchronous) mode first
@@ -675,6 +675,13 @@ RUNTIME_MODES = ("sync", "mask", "ksync", "groups", "async", "auto")
 AUTO_MODES = ("sync", "mask", "ksync")
 
 
+def shared_cores(groups: int, cores: int) -> int:
+    """``CostModel.cores`` for ``groups`` groups that all compute on one machine's ``cores``
+    CPU cores: the cores when the groups outnumber them, else 0 (each group has a core of its
+    own, as good as a device: nothing to price)."""
+    return cores if groups > cores > 0 else 0
+
+
 def uncontended(walls: Sequence[float], cpus: Sequence[float], cm: CostModel) -> list[float]:
     """One step's measured per-shard times (one per group; 0 or less: computed nothing) as
     each group's time on a core of its own, so that a window mixes steps of different modes
@@ -688,9 +695,9 @@ def uncontended(walls: Sequence[float], cpus: Sequence[float], cm: CostModel) ->
     measured 34 ms or 19 (dividing by s alone read 9.5 ms for that lucky one, and the lower
     envelope of a window kept it: equal groups looked 1.9x apart). ``cpus`` <= 0: unknown
     (a background job's thread), w_i / s."""
-    s = cm.contention(sum(1 for v in walls if v > 0))
     if cm.cores <= 0:
         return [float(v) if v > 0 else 0.0 for v in walls]
+    s = cm.contention(sum(1 for v in walls if v > 0))
     out = []
     for w, c in zip(walls, cpus):
         w, c = float(w), float(c)

@@ -337,14 +337,15 @@ def train_config(spec: JobSpec, sdc_every: int = 0):
 
 def _host_cores(spec: JobSpec) -> int:
     """The cores the groups share when this machine runs them all (the supervisor's own
-    workers, or ``--local-nodes`` agents) and they outnumber its cores; 0 otherwise (agents
-    elsewhere: a machine each; ``sync``: nothing prices modes)."""
+    workers, or ``--local-nodes`` agents): ``core.sync.shared_cores``; 0 with agents elsewhere
+    (a machine each) and under ``sync`` (nothing prices modes)."""
     import os
 
-    cores = len(os.sched_getaffinity(0))
-    if spec.sync == "sync" or spec.nodes or spec.groups <= cores:
+    from unbroken.core.sync import shared_cores
+
+    if spec.sync == "sync" or spec.nodes:
         return 0
-    return cores
+    return shared_cores(spec.groups, len(os.sched_getaffinity(0)))
 
 
 def load_trainer(cfg):
