@@ -82,6 +82,21 @@ def test_degraded_steps_after_masking_are_lost_but_not_in_the_fault_window():
     assert r.ettr == pytest.approx(10 / (11 + 79 * 0.05))
 
 
+def test_warm_up_steps_before_an_early_failure_do_not_set_the_baseline():
+    # the first 4 intervals warm up (0.2 s), then a masked fault at step 5 costing 1 s, then
+    # 0.1 s steps: the baseline is the steady step, so the fault and the warm-up cost time
+    ev = journal(steps=30, fault_step=5)
+    for e in ev:
+        if e["event"] == "commit":
+            e["t"] += 0.1 * min(e["step"], 4)
+        elif e["event"] in ("fault", "replan", "end"):
+            e["t"] += 0.4
+    r = ettr_report(ev)
+    assert r.step_s == pytest.approx(0.1)
+    assert r.faults[0].lost_s == pytest.approx(1.0) and r.ettr < 1
+    assert r.ettr == pytest.approx(3.0 / (3.0 + 1.0 + 0.4))
+
+
 def test_hang_detected_only_by_heartbeat_is_masked():
     ev = journal(fault_step=60, kind="hang", group=3, extra=2.0)
     tf = next(e["t"] for e in ev if e["event"] == "fault")
