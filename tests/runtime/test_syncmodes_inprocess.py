@@ -292,12 +292,12 @@ def test_async_delivers_a_stragglers_gradients_late_and_stale_each_shard_once(st
 
 @pytest.mark.timeout(60)
 def test_groups_cluster_members_deliver_together_and_the_fast_cluster_is_synchronous(stores):
-    # two equally slow groups: one background cluster. 30 ms for the fast ones: the linkage
-    # threshold is 10 % of the fastest, and at 10 ms a busy machine's noise (over 1 ms) split
-    # the pair in 3 of 8 runs
+    # two equally slow groups: one background cluster. 60 ms for the fast ones: the linkage
+    # threshold is 10 % of the fastest, and a loaded machine's noise on the pair's background
+    # jobs split it at 10 ms (3 of 8 runs under a busy loop) and at 30 ms (once in a suite)
     def prepare(u, runner):
-        runner.trainer = Sleepy(runner.trainer, (lambda s: 0.12) if u in (1, 2)
-                                else (lambda s: 0.03))
+        runner.trainer = Sleepy(runner.trainer, (lambda s: 0.24) if u in (1, 2)
+                                else (lambda s: 0.06))
     job = Job(replace(CFG, sync="groups"), stores, prepare=prepare, runner=ModeRunner).run()
     _bg_checks(job)
     commits = job.commits(0)
