@@ -228,6 +228,31 @@ def test_predict_times_is_the_lower_envelope_and_waits_for_every_group():
     assert predict_times([[1.0, 3.0], [5.0, 0.0], [1.2, 2.9]]) == [1.0, 2.9]
 
 
+def test_blocked_time_is_split_off_exactly_and_followed_over_a_short_window():
+    from unbroken.core.sync import predict_times, split_times, uncontended
+
+    cm = CostModel.for_runtime(8, 2, cores=2)
+    walls, cpus = [0.034, 0.051, 0.040, 0.034], [0.017, 0.017, 0.017, 0.0]
+    # group 0: its fair share of the 2 cores (17 ms waiting); group 1: asleep 17 ms on top;
+    # group 2: 23 ms waiting (the scheduler's unfairness, not sleep); group 3: CPU unknown
+    on, off = split_times(walls, cpus, [0.017, 0.017, 0.023, -1.0], cm)
+    assert off == pytest.approx([0.0, 0.017, 0.0, 0.0])
+    assert on == pytest.approx([0.017, 0.017, 0.023, 0.017])
+    # the two parts add up to what uncontended makes of the whole
+    assert [a + b for a, b in zip(on, off)] == pytest.approx(uncontended(walls, cpus, cm))
+    # a wait unknown: everything on a core, as before
+    assert split_times(walls, cpus, [-1.0] * 4, cm) == (uncontended(walls, cpus, cm),
+                                                        [0.0] * 4)
+    dev = replace(cm, cores=0)  # a device per group: on a core = CPU + wait
+    assert split_times([0.05, 0.0], [0.01, 0.0], [0.01, 0.0], dev) == \
+        (pytest.approx([0.02, 0.0]), pytest.approx([0.03, 0.0]))
+    # the prediction: the long window's envelope of the on-core parts plus the short one's
+    # of the blocked parts (-1: not measured); a sleep 3 steps old already counts in full
+    pred = predict_times([[1.0, 1.0], [1.1, 1.2], [1.0, 1.0]], [[2.0, -1.0], [2.1, 0.5]])
+    assert pred == pytest.approx([3.0, 1.5])
+    assert predict_times([[1.0, 1.0]], [[-1.0, -1.0]]) == [1.0, 1.0]
+
+
 def test_mask_bench_leaves_out_a_3x_straggler_but_not_a_2x_one():
     from unbroken.core.sync import mask_bench
 

@@ -18,7 +18,7 @@ from fakecomm import StorePool  # noqa: E402
 from test_runner_inprocess import Job, max_diff  # noqa: E402
 
 from unbroken.runtime.config import TrainConfig  # noqa: E402
-from unbroken.runtime.syncmodes import AUTO_MODES, PROBE, ModeRunner  # noqa: E402
+from unbroken.runtime.syncmodes import AUTO_MODES, BLOCKED_WINDOW, PROBE, ModeRunner  # noqa: E402
 from unbroken.runtime.trainer import reference_run  # noqa: E402
 from unbroken.testing.faults import TrainerProxy  # noqa: E402
 
@@ -115,6 +115,22 @@ def test_auto_leaves_sync_for_the_mode_it_predicts_soonest_and_comes_back(stores
     modes = [e["sync"] for e in job.events(SLOW, "commit")]
     assert modes[-1] == "sync" and any(m.startswith("ksync") for m in modes)
     assert all(_untimed(job.events(u, "mode_switch")) == _untimed(switches) for u in job.uids)
+
+
+@pytest.mark.timeout(60)
+def test_auto_sees_a_group_start_to_sleep_within_a_few_steps(stores):
+    # from step 10 on group 1 sleeps 50 ms a gradient (a machine that became slow): blocked
+    # time is exact, so its prediction follows in BLOCKED_WINDOW (3) measurements and auto
+    # leaves sync 2 decisions later, not after the 15-measurement window of the on-core part
+    start = 10
+    cfg = replace(CFG, sync="auto", steps=22)
+    job = _job(cfg, stores, lambda s: 0.05 if s >= start else BASE)
+    assert job.error == {}, job.error
+    job.ledger_ok()
+    on = job.events(0, "mode_switch")[0]
+    assert on["from"] == "sync" and on["to"] != "sync", on
+    assert start + BLOCKED_WINDOW <= on["step"] <= start + BLOCKED_WINDOW + 3, on
+    assert on["times"][SLOW] > 3 * min(on["times"]), on  # 60 ms against 10 and the compute
 
 
 @pytest.mark.timeout(60)

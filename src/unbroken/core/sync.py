@@ -75,7 +75,7 @@ __all__ = ["MODES", "Mode", "parse_mode", "CostModel", "ModeEstimate", "Selectio
            "flag_stragglers", "tta_of", "estimates", "AutoState", "AutoDecision", "decide",
            "Chooser", "AUTO_MODES", "noise_scale_terms", "NoiseScale", "RUNTIME_MODES",
            "predict_times", "mask_bench", "bench_for_mode", "KsyncStep", "ksync_step",
-           "drain_step", "ksync_defer_estimate", "uncontended", "shared_cores",
+           "drain_step", "ksync_defer_estimate", "uncontended", "split_times", "shared_cores",
            "data_step_losses", "RUNTIME_MIN_GAIN", "RUNTIME_MC_UPDATES", "MAX_STALENESS",
            "Job", "AsyncStep", "async_units", "stream_shard", "async_step", "restart_after"]
 
@@ -705,7 +705,37 @@ def uncontended(walls: Sequence[float], cpus: Sequence[float], cm: CostModel) ->
     return out
 
 
-def predict_times(window: Sequence[Sequence[float]]) -> list[float] | None:
+def split_times(walls: Sequence[float], cpus: Sequence[float], waits: Sequence[float],
+                cm: CostModel) -> tuple[list[float], list[float]]:
+    """One step's measured per-shard times, each split into the part spent on a core and the
+    part *blocked* (asleep: a device's or the network's wait, an injected straggler's sleep),
+    for a predictor that trusts them differently (:func:`predict_times`).
+
+    ``waits``: each group's run-queue wait per shard (runnable, no core:
+    :func:`unbroken.runtime.resources.runqueue_wait`; below 0: unknown). Wall = CPU + wait +
+    blocked, so blocked = max(0, w - c - q) is exact -- the scheduler's noise is all in the
+    wait. The on-core part is what :func:`uncontended` makes of the rest: c + max(0, q - c (s -
+    1)) sharing cores (the wait beyond the contention the groups make themselves: another
+    process's load, or the scheduler's unfairness, which only a window shows apart), c + q with
+    a device per group. The two parts add up to :func:`uncontended`'s time. A wait or CPU time
+    that is unknown puts the whole time in the on-core part."""
+    s = cm.contention(sum(1 for v in walls if v > 0))
+    on, off = [], []
+    for w, c, q in zip(walls, cpus, waits):
+        w, c, q = float(w), float(c), float(q)
+        b = max(0.0, w - c - q) if w > 0 and c > 0 and q >= 0 else 0.0
+        if w <= 0:
+            on.append(0.0)
+        elif cm.cores <= 0:
+            on.append(w - b)
+        else:
+            on.append((w - b) / s if c <= 0 else c + max(0.0, w - b - c * s))
+        off.append(b)
+    return on, off
+
+
+def predict_times(window: Sequence[Sequence[float]],
+                  blocked: Sequence[Sequence[float]] | None = None) -> list[float] | None:
     """Each group's predicted per-shard compute time from its recent measurements (one row
     per step, one column per group; 0 or less: not measured that step, e.g. a group left out
     and not probed): the *fastest* of its measured values. The load of a shared machine only
@@ -713,7 +743,14 @@ def predict_times(window: Sequence[Sequence[float]]) -> list[float] | None:
     flagged by the scheduler, not by their speed), while a slow machine is slow on every step,
     so the lower envelope keeps the ratio a trace injects and flags a group only once it was
     slow on every step of the window; it sees a recovery at the first fast step. None while
-    some group has no measurement."""
+    some group has no measurement.
+
+    ``blocked``: rows of each group's blocked time per shard (:func:`split_times`; then
+    ``window`` holds the on-core parts), usually a shorter window: a group's prediction is
+    the sum of the two envelopes. Blocked time carries none of the scheduler's noise, so a
+    group that starts to sleep (a burst on a slow machine) is seen after a few steps rather
+    than a whole window; the on-core part still needs the long one. A step a group was not
+    measured reads below 0 in ``blocked`` (0 is a measurement there: no sleep)."""
     if not window:
         return None
     cols = np.asarray(window, dtype=float).T
@@ -723,6 +760,10 @@ def predict_times(window: Sequence[Sequence[float]]) -> list[float] | None:
         if v.size == 0:
             return None
         out.append(float(v.min()))
+    if blocked:
+        for i, c in enumerate(np.asarray(blocked, dtype=float).T):
+            v = c[c >= 0]
+            out[i] += float(v.min()) if v.size else 0.0
     return out
 
 

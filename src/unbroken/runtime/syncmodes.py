@@ -113,7 +113,7 @@ work abandoned and drained at the switch, which is not built.
 What every member decides from
 ------------------------------
 The step buffer carries, past the digests, two cells per group (one writer each, so the sum
-is the value), catch-up coverage and loss cells (2N each; more under groups/async, see above)
+is the value; two more at the end: the CPU seconds and the run-queue wait per shard), catch-up coverage and loss cells (2N each; more under groups/async, see above)
 and, under groups/async, four cells per group (see above). The two cells per group: the
 group's own compute per shard type this step (0: computed nothing) and the squared norm of one
 of its shard gradients (the noise scale's small batch; the reduced gradient's norm is the big
@@ -127,6 +127,15 @@ a message of their own. A group left out as a straggler has no compute to report
 contributed): that is how ``mask`` and ``auto`` see a straggler recover. A fast group that
 ``ksync`` defers (K below the groups that are not stragglers) does not probe: what was last
 measured of it stands.
+
+Two parts of a measurement. Each group also reports its run-queue wait per shard
+(:func:`unbroken.runtime.resources.runqueue_wait`), so a measured time splits exactly into
+the part on a core and the part *blocked* (asleep: a slow device, the network, an injected
+straggler's sleep; :func:`~unbroken.core.sync.split_times`). The scheduler's noise on a shared
+machine is all in the first, so the prediction is the lower envelope of the on-core parts over
+:data:`WINDOW` measurements plus that of the blocked parts over only :data:`BLOCKED_WINDOW`:
+a group that starts to sleep is believed slow after 3 steps, a scheduler's phase still needs
+15.
 
 Shared cores. When the launcher runs every group on one machine's CPUs and there are more
 groups than cores (``TrainConfig.host_cores``, set by the supervisor), a group's measured time
@@ -152,24 +161,32 @@ from unbroken.core.sync import (AUTO_MODES, MAX_STALENESS, RUNTIME_MODES, AsyncS
                                 AutoState, CostModel, Job, KsyncStep, NoiseScale, async_step,
                                 bench_for_mode, data_step_losses, decide, drain_step,
                                 flag_stragglers, ksync_step, mask_bench, parse_mode,
-                                predict_times, restart_after, uncontended)
+                                predict_times, restart_after, split_times)
 from unbroken.core.rectlr import WipeOut
 from unbroken.events import Event
 from unbroken.runtime import stepbuf as sb
 from unbroken.runtime.background import Background, Result
+from unbroken.runtime.resources import runqueue_wait
 from unbroken.core.ledger import DivergenceError
 from unbroken.runtime.stacked import StackedRunner
 
-__all__ = ["ModeRunner", "make_runner", "WINDOW", "PROBE"]
+__all__ = ["ModeRunner", "make_runner", "WINDOW", "BLOCKED_WINDOW", "PROBE"]
 
-#: measurements of a group's per-shard time behind its prediction, their minimum
+#: measurements of a group's per-shard time on a core behind its prediction, their minimum
 #: (the load of a shared machine only ever adds time). 15, not 5: four
 #: single-thread workers on two cores take turns in phases that outlast 5 steps, so a 5-step
 #: minimum still read 1.78x between equal groups (bench/sync_modes.py, no straggler, quiet
 #: machine) and auto left sync on it; with 15, auto on that trace stayed within 3.3 % of sync's
 #: TTA and chose ksync:3 (not ksync:2) under one 2x straggler with 1 switch instead of 13.
-#: The cost: a new straggler is believed 15 steps late (a recovery at once).
+#: The cost: a new straggler is believed 15 steps late (a recovery at once) -- where its
+#: slowness is on a core (a co-located CPU hog); see BLOCKED_WINDOW for the rest.
 WINDOW = 15
+#: measurements behind the *blocked* part of the prediction (asleep: a slow device's or the
+#: network's wait, an injected straggler's sleep; core.sync.split_times), their minimum.
+#: That part is exact -- the scheduler's noise is in the run-queue wait, not in it -- so
+#: three measurements are enough, and a burst is believed after 3 steps instead of 15
+#: (bursty:0 has bursts of 3-21 steps; with 15, auto followed each one 15 steps late)
+BLOCKED_WINDOW = 3
 #: a group left out as a straggler computes its own shard type for the clock every PROBE steps
 #: (how a recovery is seen). Not free where groups share cores: at 4, with both groups ksync:2
 #: defers probing, the straggler's run took 12 % longer (bench/sync_modes.py, 4 groups on 2
@@ -211,8 +228,9 @@ class ModeRunner(StackedRunner):
         self.pending_loss: dict[int, tuple[float, int]] = {}
         self._dl: tuple[int, dict[int, float]] | None = None  # (step, data steps it completed)
         self._ks: tuple[int, KsyncStep, dict] | None = None  # (step, plan, deferred {type: slot})
-        self._extra: tuple[int, torch.Tensor | None, float, int, dict[int, float]] | None = None
-        # my catch-up: (step, sum, seconds, shards, {catch-up index: its loss})
+        self._extra: tuple | None = None
+        # my catch-up: (step, sum, seconds, shards, {catch-up index: its loss}, CPU seconds,
+        # run-queue wait or None)
         self._outer_journal = journal
         self._off = n + (n * n if cfg.sdc_every > 0 else 0)  # the region, from the gradient's end
         self.cost = CostModel(shard_batch=cfg.shard_size, redundancy=cfg.redundancy,
@@ -227,17 +245,19 @@ class ModeRunner(StackedRunner):
 
     # ------------------------------------------------------------------ state
     def _reset_modes(self) -> None:
-        # per group its last WINDOW measured per-shard times, on a core of its own
-        # (core.sync.uncontended): measurements, not steps, so a group left out keeps what
-        # was last measured of it until a probe says more
-        self.hist: list[list[float]] = [[] for _ in self.cursor]
+        # per group its last WINDOW measured per-shard times on a core of its own, as (on a
+        # core, blocked) (core.sync.split_times): measurements, not steps, so a group left
+        # out keeps what was last measured of it until a probe says more
+        self.hist: list[list[tuple[float, float]]] = [[] for _ in self.cursor]
+        self._qs: tuple[int, float] | None = None  # (step, my own shards' run-queue wait)
         self.slow: tuple[int, ...] = ()   # the groups predicted stragglers: they probe
         self.bench: tuple[int, ...] = ()
         self._replan = False              # the plan came from a settle: set ours again
         self.auto = AutoState()
         self.noise = NoiseScale()
         self.effective = "sync"           # the mode of the steps now: sync, or mask (benched)
-        self._probe: tuple[int, float] | None = None   # (step, seconds per type)
+        self._probe: tuple[int, float, float, float] | None = None
+        # (step, seconds, CPU seconds, run-queue wait) of a probe
         self._sq: tuple[int, float] | None = None      # (step, |g_type|^2)
         self._rec: tuple[int, dict] | None = None      # (step, groups/async commit fields)
 
@@ -265,8 +285,8 @@ class ModeRunner(StackedRunner):
     def _buflen(self) -> int:
         # time and |g|^2 per group, a coverage cell and a loss cell per caught-up shard (up to
         # _cap each), under groups/async four cells per group (_cells), and the CPU seconds
-        # per shard of each group (_cpu_cells)
-        return super()._buflen() + 3 * self.cfg.groups + 2 * self._cap + \
+        # per shard of each group (_cpu_cells) and its run-queue wait per shard (_wait_cells)
+        return super()._buflen() + 4 * self.cfg.groups + 2 * self._cap + \
             (4 * self.cfg.groups if self._bg else 0)
 
     def _cells(self) -> int:
@@ -303,12 +323,18 @@ class ModeRunner(StackedRunner):
 
     # ------------------------------------------------------------------ the step
     def _ensure_grads(self) -> None:
+        q0 = runqueue_wait()
         super()._ensure_grads()
         k, slot = self.step, self.my_slot
+        q1 = runqueue_wait()
+        if q0 is not None and q1 is not None:  # beside compute_s: one step's, summed
+            self._qs = (k, (self._qs[1] if self._qs is not None and self._qs[0] == k
+                            else 0.0) + q1 - q0)
         ks = self._ks_now()
         if ks is not None and ks[1].catch_up and (self._extra is None or self._extra[0] != k) \
                 and self.step_error is None:
             t0, c0, acc, n_cu, losses = time.perf_counter(), time.thread_time(), None, 0, {}
+            q0 = runqueue_wait()
             own_loss = dict(self.trainer.last_loss)  # the step's loss is its own shards'
             for j, (w, s, t) in enumerate(ks[1].catch_up):
                 if w == slot:  # a deferred shard, on today's parameters
@@ -318,8 +344,10 @@ class ModeRunner(StackedRunner):
                     losses[j] = self.trainer.last_loss.get(t, float("nan"))
             self.trainer.last_loss.clear()
             self.trainer.last_loss.update(own_loss)
+            q1 = runqueue_wait()
             self._extra = (k, acc, time.perf_counter() - t0, n_cu, losses,
-                           time.thread_time() - c0)
+                           time.thread_time() - c0,
+                           q1 - q0 if q0 is not None and q1 is not None else None)
         mine = self.contrib.get(slot, ())
         if mine:
             if (self._sq is None or self._sq[0] != k) and mine[0] in self.grads \
@@ -331,9 +359,11 @@ class ModeRunner(StackedRunner):
         elif k % PROBE == 0 and slot in self.slow \
                 and (self._probe is None or self._probe[0] != k) and self.step_error is None:
             # benched: the own shard type for the clock only (not contributed)
-            t0, c0 = time.perf_counter(), time.thread_time()
+            t0, c0, q0 = time.perf_counter(), time.thread_time(), runqueue_wait()
             self.trainer.grad(k, self.layout.stack(slot)[0])
-            self._probe = (k, time.perf_counter() - t0, time.thread_time() - c0)
+            q1 = runqueue_wait()
+            self._probe = (k, time.perf_counter() - t0, time.thread_time() - c0,
+                           q1 - q0 if q0 is not None and q1 is not None else -1.0)
 
     def _own_time(self) -> float:
         dv = self._dv_now()
@@ -366,6 +396,31 @@ class ModeRunner(StackedRunner):
             return self._probe[2]
         return 0.0
 
+    def _own_wait(self) -> float:
+        """The run-queue wait per shard behind :meth:`_own_time`; -1: unknown (no
+        schedstat, a background job's thread)."""
+        if self._dv_now() is not None:
+            return -1.0
+        own = self.grads_step == self.step and self.compute_n > 0
+        if own and (self._qs is None or self._qs[0] != self.step):
+            return -1.0
+        q, n = (self._qs[1], self.compute_n) if own else (0.0, 0)
+        ex = self._extra if self._extra is not None and self._extra[0] == self.step else None
+        if ex is not None and ex[3] > 0:
+            if ex[6] is None:
+                return -1.0
+            return (q + ex[6]) / (n + ex[3])
+        if n:
+            return q / n
+        if self._probe is not None and self._probe[0] == self.step:
+            return self._probe[3]
+        return -1.0
+
+    def _wait_cells(self) -> int:
+        """Offset (from the gradient's end) of the run-queue wait per shard cells, one a
+        group, each group's value + 1 (0: unknown; the buffer starts at 0)."""
+        return self._cpu_cells() + self.cfg.groups
+
     def _cpu_cells(self) -> int:
         """Offset (from the gradient's end) of the CPU seconds per shard cells, one a group."""
         return self._cells() + (4 * self.cfg.groups if self._bg else 0)
@@ -375,6 +430,7 @@ class ModeRunner(StackedRunner):
         base, n, w = self.trainer.numel + self._off, self.cfg.groups, self.my_slot
         buf[base + w] = self._own_time()
         buf[self.trainer.numel + self._cpu_cells() + w] = self._own_cpu()
+        buf[self.trainer.numel + self._wait_cells() + w] = self._own_wait() + 1.0
         if self._sq is not None and self._sq[0] == self.step:
             buf[base + n + w] = self._sq[1]
         ks = self._ks_now()
@@ -478,11 +534,12 @@ class ModeRunner(StackedRunner):
         sqs = [v for v in rest[self._off + n:self._off + 2 * n] if v > 0]
         live = set(self.live_slots(self.op_members))
         cpus = rest[self._cpu_cells():self._cpu_cells() + n]
-        row = uncontended([t if w in live else 0.0 for w, t in enumerate(times)], cpus,
-                          self.cost)
-        for w, t in enumerate(row):
+        waits = [q - 1.0 for q in rest[self._wait_cells():self._wait_cells() + n]]
+        on, off = split_times([t if w in live else 0.0 for w, t in enumerate(times)], cpus,
+                              waits, self.cost)
+        for w, t in enumerate(on):
             if t > 0:
-                self.hist[w] = (self.hist[w] + [t])[-WINDOW:]
+                self.hist[w] = (self.hist[w] + [(t, off[w])])[-WINDOW:]
         if sqs:
             mean_g = self._grad_norm(buf) / n  # the reduced sum's norm / N: the mean gradient
             self.noise.update(sqs, self.cfg.shard_size, mean_g * mean_g,
@@ -576,12 +633,17 @@ class ModeRunner(StackedRunner):
 
     # ------------------------------------------------------------------ groups / async
     def _predict(self) -> list[float] | None:
-        """Each group's lowest of its last WINDOW measured times (a background group delivers
-        only every few steps, a benched one probes); None while a group was never measured."""
-        rows = np.zeros((WINDOW, self.cfg.groups))
+        """Each group's lowest on-core part of its last WINDOW measurements plus the lowest
+        blocked part of its last BLOCKED_WINDOW (:func:`unbroken.core.sync.predict_times`; a
+        background group delivers only every few steps, a benched one probes); None while a
+        group was never measured."""
+        n = self.cfg.groups
+        rows, blocked = np.zeros((WINDOW, n)), np.full((BLOCKED_WINDOW, n), -1.0)
         for w, h in enumerate(self.hist):
-            rows[:len(h), w] = h
-        return predict_times(rows.tolist())
+            rows[:len(h), w] = [a for a, _b in h]
+            last = [b for _a, b in h[-BLOCKED_WINDOW:]]
+            blocked[:len(last), w] = last
+        return predict_times(rows.tolist(), blocked.tolist())
 
     def _decide_bg(self, step: int, live: set[int]) -> None:
         """groups/async: the plan of step ``step`` (:func:`unbroken.core.sync.async_step`),
