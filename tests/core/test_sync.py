@@ -251,6 +251,11 @@ def test_blocked_time_is_split_off_exactly_and_followed_over_a_short_window():
     pred = predict_times([[1.0, 1.0], [1.1, 1.2], [1.0, 1.0]], [[2.0, -1.0], [2.1, 0.5]])
     assert pred == pytest.approx([3.0, 1.5])
     assert predict_times([[1.0, 1.0]], [[-1.0, -1.0]]) == [1.0, 1.0]
+    # a generation's warm-up: no prediction until every group has min_measured measurements
+    two = [[2.5, 3.1], [1.5, 2.0], [0.0, 0.0]]
+    assert predict_times(two) == [1.5, 2.0]
+    assert predict_times(two, min_measured=3) is None
+    assert predict_times(two + [[1.4, 1.6]], min_measured=3) == [1.4, 1.6]
 
 
 def test_mask_bench_leaves_out_a_3x_straggler_but_not_a_2x_one():

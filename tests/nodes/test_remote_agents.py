@@ -72,8 +72,9 @@ def test_a_cut_off_remote_node_rejoins_as_spare_capacity(tmp_path):
     from unbroken.protocol import STOP_KEY, node_order_key, node_orders_key, node_pid_key
 
     # the test stops the job itself: 600 steps ran out first under a busy loop (the node's
-    # fence, lift and the two re-admissions take seconds; the MLP's steps a millisecond)
-    job = RemoteJob(tmp_path, 3, groups=6, steps=20_000, agent_args=["--rejoin"],
+    # fence, lift and the two re-admissions take seconds; the MLP's steps a millisecond), and
+    # 20,000 once beside a stray busy loop; nothing in a run grows with its step budget
+    job = RemoteJob(tmp_path, 3, groups=6, steps=1_000_000, agent_args=["--rejoin"],
                ft=FTConfig(node_staleness=1.0))
     try:
         job.wait_for(lambda e: e["event"] == Event.COMMIT and e["step"] >= 4)

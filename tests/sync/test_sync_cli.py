@@ -57,9 +57,16 @@ def test_sync_commands_bad_input_is_one_line_exit_2(cli, tmp_path):
 @pytest.mark.mp
 @pytest.mark.timeout(180)
 def test_a_runtime_selector_trained_from_the_cli_chooses_auto_s_mode_in_a_run(cli, tmp_path):
+    import os
+
+    from unbroken.core.sync import shared_cores
+
+    # labelled for this machine: the run's 4 groups share its cores when they outnumber them
+    cores = shared_cores(4, len(os.sched_getaffinity(0)))
     model = tmp_path / "sel.pt"
     p = cli("sync", "train-selector", "--runtime", "--groups", "4", "--examples", "300",
-            "--held-out", "20", "--out", str(model), "--json")
+            "--held-out", "20", "--out", str(model), "--json",
+            *(["--cores", str(cores)] if cores else []))
     assert p.returncode == 0, p.stderr
     d = json.loads(p.stdout)
     assert d["for"] == "runtime" and d["groups"] == 4 and d["held_out"]["profiles"] == 20

@@ -98,3 +98,25 @@ def test_a_runtime_selector_learns_the_runtime_auto_and_only_picks_its_modes(tmp
     back = decide(d.state, [1.0] * 4, cm, allowed=AUTO_MODES, choose=choose)
     back = decide(back.state, [1.0] * 4, cm, allowed=AUTO_MODES, choose=choose)
     assert back.mode == "sync" and back.reason == "sync: no straggler predicted any more"
+
+
+def test_a_run_refuses_a_selector_labelled_for_other_cores(tmp_path):
+    # the network sees the times and the noise scale, not the machine: a selector labelled
+    # for a device per group would choose ksync:3 where 4 groups on 2 cores want ksync:2
+    from unbroken.supervise.spec import check_selector
+
+    paths = {}
+    for cores in (0, 2):
+        sel = train_selector(groups=4, n=20, seed=0, epochs=5, runtime=True, cores=cores)
+        paths[cores] = str(tmp_path / f"sel{cores}.pt")
+        modelfile.save(paths[cores], "selector", sel.state, sel.meta)
+    check_selector(paths[2], "auto", 4, 8, 2, cores=2)
+    check_selector(paths[0], "auto", 4, 8, 2, cores=0)
+    with pytest.raises(ValueError) as e:
+        check_selector(paths[0], "auto", 4, 8, 2, cores=2)
+    msg = str(e.value)
+    assert "labelled for a device per group; this job runs groups sharing 2 CPU cores" in msg
+    assert "--cores 2" in msg and "\n" not in msg
+    with pytest.raises(ValueError, match="labelled for groups sharing 2 CPU cores; this job "
+                                         "runs a device per group"):
+        check_selector(paths[2], "auto", 4, 8, 2, cores=0)

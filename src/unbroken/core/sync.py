@@ -735,7 +735,8 @@ def split_times(walls: Sequence[float], cpus: Sequence[float], waits: Sequence[f
 
 
 def predict_times(window: Sequence[Sequence[float]],
-                  blocked: Sequence[Sequence[float]] | None = None) -> list[float] | None:
+                  blocked: Sequence[Sequence[float]] | None = None,
+                  min_measured: int = 1) -> list[float] | None:
     """Each group's predicted per-shard compute time from its recent measurements (one row
     per step, one column per group; 0 or less: not measured that step, e.g. a group left out
     and not probed): the *fastest* of its measured values. The load of a shared machine only
@@ -750,14 +751,20 @@ def predict_times(window: Sequence[Sequence[float]],
     the sum of the two envelopes. Blocked time carries none of the scheduler's noise, so a
     group that starts to sleep (a burst on a slow machine) is seen after a few steps rather
     than a whole window; the on-core part still needs the long one. A step a group was not
-    measured reads below 0 in ``blocked`` (0 is a measurement there: no sleep)."""
+    measured reads below 0 in ``blocked`` (0 is a measurement there: no sleep).
+
+    ``min_measured``: None until every group has that many measurements in ``window``. The
+    runtime asks for 3: a run's (or a generation's) first two steps are warm-up -- 25-31 ms a
+    shard against 15 steady, unequally between groups -- and a prediction from them alone
+    sent ``auto`` into ``ksync:2`` at step 2 without a straggler (bench/sync_modes.py, 'none',
+    1 run of 9), where it stayed 24 steps until the probes saw the groups it deferred."""
     if not window:
         return None
     cols = np.asarray(window, dtype=float).T
     out = []
     for c in cols:
         v = c[c > 0]
-        if v.size == 0:
+        if v.size < max(1, min_measured):
             return None
         out.append(float(v.min()))
     if blocked:

@@ -209,7 +209,8 @@ def check(spec: JobSpec) -> list[Fault]:
     if spec.sync != "sync":
         check_sync(spec.sync, spec.groups, ft.redundancy)
     if spec.selector is not None:
-        check_selector(spec.selector, spec.sync, spec.groups, spec.shard_size, ft.redundancy)
+        check_selector(spec.selector, spec.sync, spec.groups, spec.shard_size, ft.redundancy,
+                       _host_cores(spec))
     if spec.target_loss is not None and not math.isfinite(spec.target_loss):
         raise ValueError(f"--target-loss {spec.target_loss}: expected a finite number")
     try:
@@ -272,11 +273,13 @@ def check_sync(text: str, groups: int, redundancy: int) -> None:
 
 
 def check_selector(path: str, sync: str, groups: int, shard_batch: int,
-                   redundancy: int) -> None:
+                   redundancy: int, cores: int = 0) -> None:
     """``--selector``: with ``--sync auto``, a selector model file that loads (checksum,
     weights), labelled for the runtime (``train-selector --runtime``: the planner's STAR-model
     selector learned another cost model and other modes) and for this job's groups, shard
-    batch and redundancy (its features and labels depend on them); ValueError (one line)."""
+    batch, redundancy and shared cores (``TrainConfig.host_cores``: its labels depend on all
+    four, and the network sees only the times and the noise scale, so a selector labelled
+    for a device per group would choose for another machine); ValueError (one line)."""
     if sync != "auto":
         raise ValueError(f"--selector {path}: chooses auto's mode; it needs --sync auto "
                          f"(got --sync {sync})")
@@ -284,7 +287,8 @@ def check_selector(path: str, sync: str, groups: int, shard_batch: int,
 
     meta = load_selector(path).meta  # ModelFileError (a ValueError) names the file
     train = (f"train one with unbroken sync train-selector --runtime --groups {groups} "
-             f"--shard-batch {shard_batch} --redundancy {redundancy}")
+             f"--shard-batch {shard_batch} --redundancy {redundancy}"
+             + (f" --cores {cores}" if cores else ""))
     if meta.get("for") != "runtime":
         raise ValueError(f"--selector {path}: a planner's selector (STAR's cost model, every "
                          f"mode), not the runtime's; {train}")
@@ -294,6 +298,11 @@ def check_selector(path: str, sync: str, groups: int, shard_batch: int,
         raise ValueError(f"--selector {path}: trained for {got[0]} groups, shard batch "
                          f"{got[1]}, redundancy {got[2]}; the job has {groups}, {shard_batch}, "
                          f"{redundancy} ({train})")
+    have = int(meta.get("cost_model", {}).get("cores", 0) or 0)
+    if have != cores:
+        where = (lambda c: f"groups sharing {c} CPU cores" if c else "a device per group")
+        raise ValueError(f"--selector {path}: labelled for {where(have)}; this job runs "
+                         f"{where(cores)} ({train})")
 
 
 def spares_for(spec: JobSpec, faults: list[Fault]) -> int:
