@@ -101,8 +101,12 @@ class FakeGroup:
     """The shared state of N fake communicators (one per member thread)."""
 
     def __init__(self, uids: list[int], *, spares: list[int] | tuple[int, ...] = (),
-                 stores: StorePool | None = None, wait_s: float = 20.0) -> None:
+                 stores: StorePool | None = None, wait_s: float = 20.0,
+                 offers: bool = True) -> None:
         self.cond = threading.Condition()
+        # FTComm's offer/reports: the settle reads what each member offered with the
+        # rendezvous (False: the fallback, one all-reduce of the reports)
+        self.offers: dict[int, dict[int, Any]] | None = {} if offers else None
         self.wait_s = wait_s
         self.gen_members: dict[int, list[int]] = {0: sorted(uids)}
         self.aborted: set[int] = set()
@@ -166,6 +170,20 @@ class FakeComm:
         self._gen = 0
         self._seq = 0           # all-reduces issued in the current generation
         self._members = list(group.gen_members[0])
+        self._offer: Any = None
+        self.reports: tuple[int, dict[int, Any]] | None = None
+        if group.offers is not None:
+            self.offer = self._set_offer  # only then: the runner looks the method up
+
+    def _set_offer(self, report: Any) -> None:
+        self._offer = report
+
+    def _publish_offer(self, gen: int) -> None:
+        """With the group's lock held: this member's offer for generation ``gen``."""
+        offers = self.group.offers
+        if offers is not None and self._offer is not None:
+            offers.setdefault(gen, {})[self.uid] = self._offer
+        self._offer = None
 
     @property
     def generation(self) -> int:
@@ -231,6 +249,7 @@ class FakeComm:
         with g.cond:
             if not planned:
                 g._abort(old)
+            self._publish_offer(gen)
             g.rdzv.setdefault(gen, set()).add(self.uid)
             g.expect.setdefault(gen, set()).update(expect)
             g.cond.notify_all()
@@ -252,6 +271,7 @@ class FakeComm:
         """A spare enters generation ``gen`` (the one the members re-form with it)."""
         g = self.group
         with g.cond:
+            self._publish_offer(gen)
             g.rdzv.setdefault(gen, set()).add(self.uid)
             g.cond.notify_all()
             g._wait(lambda: gen in g.gen_members, f"admission to gen {gen} of uid {self.uid}")
@@ -260,6 +280,9 @@ class FakeComm:
     def _enter(self, gen: int) -> list[int]:
         with self.group.cond:
             new = list(self.group.gen_members[gen])
+            got = (self.group.offers or {}).get(gen, {})
+            self.reports = (gen, {u: got[u] for u in new}) if all(u in got for u in new) \
+                else None
         if self.uid not in new:
             raise RuntimeError(f"uid {self.uid} left out of gen {gen}")
         self._gen, self._seq, self._members = gen, 0, new

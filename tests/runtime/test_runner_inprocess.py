@@ -55,14 +55,16 @@ class Job:
                  faults: dict[int, Faults] | None = None,
                  runner: Callable[..., StackedRunner] = StackedRunner,
                  spares: dict[int, tuple[int, Callable[[], None]]] | None = None,
-                 step_hooks: dict[int, StepHooks] | None = None) -> None:
+                 step_hooks: dict[int, StepHooks] | None = None, offers: bool = True) -> None:
         """``spares``: uid -> (the slot it takes, what its thread waits for before it asks
-        to join); ``step_hooks``: a member's StepHooks (faults' hooks otherwise)."""
+        to join); ``step_hooks``: a member's StepHooks (faults' hooks otherwise);
+        ``offers``: the communicators carry the settle reports with the rendezvous (as
+        FTComm does; False: the settle's all-reduce fallback)."""
         self.cfg = cfg
         self.spares = dict(spares or {})
         self.uids = list(range(cfg.groups)) + sorted(self.spares)
         self.group = FakeGroup(self.uids[:cfg.groups], spares=sorted(self.spares),
-                               stores=stores)
+                               stores=stores, offers=offers)
         self.comms = {u: self.group.comm(u, **(hooks or {}).get(u, {})) for u in self.uids}
         self.journals: dict[int, list[dict]] = {u: [] for u in self.uids}
         self.result: dict[int, torch.Tensor] = {}
@@ -135,14 +137,18 @@ def test_failure_free_equals_reference_exactly_once(reference, stores):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("offers", [True, False], ids=["settle-with-rendezvous",
+                                                       "settle-by-all-reduce"])
 @pytest.mark.parametrize("after_send", [False, True], ids=["before-send", "after-send"])
-def test_one_group_dies_at_step_4_is_masked(reference, stores, after_send):
+def test_one_group_dies_at_step_4_is_masked(reference, stores, after_send, offers):
     # group 1 dies at its step-4 all-reduce. Before sending: step 4 fails everywhere and is
     # re-planned. After sending: its contribution completed step 4 (the survivors commit it
     # with type 1 from group 1, which never journals that commit) and step 5 is re-planned.
+    # The settle's reports come with the rendezvous, or (a communicator without offer) by
+    # one all-reduce: the same outcome, one collective more
     victim, at, survivors = 1, 4, [0, 2, 3]
     hooks = {victim: {"die_at_call": at, "die_after_send": after_send}}
-    job = Job(CFG, stores, hooks=hooks).run()
+    job = Job(CFG, stores, hooks=hooks, offers=offers).run()
     assert set(job.error) == {victim} and isinstance(job.error[victim], MemberDied)
     assert job.comms[victim].tensors[at][-1].item() == at  # call 4 was step 4's buffer
     assert [e["step"] for e in job.events(victim, "commit")] == list(range(at))
@@ -159,6 +165,8 @@ def test_one_group_dies_at_step_4_is_masked(reference, stores, after_send):
         assert commits[k]["gen"] == 1 and commits[k]["members"] == survivors
         assert commits[k]["plan"] == {"0": 0, "1": 0, "2": 2, "3": 3}
         assert commits[CFG.steps - 1]["mine"] == ([0, 1] if u == 0 else [u])
+        # every step's all-reduce, the failed one, and the settle's unless it rode along
+        assert job.comms[u].calls == CFG.steps + 1 + (0 if offers else 1)
     job.ledger_ok()
 
 
@@ -376,9 +384,10 @@ def test_a_settle_that_broke_half_way_ends_in_one_fresh_plan(reference, stores):
     # group 1 dies before sending step 4. In generation 1's settle (each survivor's call 5)
     # group 3 is told the op failed while groups 0 and 2 completed it and re-planned (group 0
     # patch-computes type 1). Generation 2's settle finds the members' plans from different
-    # generations and every one takes the same fresh plan for the live slots
+    # generations and every one takes the same fresh plan for the live slots. The settle's
+    # all-reduce is the communicator's without offer/reports (FTComm's settle has none)
     hooks = {1: {"die_at_call": 4}, 3: {"drop_at_call": 5}}
-    job = Job(CFG, stores, hooks=hooks).run()
+    job = Job(CFG, stores, hooks=hooks, offers=False).run()
     assert set(job.error) == {1}
     for u in (0, 2, 3):
         assert max_diff(job.result[u], reference) < 1e-9, u

@@ -98,6 +98,7 @@ class Admission:
         joiners = [r["uid"] for r in new]
         for r in new:
             st.set(admit_key(r["uid"]), json.dumps({"gen": gen, "joiners": joiners}))
+        self._offer(planned=True)
         members = self.comm.reform(expect=joiners, planned=True)
         self._recover(members, planned=True, restart=restart)
 
@@ -168,9 +169,10 @@ class Admission:
         st.set(join_key(n), json.dumps({"uid": self.uid, "slot": slot}))
         st.wait([admit_key(self.uid)], timedelta(seconds=timeout))
         admit = json.loads(st.get(admit_key(self.uid)))
-        members = self.comm.join(int(admit["gen"]))
         self.slot_of[self.uid] = slot
         self.needs_state = True
+        self._offer(planned=False)
+        members = self.comm.join(int(admit["gen"]))
         self._recover(members)  # the settle names this joiner and copies the state to it
         self.journal({"event": Event.JOINED, "step": self.step, "gen": self.comm.generation,
                       "slot": slot, "t": time.time()})

@@ -20,6 +20,11 @@ Failure semantics every implementation keeps:
 
 Optional: ``watch(keys)`` / ``watched`` (store counters read off the step's critical path) and
 ``supervisor_lost``; the runner falls back to asking ``store`` when ``watch`` is missing.
+``offer(report)`` / ``reports``: a JSON value this member publishes with the next ``reform``
+or ``join``, and ``(generation, {uid: report})`` once every member of it offered one (else
+None); the runner's settle then reads them instead of spending an all-reduce, and falls back
+to the all-reduce when they are missing. Whether they are there must be the same for every
+member of a generation (FTComm: one record, the member list, carries them all).
 """
 
 from __future__ import annotations

@@ -11,8 +11,11 @@ The step, on each live group (one process per group here)
 3. True: the in-band check must read "every type exactly once, every member at this step";
    then grad = sum / N, optimizer step, one journal line with the contributions (the ledger),
    and every ``ckpt_every`` steps rank 0 starts a durable checkpoint in the background.
-4. False: ``FTComm.reform()`` gives the new members. They first exchange their step numbers:
-   a member that saw a completed all-reduce fail while its peers committed is one step
+4. False: ``FTComm.reform()`` gives the new members. They first exchange their step numbers
+   (with the rendezvous: each member offers its report before it joins, and the leader
+   publishes them all with the member list, so no collective is spent on it; a communicator
+   without that gets one all-reduce): a member that saw a completed all-reduce fail while
+   its peers committed is one step
    behind and is *rolled forward* with a peer's reduced buffer. Then every survivor calls the
    pure ``rectlr.decide(layout, live, stacks, depth, computed)`` with the same inputs (what
    each group computed this step follows from the plans, which every survivor knows), so all
@@ -260,6 +263,15 @@ class StackedRunner(Incidents, Admission):
         self.compute_s += time.perf_counter() - t0
         self.cpu_s += time.thread_time() - c0
 
+    def _reform_phases(self) -> dict:
+        """When this member noticed the failure and how long the new generation's rendezvous
+        and process group took (the communicator's last ``reform`` record; {} without one)."""
+        rec = next((e for e in reversed(getattr(self.comm, "journal", None) or [])
+                    if e.get("event") == Event.REFORM), None)
+        if rec is None or rec.get("gen") != self.comm.generation:
+            return {}
+        return {k: rec[k] for k in ("detected_at", "rendezvous_s", "pg_init_s") if k in rec}
+
     def _step_failed(self, exc: BaseException) -> None:
         import traceback
 
@@ -485,17 +497,34 @@ class StackedRunner(Incidents, Admission):
         re-form, a joiner's ``join``); None: re-form after a failed op."""
         while True:
             if members is None:
+                self._offer(planned=False)
                 members = self.comm.reform()
             if self._settle(members, planned=planned, restart=restart):
                 return
             members, planned = None, False
 
+    def _report(self, planned: bool) -> list[float]:
+        """What this member tells the others when it settles into a new generation: (step,
+        old member, admitted records, joiner slot, planned, plan generation)."""
+        old = not self.needs_state
+        return [float(self.step) if old else -1.0, 1.0 if old else 0.0, float(self.admitted),
+                -1.0 if old else float(self.my_slot), 1.0 if planned else 0.0,
+                float(self.plan_gen) if old else -1.0]
+
+    def _offer(self, planned: bool) -> None:
+        """Publish the settle report with the coming rendezvous, where the communicator
+        can (``FTComm.offer``): the settle then needs no all-reduce of its own."""
+        offer = getattr(self.comm, "offer", None)
+        if offer is not None:
+            offer(self._report(planned))
+
     def _settle(self, members: list[int], *, planned: bool, restart: bool = False) -> bool:
         """The first collective of every generation, whatever brought each member into it (a
         failed op, an admission at a step boundary, a joiner's first generation).
 
-        One all-reduce of (step, old member, admitted records, joiner slot, planned, plan
-        generation) per member gives everyone the same picture, so all take the same path:
+        Every member's (step, old member, admitted records, joiner slot, planned, plan
+        generation) -- published with the member list (``FTComm.offer``), or else one
+        all-reduce of them -- gives everyone the same picture, so all take the same path:
         a member one commit behind is rolled forward with a peer's reduced buffer; joiners
         named in the buffer get the state; then either a fresh plan for the live slots (an
         admission, or members whose plans disagree because a settle broke half-way) or the
@@ -507,14 +536,23 @@ class StackedRunner(Incidents, Admission):
         t0 = time.time()
         m, r = len(members), self.comm.rank
         old = not self.needs_state
-        v = torch.zeros(6 * m, dtype=torch.float64, device=self.dev)
-        v[r::m] = torch.tensor([
-            float(self.step) if old else -1.0, 1.0 if old else 0.0, float(self.admitted),
-            -1.0 if old else float(self.my_slot), 1.0 if planned else 0.0,
-            float(self.plan_gen) if old else -1.0], dtype=torch.float64)
-        if not self.comm.allreduce(v):
-            return False
-        cols = v.view(6, m).tolist()
+        mine = self._report(planned)
+        got = getattr(self.comm, "reports", None)
+        if got is not None and got[0] == self.comm.generation and \
+                list(got[1]) == list(members):
+            # every member's report came with the member list (one record, so every member
+            # takes this path or none does)
+            if got[1][self.uid] != mine:  # offered before the re-form: nothing may change it
+                raise DivergenceError(f"gen {self.comm.generation}: settle report {mine} "
+                                      f"differs from the one offered, {got[1][self.uid]}")
+            cols = [[float(got[1][u][j]) for u in members] for j in range(6)]
+        else:  # a communicator without reports: one all-reduce of them
+            v = torch.zeros(6 * m, dtype=torch.float64, device=self.dev)
+            v[r::m] = torch.tensor(mine, dtype=torch.float64)
+            if not self.comm.allreduce(v):
+                return False
+            cols = v.view(6, m).tolist()
+        t_settled = time.time()
         s = settle([Report(step=int(cols[0][i]), old=cols[1][i] == 1.0,
                            admitted=int(cols[2][i]), joiner_slot=int(cols[3][i]),
                            planned=cols[4][i] > 0, plan_gen=int(cols[5][i]))
@@ -566,15 +604,21 @@ class StackedRunner(Incidents, Admission):
         mine = [] if fresh else d.patch.get(self.my_slot, ())
         if mine:
             self.hooks.before_patch(self)
+        t_patch = time.time()
         for t in mine:
             self.grads[t] = self.trainer.grad(self.step, t)
         if not fresh:
             missing = set(self.contrib.get(self.my_slot, ())) - set(self.grads)
             assert not missing, f"plan assigns types {missing} that were never computed"
+        # the recovery's phases as this member saw them: noticed (detected_at), the new
+        # generation formed (reform_at: the settle starts), agreed (settle_s: its first
+        # all-reduce), its own patch computed (patch_s); the commit follows
         self.journal({"event": Event.REPLAN, "step": self.step, "gen": self.comm.generation,
                       "members": members, "phase": d.phase, "depth": d.depth,
                       "patch": {str(self._uid_of(w)): list(ts) for w, ts in d.patch.items()},
                       "reason": d.reason, "fresh": fresh, "reform_at": t0,
+                      **self._reform_phases(), "settle_s": round(t_settled - t0, 4),
+                      "patch_s": round(time.time() - t_patch, 4),
                       "cause": getattr(self.comm, "last_cause", None), "t": time.time()})
         if not fresh:
             self.hooks.after_replan(self, d)
