@@ -154,7 +154,7 @@ settle (a joiner has no history), and the next boundaries rebuild it.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -196,6 +196,36 @@ BLOCKED_WINDOW = 3
 PROBE = 8
 
 
+class Spent(NamedTuple):
+    """What a piece of work cost this thread: wall seconds, CPU seconds and run-queue wait
+    (None: unknown, no schedstat)."""
+
+    wall: float
+    cpu: float
+    wait: float | None
+
+
+def _clock() -> tuple[float, float, float | None]:
+    return time.perf_counter(), time.thread_time(), runqueue_wait()
+
+
+def _spent(start: tuple[float, float, float | None]) -> Spent:
+    q = runqueue_wait()
+    return Spent(time.perf_counter() - start[0], time.thread_time() - start[1],
+                 None if q is None or start[2] is None else q - start[2])
+
+
+class _CatchUp(NamedTuple):
+    """A ksync step's deferred shards this group computed: their summed gradient (None: none
+    of them), how many, {catch-up index: its loss} and what they cost."""
+
+    step: int
+    grad: torch.Tensor | None
+    shards: int
+    losses: dict[int, float]
+    spent: Spent
+
+
 def make_runner(cfg: Any, *args: Any, **kw: Any) -> StackedRunner:
     """The runner for ``cfg.sync``: the plain :class:`StackedRunner` for ``sync``."""
     return (StackedRunner if getattr(cfg, "sync", "sync") == "sync" else ModeRunner)(
@@ -230,9 +260,7 @@ class ModeRunner(StackedRunner):
         self.pending_loss: dict[int, tuple[float, int]] = {}
         self._dl: tuple[int, dict[int, float]] | None = None  # (step, data steps it completed)
         self._ks: tuple[int, KsyncStep, dict] | None = None  # (step, plan, deferred {type: slot})
-        self._extra: tuple | None = None
-        # my catch-up: (step, sum, seconds, shards, {catch-up index: its loss}, CPU seconds,
-        # run-queue wait or None)
+        self._extra: _CatchUp | None = None   # my catch-up of deferred shards
         self._outer_journal = journal
         self._off = n + (n * n if cfg.sdc_every > 0 else 0)  # the region, from the gradient's end
         self.cost = CostModel(shard_batch=cfg.shard_size, redundancy=cfg.redundancy,
@@ -258,8 +286,7 @@ class ModeRunner(StackedRunner):
         self.auto = AutoState()
         self.noise = NoiseScale()
         self.effective = "sync"           # the mode of the steps now: sync, or mask (benched)
-        self._probe: tuple[int, float, float, float] | None = None
-        # (step, seconds, CPU seconds, run-queue wait) of a probe
+        self._probe: tuple[int, Spent] | None = None  # (step, what computing a probe cost)
         self._sq: tuple[int, float] | None = None      # (step, |g_type|^2)
         self._rec: tuple[int, dict] | None = None      # (step, groups/async commit fields)
 
@@ -281,7 +308,7 @@ class ModeRunner(StackedRunner):
             if rec is not None and rec[0] == ev["step"]:
                 ev.update(rec[1])
             if self._probe is not None and self._probe[0] == ev["step"]:
-                ev["probe_s"] = round(self._probe[1], 6)  # left out, computed for the clock
+                ev["probe_s"] = round(self._probe[1].wall, 6)  # left out, computed for the clock
         self._outer_journal(ev)
 
     def _buflen(self) -> int:
@@ -333,10 +360,9 @@ class ModeRunner(StackedRunner):
             self._qs = (k, (self._qs[1] if self._qs is not None and self._qs[0] == k
                             else 0.0) + q1 - q0)
         ks = self._ks_now()
-        if ks is not None and ks[1].catch_up and (self._extra is None or self._extra[0] != k) \
+        if ks is not None and ks[1].catch_up and (self._extra is None or self._extra.step != k) \
                 and self.step_error is None:
-            t0, c0, acc, n_cu, losses = time.perf_counter(), time.thread_time(), None, 0, {}
-            q0 = runqueue_wait()
+            start, acc, n_cu, losses = _clock(), None, 0, {}
             own_loss = dict(self.trainer.last_loss)  # the step's loss is its own shards'
             for j, (w, s, t) in enumerate(ks[1].catch_up):
                 if w == slot:  # a deferred shard, on today's parameters
@@ -346,10 +372,7 @@ class ModeRunner(StackedRunner):
                     losses[j] = self.trainer.last_loss.get(t, float("nan"))
             self.trainer.last_loss.clear()
             self.trainer.last_loss.update(own_loss)
-            q1 = runqueue_wait()
-            self._extra = (k, acc, time.perf_counter() - t0, n_cu, losses,
-                           time.thread_time() - c0,
-                           q1 - q0 if q0 is not None and q1 is not None else None)
+            self._extra = _CatchUp(k, acc, n_cu, losses, _spent(start))
         mine = self.contrib.get(slot, ())
         if mine:
             if (self._sq is None or self._sq[0] != k) and mine[0] in self.grads \
@@ -361,62 +384,36 @@ class ModeRunner(StackedRunner):
         elif k % PROBE == 0 and slot in self.slow \
                 and (self._probe is None or self._probe[0] != k) and self.step_error is None:
             # benched: the own shard type for the clock only (not contributed)
-            t0, c0, q0 = time.perf_counter(), time.thread_time(), runqueue_wait()
+            start = _clock()
             self.trainer.grad(k, self.layout.stack(slot)[0])
-            q1 = runqueue_wait()
-            self._probe = (k, time.perf_counter() - t0, time.thread_time() - c0,
-                           q1 - q0 if q0 is not None and q1 is not None else -1.0)
+            self._probe = (k, _spent(start))
 
-    def _own_time(self) -> float:
-        dv = self._dv_now()
-        if dv is not None and dv[1] is not None:
-            return dv[1].seconds
-        ex = self._extra if self._extra is not None and self._extra[0] == self.step else None
-        if ex is not None and ex[3] > 0:
-            c_s = (self.compute_s if self.grads_step == self.step else 0.0) + ex[2]
-            c_n = (self.compute_n if self.grads_step == self.step else 0) + ex[3]
-            return c_s / c_n
-        if self.compute_n > 0 and self.grads_step == self.step:
-            return self.compute_s / self.compute_n
-        if self._probe is not None and self._probe[0] == self.step:
-            return self._probe[1]
-        return 0.0
-
-    def _own_cpu(self) -> float:
-        """The CPU seconds per shard behind :meth:`_own_time` (this thread's); 0: unknown (a
-        background job's thread)."""
-        if self._dv_now() is not None:
-            return 0.0
+    def _own_measure(self) -> tuple[float, float, float]:
+        """This group's (wall, CPU, run-queue wait) per shard this step, as the step buffer
+        carries them: wall 0: computed nothing; CPU 0 and wait -1: unknown (a background
+        job's thread, no schedstat). Its own shards, plus its catch-up; else its probe."""
         own = self.grads_step == self.step
-        ex = self._extra if self._extra is not None and self._extra[0] == self.step else None
-        if ex is not None and ex[3] > 0:
-            return ((self.cpu_s if own else 0.0) + ex[5]) / \
-                ((self.compute_n if own else 0) + ex[3])
-        if self.compute_n > 0 and own:
-            return self.cpu_s / self.compute_n
-        if self._probe is not None and self._probe[0] == self.step:
-            return self._probe[2]
-        return 0.0
-
-    def _own_wait(self) -> float:
-        """The run-queue wait per shard behind :meth:`_own_time`; -1: unknown (no
-        schedstat, a background job's thread)."""
-        if self._dv_now() is not None:
-            return -1.0
-        own = self.grads_step == self.step and self.compute_n > 0
-        if own and (self._qs is None or self._qs[0] != self.step):
-            return -1.0
-        q, n = (self._qs[1], self.compute_n) if own else (0.0, 0)
-        ex = self._extra if self._extra is not None and self._extra[0] == self.step else None
-        if ex is not None and ex[3] > 0:
-            if ex[6] is None:
-                return -1.0
-            return (q + ex[6]) / (n + ex[3])
-        if n:
-            return q / n
-        if self._probe is not None and self._probe[0] == self.step:
-            return self._probe[3]
-        return -1.0
+        n = self.compute_n if own else 0
+        wall, cpu = (self.compute_s, self.cpu_s) if own else (0.0, 0.0)
+        qs = self._qs
+        wait = qs[1] if own and qs is not None and qs[0] == self.step else (None if n else 0.0)
+        ex = self._extra if self._extra is not None and self._extra.step == self.step else None
+        probe = self._probe[1] if self._probe is not None and self._probe[0] == self.step \
+            else None
+        if ex is not None and ex.shards > 0:
+            k, sp = n + ex.shards, ex.spent
+            out = ((wall + sp.wall) / k, (cpu + sp.cpu) / k,
+                   None if wait is None or sp.wait is None else (wait + sp.wait) / k)
+        elif n > 0:
+            out = (wall / n, cpu / n, None if wait is None else wait / n)
+        elif probe is not None:
+            out = probe
+        else:
+            out = (0.0, 0.0, None)
+        dv = self._dv_now()
+        if dv is not None:  # a background job: its own time, measured on its own thread
+            return (dv[1].seconds if dv[1] is not None else out[0]), 0.0, -1.0
+        return out[0], out[1], -1.0 if out[2] is None else out[2]
 
     def _wait_cells(self) -> int:
         """Offset (from the gradient's end) of the run-queue wait per shard cells, one a
@@ -430,21 +427,22 @@ class ModeRunner(StackedRunner):
     def _pack(self) -> torch.Tensor:
         buf = super()._pack()
         base, n, w = self.trainer.numel + self._off, self.cfg.groups, self.my_slot
-        buf[base + w] = self._own_time()
-        buf[self.trainer.numel + self._cpu_cells() + w] = self._own_cpu()
-        buf[self.trainer.numel + self._wait_cells() + w] = self._own_wait() + 1.0
+        wall, cpu, wait = self._own_measure()
+        buf[base + w] = wall
+        buf[self.trainer.numel + self._cpu_cells() + w] = cpu
+        buf[self.trainer.numel + self._wait_cells() + w] = wait + 1.0
         if self._sq is not None and self._sq[0] == self.step:
             buf[base + n + w] = self._sq[1]
         ks = self._ks_now()
         if ks is not None and self.step_error is None:
             ex = self._extra
-            if ex is not None and ex[0] == self.step and ex[1] is not None:
-                buf[:self.trainer.numel].add_(ex[1])
+            if ex is not None and ex.step == self.step and ex.grad is not None:
+                buf[:self.trainer.numel].add_(ex.grad)
             for j, (g, _s, _t) in enumerate(ks[1].catch_up):
                 if g == w:
                     buf[base + 2 * n + j] = 1.0
-                    if ex is not None and ex[0] == self.step:
-                        buf[base + 2 * n + self._cap + j] = ex[4].get(j, float("nan"))
+                    if ex is not None and ex.step == self.step:
+                        buf[base + 2 * n + self._cap + j] = ex.losses.get(j, float("nan"))
         dv = self._dv_now()
         if dv is not None and self.step_error is None:
             cells = self.trainer.numel + self._cells()
