@@ -55,7 +55,7 @@ import torch
 from unbroken.runtime.ftcomm import declare_dead
 from unbroken.runtime.config import TrainConfig
 from unbroken.runtime.trainer import make_trainer
-from unbroken.runtime.stacked_worker import StackedCluster
+from unbroken.supervise.local import StackedCluster
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)

@@ -44,7 +44,7 @@ import torch
 
 from unbroken.runtime.config import TrainConfig
 from unbroken.runtime.ftcomm import declare_dead
-from unbroken.runtime.stacked_worker import StackedCluster
+from unbroken.supervise.local import StackedCluster
 
 R = 2
 KILL_AT, HANG_AT, STEPS = 10, 60, 90

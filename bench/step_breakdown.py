@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from train_bars import HEARTBEAT, N, STEP_STALENESS, gpt_config, log, plain_rank_setup, plain_ranks  # noqa: E402
 
 from unbroken.runtime.config import TrainConfig  # noqa: E402
-from unbroken.runtime.stacked_worker import StackedCluster  # noqa: E402
+from unbroken.supervise.local import StackedCluster  # noqa: E402
 
 #: part -> (file suffix, function name) of the function whose cumulative time it is
 PARTS = {

@@ -101,7 +101,7 @@ def train_selector(path: str, seed: int) -> dict:
     """The runtime selector for these 4-group runs (what ``unbroken sync train-selector
     --runtime --groups 4 [--cores C]`` writes, C this machine's cores when the 4 groups
     outnumber them); its held-out comparison with the heuristic."""
-    from unbroken.sync import modelfile
+    from unbroken.runtime import modelfile
     from unbroken.sync.selector import compare
     from unbroken.sync.selector import train_selector as train
 

@@ -66,7 +66,7 @@ import torch
 
 from unbroken.runtime.ftcomm import declare_dead
 from unbroken.runtime.config import TrainConfig
-from unbroken.runtime.stacked_worker import StackedCluster
+from unbroken.supervise.local import StackedCluster
 
 N, R = 4, 2
 DIE_AT = 8

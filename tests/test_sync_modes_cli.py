@@ -57,7 +57,7 @@ def test_check_sync_names_the_bad_value(text, groups, r, named):
 
 def test_check_selector_refuses_a_file_that_is_no_runtime_selector_for_this_job(tmp_path):
     from unbroken.supervise.spec import JobSpec, check_selector, train_config
-    from unbroken.sync import modelfile
+    from unbroken.runtime import modelfile
     from unbroken.sync.selector import train_selector
 
     def save(name: str, **kw) -> str:

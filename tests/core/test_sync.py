@@ -11,7 +11,7 @@ from unbroken.core.sync import (AutoState, CostModel, NoiseScale, _star_code_cho
                                 _star_intended_choice, cluster_times, decide, estimates,
                                 flag_stragglers, ksync_gap, noise_scale_terms, parse_mode,
                                 select, star_k_scan, tta_of)
-from unbroken.core.sync_trace import parse_spec, slowdowns, straggler_frequency
+from unbroken.sync.trace import parse_spec, slowdowns, straggler_frequency
 
 
 def test_parse_mode_names_and_bad_values():

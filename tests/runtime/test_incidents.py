@@ -22,7 +22,7 @@ from unbroken.core.replay import majority_culprits  # noqa: E402
 from unbroken.runtime.ftcomm import declare_dead  # noqa: E402
 from unbroken.runtime.config import TrainConfig  # noqa: E402
 from unbroken.runtime.trainer import reference_run  # noqa: E402
-from unbroken.runtime.stacked_worker import StackedCluster  # noqa: E402
+from unbroken.supervise.local import StackedCluster  # noqa: E402
 
 pytestmark = pytest.mark.mp
 

@@ -16,7 +16,7 @@ from helpers import finish, kill_and_notify  # noqa: E402
 from unbroken.runtime.module_trainer import ModuleTrainer  # noqa: E402
 from unbroken.runtime.config import TrainConfig  # noqa: E402
 from unbroken.runtime.trainer import make_trainer, reference_run  # noqa: E402
-from unbroken.runtime.stacked_worker import StackedCluster  # noqa: E402
+from unbroken.supervise.local import StackedCluster  # noqa: E402
 
 HERE = os.path.dirname(__file__)
 sys.path.insert(0, HERE)

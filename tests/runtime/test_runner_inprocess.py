@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 from datetime import timedelta
-from types import SimpleNamespace
 from typing import Any, Callable
 
 import pytest
@@ -26,9 +25,9 @@ from unbroken.runtime.config import TrainConfig  # noqa: E402
 from unbroken.core.ledger import DivergenceError, check_ledger, ledger_records  # noqa: E402
 from unbroken.runtime.stacked import StackedRunner, StopRequested  # noqa: E402
 from unbroken.runtime.trainer import reference_run  # noqa: E402
-from unbroken.runtime.stacked import StepHooks  # noqa: E402
-from unbroken.testing.faults import (Faults, FaultyTrainer, GradFaults, SelfFaults,  # noqa: E402
-                                     from_flags)
+from unbroken.runtime.hooks import StepHooks  # noqa: E402
+from unbroken.testing.faults import (Faults, FaultSpec, FaultyTrainer, GradFaults,  # noqa: E402
+                                     SelfFaults, build)
 
 CFG = TrainConfig(groups=4, redundancy=2, steps=10, seed=3)
 UIDS = list(range(CFG.groups))
@@ -405,13 +404,9 @@ def _no_store(kind: str) -> None:
     raise AssertionError(f"a process fault ({kind}) in an in-process test")
 
 
-def _flags(**kw) -> SimpleNamespace:
-    """The worker CLI's fault flags, all off unless given."""
-    base = dict(die_at=None, stop_at=None, stall_at=None, die_in_patch=False,
-                die_after_replan=False, die_in_retry=False, corrupt_snapshot=False,
-                drop_commit_at=None, drop_commit_on_join=False, slow_from=None, slow_s=0.0,
-                nan_at=None, flip_from=None)
-    return SimpleNamespace(**{**base, **kw})
+def _flags(**kw) -> FaultSpec:
+    """A process's faults, all off unless given."""
+    return FaultSpec(**{"slow_s": 0.0, **kw})
 
 
 class _Fixed:
@@ -464,7 +459,7 @@ def test_a_late_holder_fires_its_slots_faults_at_its_first_step_and_names_the_sc
 
 
 def test_no_fault_flags_leave_the_real_components_unwrapped():
-    f = from_flags(_flags(), on_fault=lambda kind: None)
+    f = build(_flags(), on_fault=lambda kind: None)
     comm, tr = object(), _Fixed()
     assert f.comm(comm) is comm and f.hooks.wrap_trainer(None, tr) is tr
 
@@ -474,7 +469,7 @@ def test_dropped_commit_is_rolled_forward(reference, stores):
     # the comm wrapper treats group 2's completed step-4 all-reduce as failed, once: its peers
     # committed step 4, the re-form's settle rolls it forward
     lag, at = 2, 4
-    job = Job(CFG, stores, faults={lag: from_flags(_flags(drop_commit_at=at), _no_store)}).run()
+    job = Job(CFG, stores, faults={lag: build(_flags(drop_commit_at=at), _no_store)}).run()
     assert job.error == {}
     for u in UIDS:
         assert max_diff(job.result[u], reference) < 1e-12, u
@@ -489,7 +484,7 @@ def test_dropped_commit_is_rolled_forward(reference, stores):
 
 @pytest.mark.timeout(60)
 def test_injected_nan_is_journaled_with_the_group_and_becomes_an_incident(stores):
-    job = Job(CFG, stores, faults={2: from_flags(_flags(nan_at=3), _no_store)}).run()
+    job = Job(CFG, stores, faults={2: build(_flags(nan_at=3), _no_store)}).run()
     assert job.error == {}
     (ev,) = job.events(2, "fault")
     assert (ev["kind"], ev["group"], ev["uid"], ev["step"]) == ("nan", 2, 2, 3)

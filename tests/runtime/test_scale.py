@@ -21,7 +21,7 @@ pytest.importorskip("torch")
 from helpers import events, finish, kill_and_notify  # noqa: E402
 
 from unbroken.runtime.config import TrainConfig  # noqa: E402
-from unbroken.runtime.stacked_worker import StackedCluster  # noqa: E402
+from unbroken.supervise.local import StackedCluster  # noqa: E402
 from unbroken.runtime.trainer import reference_run  # noqa: E402
 
 pytestmark = pytest.mark.mp

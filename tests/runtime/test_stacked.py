@@ -23,7 +23,7 @@ from helpers import events, finish, kill_and_notify  # noqa: E402
 from unbroken.protocol import ExitCode  # noqa: E402
 from unbroken.runtime.config import TrainConfig  # noqa: E402
 from unbroken.runtime.trainer import reference_run  # noqa: E402
-from unbroken.runtime.stacked_worker import StackedCluster  # noqa: E402
+from unbroken.supervise.local import StackedCluster  # noqa: E402
 
 pytestmark = pytest.mark.mp
 

@@ -15,7 +15,7 @@ pytest.importorskip("torch")
 from helpers import events  # noqa: E402
 
 from unbroken.runtime.config import TrainConfig  # noqa: E402
-from unbroken.runtime.stacked_worker import StackedCluster  # noqa: E402
+from unbroken.supervise.local import StackedCluster  # noqa: E402
 
 pytestmark = pytest.mark.mp
 

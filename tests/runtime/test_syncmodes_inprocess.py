@@ -334,7 +334,7 @@ def test_groups_cluster_members_deliver_together_and_the_fast_cluster_is_synchro
 
 @pytest.mark.timeout(90)
 def test_auto_with_the_ml_selector_lets_the_network_choose(stores, tmp_path):
-    from unbroken.sync import modelfile
+    from unbroken.runtime import modelfile
     from unbroken.sync.selector import train_selector
 
     sel = train_selector(groups=4, n=100, seed=0, epochs=100, runtime=True)

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from unbroken.sync import modelfile
+from unbroken.runtime import modelfile
 from unbroken.sync.cli import load_predictor, load_selector
 from unbroken.sync.journal import read_journal_dir, to_array
 from unbroken.sync.predictor import HORIZON, WINDOW, evaluate, last_value, train_predictor

@@ -46,7 +46,7 @@ from unbroken.protocol import (NODE_EXITS, node_exit_key, node_fenced_key, node_
                                node_health_key, node_key, node_left_key, node_order_key,
                                node_orders_key, node_pid_key, node_rejoin_key, node_stacks_key,
                                node_xid_key, node_xids_key)
-from unbroken.runtime.stacked_worker import StackedCluster
+from unbroken.supervise.local import StackedCluster
 
 __all__ = ["NodeCluster", "RemoteProc"]
 

@@ -11,7 +11,9 @@ simulator never need it.
   its parts: :mod:`~unbroken.runtime.stepbuf` (the step buffer's wire format and in-band
   check), :mod:`~unbroken.runtime.incidents` (bad steps and the guard's verdicts) and
   :mod:`~unbroken.runtime.admission` (spares, wipe-outs, the state copy).
-* :mod:`unbroken.runtime.stacked_worker` - its worker process and ``StackedCluster``.
+* :mod:`unbroken.runtime.stacked_worker` - its worker process (launched by
+  :class:`unbroken.supervise.local.StackedCluster`); :mod:`~unbroken.runtime.hooks` - the step's
+  hooks and the plug-in a launcher may install (fault injection lives in ``unbroken.testing``).
 * :mod:`unbroken.runtime.snapshot` / :mod:`unbroken.runtime.checkpoint` - the checksummed
   state copy sent to a joiner and the durable (DCP) checkpoints.
 * :mod:`unbroken.runtime.config` - ``TrainConfig``, the runtime's configuration (no model

@@ -62,7 +62,7 @@ Known limits
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
@@ -76,39 +76,15 @@ from unbroken.runtime import stepbuf as sb
 from unbroken.runtime.admission import Admission, WipeOutError
 from unbroken.runtime.comm import CommLike
 from unbroken.runtime.config import TrainConfig
+from unbroken.runtime.hooks import NoHooks, StepHooks
 from unbroken.runtime.incidents import GuardStopError, Incidents
 from unbroken.core.ledger import DivergenceError
 from unbroken.runtime.resources import IoCounter, ring_rx_bytes
 from unbroken.runtime.stepbuf import joins_reported
 from unbroken.runtime.trainer import TrainerLike, copy_state, grad_into, make_trainer
 
-__all__ = ["WipeOutError", "DivergenceError", "CoordinatorLostError", "StopRequested", "StepHooks",
+__all__ = ["WipeOutError", "DivergenceError", "CoordinatorLostError", "StopRequested",
            "StackedRunner", "GuardStopError", "joins_reported"]
-
-
-class StepHooks:
-    """Points of a group's step where a test acts (fault injection, see
-    :mod:`unbroken.testing.faults`); here every one is a no-op."""
-
-    def wrap_trainer(self, runner: StackedRunner, trainer: TrainerLike) -> TrainerLike:
-        """Every trainer the runner steps with (the start, each hot update)."""
-        return trainer
-
-    def step_ready(self, runner: StackedRunner) -> None:
-        """Once a step: its gradients are computed, its all-reduce not issued yet."""
-
-    def before_allreduce(self, runner: StackedRunner) -> None:
-        """Just before each issue of the step's all-reduce (the first and every retry)."""
-
-    def before_patch(self, runner: StackedRunner) -> None:
-        """A failure re-plan gave this group patch types; before computing them."""
-
-    def after_replan(self, runner: StackedRunner, plan: Any) -> None:
-        """After a failure re-plan is journaled, before the retried op."""
-
-    def state_payload(self, runner: StackedRunner, payload: torch.Tensor) -> torch.Tensor:
-        """The snapshot this member serves a joiner (what goes into the state copy)."""
-        return payload
 
 
 #: the store counters rank 0 reads into every step's buffer (see ``_control``)
@@ -157,7 +133,7 @@ class StackedRunner(Incidents, Admission):
         self.uid = uid
         self.comm = comm
         self.journal = journal
-        self.hooks = hooks or StepHooks()
+        self.hooks = hooks or NoHooks()
         self.wipeout_wait = wipeout_wait
         self.layout = make_layout(cfg.groups, cfg.redundancy)
         self.dev = torch.device(cfg.device)

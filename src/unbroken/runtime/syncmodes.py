@@ -267,7 +267,7 @@ class ModeRunner(StackedRunner):
                               cores=cfg.host_cores)
         self._choose = None  # auto's chooser: the heuristic, or STAR's ML selector (--selector)
         if cfg.selector is not None:
-            from unbroken.sync.cli import load_selector
+            from unbroken.runtime.mlselector import load_selector
 
             self._choose = load_selector(cfg.selector).chooser()
         self._reset_modes()

@@ -1,7 +1,11 @@
 """The supervisor side of a job: what to run (``spec``), where its files live (``outdir``), the
-supervisor that launches and restarts it (``supervisor``), one attempt's loop that watches and
-repairs it (``attempt``, reading the journals through ``tail``), how a run ends (``outcome``),
-and the fire-drill faults it writes itself (``drill``)."""
+supervisor that launches and restarts it (``supervisor``, with its own ``heartbeat``), the
+cluster of an attempt (``launch``; local processes: ``local``), one attempt's loop that watches
+and repairs it (``attempt``, reading the journals through ``tail``), how a run ends
+(``outcome``), and the fire-drill faults it writes itself (``drill``).
+
+The arrows run one way: ``supervisor`` -> ``attempt`` -> ``outcome``/``spec``/``tail``/``drill``;
+an attempt knows its supervisor only as the three things it is handed (spec, emit, signal)."""
 
 from unbroken.supervise.outcome import RunError, RunResult
 from unbroken.supervise.spec import FTConfig, JobSpec, TrainerError

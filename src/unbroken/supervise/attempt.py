@@ -1,5 +1,5 @@
-"""One attempt of a job: its cluster, the supervisor's heartbeat, and the loop that tails the
-journals, feeds the guard and carries out its orders.
+"""One attempt of a job: the loop that tails the journals, feeds the guard and carries out its
+orders, over the attempt's cluster (:mod:`~unbroken.supervise.launch`).
 
 The supervisor (:mod:`unbroken.supervise.supervisor`) runs attempts until one finishes: a
 restart the ladder orders ends an attempt (:class:`~unbroken.supervise.outcome.Restart`) and
@@ -15,7 +15,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Callable
 
 from unbroken.core.actions import (
     Evict,
@@ -34,71 +34,17 @@ from unbroken.core.placement import make_layout, uncovered, wiped_out
 from unbroken.core.standby import refill
 from unbroken.events import Event
 from unbroken.procwait import ExitWaiter
-from unbroken.protocol import (CODE_COUNT, STOP_KEY, SUPERVISOR_HB, ExitCode, code_key, done_key,
+from unbroken.protocol import (CODE_COUNT, STOP_KEY, ExitCode, code_key, done_key,
                                error_key)
 from unbroken.supervise.drill import LauncherDrill
 from unbroken.supervise.outcome import Ended, Restart, RunError
 from unbroken.supervise.spec import JobSpec
 from unbroken.supervise.tail import JournalTail
 
-if TYPE_CHECKING:
-    from unbroken.supervise.supervisor import Supervisor
-
-__all__ = ["Attempt", "SupervisorHeartbeat", "make_cluster"]
+__all__ = ["Attempt"]
 
 #: the most a hung member's stack dump may take before it is killed regardless
 HUNG_DUMP_S = 3.0
-
-
-class SupervisorHeartbeat:
-    """The supervisor's own heartbeat, from a thread with its own store client: it stops when
-    the whole process is stopped, which is exactly what the members must notice."""
-
-    def __init__(self, store, period: float) -> None:
-        self._stop = threading.Event()
-        st = store.clone()
-        st.add(SUPERVISOR_HB, 1)
-
-        def beat() -> None:
-            while not self._stop.wait(period):
-                try:
-                    st.add(SUPERVISOR_HB, 1)
-                except Exception:
-                    return  # the store host is gone: the members see that themselves
-        self._thread = threading.Thread(target=beat, name="supervisor-hb", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2)
-
-
-
-def make_cluster(cfg, jdir: Path, spares: int, spec: JobSpec, ckdir: Path, *, resume: bool,
-             pending: list[Fault], directory=None):
-    """The cluster for one attempt; the victims inject ``pending`` faults (the ones not
-    injected by an earlier attempt) themselves, each process its slot's share
-    (``core.faults.holder_faults``; a spare gets its share when assigned)."""
-    from unbroken.runtime.stacked_worker import StackedCluster
-
-    drill = {g: holder_faults(pending, g) for g in range(cfg.groups)}
-    kw = dict(spares=spares, heartbeat=spec.ft.heartbeat,
-              staleness=spec.ft.staleness, ckpt_dir=str(ckdir),
-              ckpt_every=spec.ckpt_interval(), resume=resume,
-              drill={g: [(f.kind, f.step) for f in fs] for g, fs in drill.items() if fs},
-              verdicts=spec.ft.guard == "act", store_process=True,
-              supervisor_staleness=spec.ft.supervisor_staleness)
-    if directory is not None:  # the same surface, the workers under node agents
-        from unbroken.core.nodes import on_live_nodes
-        from unbroken.nodes.cluster import NodeCluster
-
-        # a restart places the groups on the nodes still live (a lost one stays fenced)
-        node_of, _warning = on_live_nodes(cfg.groups, spec.ft.redundancy, directory.live())
-        return NodeCluster(cfg, str(jdir), directory=directory, node_of=node_of,
-                           out=str(Path(spec.out).resolve()),
-                           node_staleness=spec.ft.node_staleness, **kw)
-    return StackedCluster(cfg, str(jdir), **kw)
-
 
 
 class Attempt:
@@ -111,10 +57,13 @@ class Attempt:
     #: wakes it at once). The guard works in seconds; 50 ms is far inside its budget.
     TICK_S = 0.05
 
-    def __init__(self, sup: Supervisor, c, fired: set, guard, pending: list[Fault],
-                 xid_log: str | None, holders: dict[int, int], restarting: bool,
-                 skip_old: bool) -> None:
-        self.sup, self.c, self.spec, self.emit = sup, c, sup.spec, sup.emit
+    def __init__(self, spec: JobSpec, emit: Callable[[dict], None],
+                 signalled: Callable[[], int | None], c, fired: set, guard,
+                 pending: list[Fault], xid_log: str | None, holders: dict[int, int],
+                 restarting: bool, skip_old: bool) -> None:
+        """``emit``: the supervisor's journal; ``signalled()``: the signal the supervisor
+        received (SIGINT/SIGTERM), None while none came."""
+        self.c, self.spec, self.emit, self.signalled = c, spec, emit, signalled
         self.fired, self.guard, self.holders = fired, guard, holders
         self.pending = pending
         self.victims: set[int] = set()  # uids a scheduled fault hit (not real failures)
@@ -171,7 +120,7 @@ class Attempt:
             for u in list(self.c.uids):
                 for ev in self._tail(u).read():
                     self._on_event(u, ev)
-            if self.sup.signal_received is not None and self.stop_posted is None:
+            if self.signalled() is not None and self.stop_posted is None:
                 self._post_stop()
             for ev in getattr(self.c, "drain_events", list)():  # node agents: a node lost,
                 self.emit(ev)  # a machine's sample, an XID of its kernel log
@@ -226,7 +175,7 @@ class Attempt:
         """Ask every member to stop after the next committed step (rank 0 reads the key)."""
         self.stop_posted = time.time()
         self.emit({"event": Event.STOP_REQUESTED,
-                   "signal": why or signal.Signals(self.sup.signal_received).name})
+                   "signal": why or signal.Signals(self.signalled()).name})
         self.c.store.add(STOP_KEY, 1)
         for u in list(self.pool):  # a waiting spare holds nothing: it just goes
             self.c.procs[u].kill()
@@ -520,7 +469,7 @@ class Attempt:
             return Ended(ExitCode.COORDINATOR_LOST,
                           f"the members found the supervisor silent and stopped after step "
                           f"{self.top}{where}; --resume continues", self.checkpoint)
-        sig = signal.Signals(self.sup.signal_received or signal.SIGINT)
+        sig = signal.Signals(self.signalled() or signal.SIGINT)
         code = ExitCode.INTERRUPTED if sig == signal.SIGINT else ExitCode.TERMINATED
         return Ended(code, f"stopped on {sig.name} after step {self.top}{where}; --resume "
                             f"continues", self.checkpoint)

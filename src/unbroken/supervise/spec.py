@@ -283,7 +283,7 @@ def check_selector(path: str, sync: str, groups: int, shard_batch: int,
     if sync != "auto":
         raise ValueError(f"--selector {path}: chooses auto's mode; it needs --sync auto "
                          f"(got --sync {sync})")
-    from unbroken.sync.cli import load_selector
+    from unbroken.runtime.mlselector import load_selector
 
     meta = load_selector(path).meta  # ModelFileError (a ValueError) names the file
     train = (f"train one with unbroken sync train-selector --runtime --groups {groups} "

@@ -46,7 +46,9 @@ from unbroken.core.faults import Fault, format_faults
 from unbroken.events import Event
 from unbroken.fsio import copy_atomic, sha256_file
 from unbroken.protocol import ExitCode
-from unbroken.supervise.attempt import Attempt, SupervisorHeartbeat, make_cluster
+from unbroken.supervise.attempt import Attempt
+from unbroken.supervise.heartbeat import SupervisorHeartbeat
+from unbroken.supervise.launch import make_cluster
 from unbroken.supervise.nodes import job_nodes
 from unbroken.supervise.outcome import Ended, Restart, RunError, RunResult
 from unbroken.supervise.outdir import prepare, read_journal, repair_journals
@@ -208,15 +210,16 @@ class Supervisor:
                 for k, why in directory.fence_silent(3 * spec.ft.node_staleness).items():
                     self.emit({"event": Event.NODE_LOST, "node": k, "reason": why, "uids": []})
             c = make_cluster(cfg, jdir, spares, spec, out / "ckpt",
-                         resume=attempt > 0 or spec.resume, pending=pending,
-                         directory=directory)
+                             resume=attempt > 0 or spec.resume, pending=pending,
+                             directory=directory)
             # ten beats per window the members judge it by: faster is store traffic that
             # tells them nothing more
             beat = SupervisorHeartbeat(c.store, max(spec.ft.heartbeat,
                                            spec.ft.supervisor_staleness / 10))
             guard.new_attempt()
             try:
-                done = Attempt(self, c, fired, guard, pending, xid_log, holders,
+                done = Attempt(spec, self.emit, lambda: self.signal_received, c, fired, guard,
+                               pending, xid_log, holders,
                                 restarting=attempt > 0, skip_old=attempt > 0 or spec.resume
                                 ).run()
             except Restart as r:  # the ladder's budget bounds these (core.ladder)

@@ -1,8 +1,11 @@
-"""The sync face's side of issue 11 (STAR): the straggler predictor, the ML mode selector,
-their model files, the straggler plan and the ``unbroken sync`` commands.
+"""The sync face's offline tools (STAR): the straggler predictor, training the ML mode selector,
+the synthetic straggler load they learn from (``trace``, ``synthetic``), the straggler plan
+and the ``unbroken sync`` commands.
 
-Decisions and models without learning live in ``unbroken.core.sync`` (pure); this package
-holds what trains, reads files or needs torch. Importing the package imports nothing heavy:
-torch is imported by the modules that train or load a network (``predictor``, ``selector``,
-``modelfile``), not by ``journal``, ``synthetic`` or ``plan``.
+The floors: decisions and models without learning live in ``unbroken.core.sync`` (pure); what a
+worker runs with (the selector's network and its model file) in ``unbroken.runtime``
+(``mlselector``, ``modelfile``); this package sits above both and nothing below imports it.
+Importing the package imports nothing heavy: torch is imported by the modules that train or
+load a network (``predictor``, ``selector``), not by ``journal``, ``synthetic``, ``trace`` or
+``plan``.
 """

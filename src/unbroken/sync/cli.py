@@ -114,31 +114,19 @@ def show_plan(con, data: dict) -> None:
     con.print("\n".join(plan_lines(data)), highlight=False)
 
 
-def _load(path: str, kind: str, cls):
-    from unbroken.sync import modelfile
-
-    state, meta = modelfile.load(path, kind)
-    obj = cls(state, meta)
-    try:
-        obj.model()
-    except (RuntimeError, KeyError) as e:
-        raise modelfile.ModelFileError(f"model file {path!r}: weights do not fit the {kind} "
-                                       f"({type(e).__name__})") from None
-    return obj
-
-
 def load_predictor(path: str):
     """The predictor saved in ``path``; ModelFileError (a ValueError) naming the file."""
+    from unbroken.runtime.modelfile import load_model
     from unbroken.sync.predictor import Predictor
 
-    return _load(path, "predictor", Predictor)
+    return load_model(path, "predictor", Predictor)
 
 
 def load_selector(path: str):
     """The ML selector saved in ``path``; ModelFileError naming the file."""
-    from unbroken.sync.selector import MLSelector
+    from unbroken.runtime.mlselector import load_selector
 
-    return _load(path, "selector", MLSelector)
+    return load_selector(path)
 
 
 def _runs(journals, synthetic: int, seed: int):
@@ -160,7 +148,7 @@ def run(a: argparse.Namespace) -> dict:
 
 
 def _train_predictor(a: argparse.Namespace) -> dict:
-    from unbroken.sync import modelfile
+    from unbroken.runtime import modelfile
     from unbroken.sync.predictor import train_predictor
 
     if not a.journals and not a.synthetic:
@@ -184,7 +172,7 @@ def _eval_predictor(a: argparse.Namespace) -> dict:
 
 
 def _train_selector(a: argparse.Namespace) -> dict:
-    from unbroken.sync import modelfile
+    from unbroken.runtime import modelfile
     from unbroken.sync.selector import compare, train_selector
 
     if not a.runtime and (a.shard_batch is not None or a.redundancy is not None

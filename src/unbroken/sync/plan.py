@@ -1,7 +1,7 @@
 """``unbroken plan --stragglers SPEC``: each sync mode's update gap and TTA for a straggler
 profile, and what ``auto`` would do on it -- with the selector code ``auto`` runs.
 
-The profile (``core.sync_trace``) gives every group's slowdown on every step; a group's step
+The profile (``sync.trace``) gives every group's slowdown on every step; a group's step
 time is compute x slowdown + the all-reduce (a straggler's CPU or NIC contention slows its own
 part, not the collective). The trace is cut into windows of 30 steps (the predictor's
 horizon); on each window every mode is estimated by ``core.sync.estimates`` from the window's
@@ -22,7 +22,7 @@ from collections import Counter
 import numpy as np
 
 from unbroken.core.sync import AutoState, CostModel, decide, estimates, select, tta_of
-from unbroken.core.sync_trace import straggler_frequency
+from unbroken.sync.trace import straggler_frequency
 from unbroken.runtime.stragglers import load_trace
 
 __all__ = ["straggler_plan", "WINDOW"]

@@ -25,28 +25,18 @@ planner's comparison). A model file says which it is (``meta["for"]``).
 
 from __future__ import annotations
 
-import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import numpy as np
 
-from unbroken.core.sync import AUTO_MODES, MODES, CostModel, Selection, estimates, select
+from unbroken.core.sync import AUTO_MODES, MODES, CostModel, select
 from unbroken.core.sync import tta_of as core_tta_of
-from unbroken.core.sync_trace import slowdowns
+from unbroken.runtime.mlselector import MLSelector, classes_for, features, selector_net
+from unbroken.sync.trace import slowdowns
 
 __all__ = ["classes_for", "features", "simulate_profiles", "label", "train_selector",
            "MLSelector", "compare", "tta_of"]
-
-
-def classes_for(groups: int) -> list[str]:
-    return ["sync", "mask", "groups", "async"] + [f"ksync:{k}" for k in range(1, groups)]
-
-
-def features(times: np.ndarray, phi: float, shard_batch: int) -> np.ndarray:
-    """The selector's input for one decision: sorted times / fastest, log(1 + phi/B), N."""
-    t = np.sort(np.asarray(times, dtype=float))
-    return np.concatenate([t / t[0], [math.log1p(phi / shard_batch), float(t.size)]])
 
 
 def simulate_profiles(n: int, groups: int, seed: int, base_s: float = 1.0
@@ -104,61 +94,6 @@ def tta_of(mode: str, times: np.ndarray, phi: float, cm: CostModel,
     return core_tta_of(mode, times, replace(cm, noise_scale=phi), greedy_mask)
 
 
-def _mlp(n_in: int, n_out: int):
-    from torch import nn
-
-    return nn.Sequential(nn.Linear(n_in, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
-                         nn.Linear(64, n_out))
-
-
-@dataclass
-class MLSelector:
-    """A trained selector. ``choose(times, phi)`` -> (mode, reason)."""
-
-    state: dict
-    meta: dict
-    _model: object = field(default=None, repr=False, compare=False)
-
-    def model(self):
-        if self._model is None:
-            m = _mlp(self.meta["groups"] + 2, len(self.meta["classes"]))
-            m.load_state_dict(self.state)
-            m.eval()
-            self._model = m
-        return self._model
-
-    def choose(self, times, phi: float,
-               allowed: tuple[str, ...] | None = None) -> tuple[str, str]:
-        """The most likely mode among ``allowed`` (mode names; ``ksync`` allows every K;
-        default: every class), and a one-line reason."""
-        import torch
-
-        t = np.asarray(times, dtype=float)
-        if t.shape != (self.meta["groups"],):
-            raise ValueError(f"this selector was trained for {self.meta['groups']} groups, got "
-                             f"{t.size} step times")
-        x = (features(t, phi, self.meta["shard_batch"]) - self.meta["mean"]) / self.meta["std"]
-        with torch.no_grad():
-            p = torch.softmax(self.model()(torch.tensor(x, dtype=torch.float32)[None]), -1)[0]
-        classes = self.meta["classes"]
-        # sync is always allowed, as the heuristic's select() always allows it
-        ok = [i for i, c in enumerate(classes)
-              if allowed is None or c == "sync" or c.split(":")[0] in allowed]
-        i = max(ok, key=lambda j: float(p[j]))
-        mode = classes[i]
-        return mode, f"{mode}: ML selector ({float(p[i]):.0%} confident)"
-
-    def chooser(self):
-        """``core.sync.decide``'s ``choose``: this network picks the mode; every mode is
-        still estimated by the cost model for the journal's ``predicted``."""
-        def choose(times, cm: CostModel, flagged, allowed, greedy_mask: bool) -> Selection:
-            mode, why = self.choose(times, cm.noise_scale, tuple(allowed))
-            est = estimates(times, cm, flagged, greedy_mask)
-            listing = ", ".join(f"{e.mode} {e.tta:.4g}" for e in est.values())
-            return Selection(mode, est, f"{why}; predicted s/step: {listing}")
-        return choose
-
-
 def train_selector(groups: int = 8, n: int = 2000, seed: int = 0, cm: CostModel | None = None,
                    epochs: int = 300, runtime: bool = False, shard_batch: int = 8,
                    redundancy: int = 2, cores: int = 0) -> MLSelector:
@@ -183,7 +118,7 @@ def train_selector(groups: int = 8, n: int = 2000, seed: int = 0, cm: CostModel 
     mean, std = x.mean(0), x.std(0)
     std = np.where(std > 0, std, 1.0)
     torch.manual_seed(seed)
-    net = _mlp(x.shape[1], len(classes))
+    net = selector_net(x.shape[1], len(classes))
     opt = torch.optim.Adam(net.parameters(), lr=1e-2)
     xt = torch.tensor((x - mean) / std, dtype=torch.float32)
     yt = torch.tensor(y)

@@ -2,7 +2,7 @@
 
 Each group's step time follows its CPU availability: a straggler on identical GPUs is a group
 whose host CPU (data loading, the Python loop, the NIC's interrupts) is contended (STAR's
-finding). The load is one of ``core.sync_trace``'s profiles -- ``bursty`` (AR(1) load with
+finding). The load is one of ``sync.trace``'s profiles -- ``bursty`` (AR(1) load with
 bursts on random groups), ``persistent`` (one group 1.5-3x slower throughout) or ``rotating``
 (each step a random group 2x slower with some probability) -- and
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from unbroken.core.sync_trace import slowdowns
+from unbroken.sync.trace import slowdowns
 
 __all__ = ["KINDS", "synthetic_run", "synthetic_runs"]
 

@@ -10,7 +10,10 @@ components (the runner holds no fault code):
 * :class:`SelfFaults` - the runner's :class:`~unbroken.runtime.stacked.StepHooks`: the process
   SIGKILLs / SIGSTOPs itself at an exact point (so the step is exact), blocks for good in "user
   code", serves a corrupt snapshot; it wraps every trainer the runner builds (a hot update too);
-* :func:`from_flags` - the worker CLI's fault flags -> (comm wrapper, hooks).
+* :class:`FaultSpec` / :func:`build` - one process's faults -> (comm wrapper, hooks);
+* :func:`install` - the worker's plug-in (``--plugin unbroken.testing.faults:install
+  --plugin-args JSON``, a :class:`~unbroken.runtime.hooks.Plugin`): the launcher names it only
+  when a run asks for faults or a straggler trace, so a plain run never imports this module.
 
 Every fault journals a ``fault`` event (kind, group, uid, step); a process fault first calls
 ``on_fault(kind)`` (the worker posts ``killed/<uid>`` / ``stopped/<uid>``).
@@ -23,18 +26,19 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, NamedTuple
 
 import torch
 
 from unbroken.events import Event
-from unbroken.runtime.stacked import StepHooks
+from unbroken.protocol import drill_key, killed_key, stopped_key
+from unbroken.runtime.hooks import StepHooks
 from unbroken.runtime.stepbuf import joins_reported
 from unbroken.runtime.trainer import TrainerLike, grad_into
 
-__all__ = ["TrainerProxy", "GradFaults", "FaultyTrainer", "DropCommit", "SelfFaults", "Faults", "from_flags",
-           "fault_event"]
+__all__ = ["TrainerProxy", "GradFaults", "FaultyTrainer", "DropCommit", "SelfFaults", "Faults",
+           "FaultSpec", "build", "install", "FaultPlugin", "fault_event"]
 
 
 def fault_event(runner: Any, kind: str, step: int | None = None, at: int | None = None) -> dict:
@@ -295,24 +299,93 @@ class Faults(NamedTuple):
     hooks: StepHooks
 
 
-def from_flags(a: Any, on_fault: Callable[[str], None],
-               slowdown: list[float] | None = None) -> Faults:
-    """The worker CLI's parsed fault flags (``--die-at`` ... ``--flip-from``) and this
-    process's straggler factors per step (``slowdown``, None: none) -> the wrappers."""
-    grads = GradFaults(nan_at=a.nan_at, flip_from=a.flip_from, slow_from=a.slow_from,
-                       slow_s=a.slow_s, slowdown=slowdown)
-    drops = a.drop_commit_at is not None or a.drop_commit_on_join
-    hooks = SelfFaults(die_at=a.die_at, stop_at=a.stop_at, stall_at=a.stall_at,
-                       die_in_patch=a.die_in_patch, die_after_replan=a.die_after_replan,
-                       die_in_retry=a.die_in_retry, corrupt_snapshot=a.corrupt_snapshot,
+@dataclass
+class FaultSpec:
+    """One process's faults, as its launcher asks for them (``--plugin-args``)."""
+
+    die_at: int | None = None
+    stop_at: int | None = None
+    stall_at: int | None = None
+    die_in_patch: bool = False
+    die_after_replan: bool = False
+    die_in_retry: bool = False
+    corrupt_snapshot: bool = False
+    drop_commit_at: int | None = None
+    drop_commit_on_join: bool = False
+    slow_from: int | None = None    # from this step on, every gradient takes slow_s longer
+    slow_s: float = 0.06
+    nan_at: int | None = None
+    flip_from: int | None = None
+    # the slot's scheduled faults, [(kind, step), ...] (core.faults.holder_faults); a spare
+    # gets its own with the assignment (``drill/<uid>``)
+    drill: list[tuple[str, int]] = field(default_factory=list)
+
+    @classmethod
+    def from_args(cls, args: dict) -> FaultSpec:
+        known = {f.name for f in fields(cls)}
+        bad = sorted(set(args) - known)
+        if bad:
+            raise ValueError(f"--plugin-args: unknown fault {bad[0]!r} (known: "
+                             f"{', '.join(sorted(known))})")
+        return cls(**args)
+
+
+def build(spec: FaultSpec, on_fault: Callable[[str], None],
+          slowdown: list[float] | None = None) -> Faults:
+    """One process's faults and its straggler factors per step (``slowdown``, None: none)
+    -> the wrappers."""
+    grads = GradFaults(nan_at=spec.nan_at, flip_from=spec.flip_from, slow_from=spec.slow_from,
+                       slow_s=spec.slow_s, slowdown=slowdown)
+    drops = spec.drop_commit_at is not None or spec.drop_commit_on_join
+    hooks = SelfFaults(die_at=spec.die_at, stop_at=spec.stop_at, stall_at=spec.stall_at,
+                       die_in_patch=spec.die_in_patch, die_after_replan=spec.die_after_replan,
+                       die_in_retry=spec.die_in_retry, corrupt_snapshot=spec.corrupt_snapshot,
                        grads=grads if grads.any() else None, on_fault=on_fault)
-    if getattr(a, "drill", None):
-        hooks.load(json.loads(a.drill), a.slow_s)
+    if spec.drill:
+        hooks.load(spec.drill, spec.slow_s)
 
     def comm(real: Any) -> Any:
         if not drops:
             return real
-        hooks.comm = DropCommit(real, at=a.drop_commit_at, on_join=a.drop_commit_on_join)
+        hooks.comm = DropCommit(real, at=spec.drop_commit_at, on_join=spec.drop_commit_on_join)
         return hooks.comm
 
     return Faults(comm, hooks)
+
+
+class FaultPlugin:
+    """The worker's plug-in (:class:`~unbroken.runtime.hooks.Plugin`): a process fault first
+    posts ``killed/<uid>`` / ``stopped/<uid>`` (wall time) in the job's store, so the launcher
+    tells an injected death from a real one; a spare takes its slot's faults when assigned."""
+
+    def __init__(self, spec: FaultSpec, uid: int, slowdown: list[float] | None) -> None:
+        self.uid, self.slow_s = uid, spec.slow_s
+        self.store: Any = None
+        self.faults = build(spec, self._posted, slowdown)
+        self.hooks = self.faults.hooks
+
+    def _posted(self, kind: str) -> None:
+        self.store.set((stopped_key if kind == "hang" else killed_key)(self.uid),
+                       repr(time.time()))
+
+    def wrap_comm(self, comm: Any) -> Any:
+        self.store = comm.store
+        return self.faults.comm(comm)
+
+    def assigned(self, runner: Any) -> None:
+        if self.store.check([drill_key(self.uid)]):  # the slot's next scheduled faults
+            if self.hooks.load(json.loads(self.store.get(drill_key(self.uid))), self.slow_s):
+                runner.trainer = self.hooks.wrap_trainer(runner, runner.trainer)
+
+
+def install(args: dict, uid: int, cfg: Any) -> FaultPlugin:
+    """The plug-in factory: ``args`` a :class:`FaultSpec` as JSON; a straggler trace in the
+    config (``--stragglers``) slows this process per step."""
+    slowdown = None
+    if cfg.stragglers is not None:
+        from unbroken.runtime.stragglers import own_slowdowns
+
+        # keyed by the uid: a straggler is a slow machine, so a spare that takes over the
+        # slot runs at full speed (see unbroken.core.stragglers)
+        slowdown = own_slowdowns(cfg.stragglers, uid, cfg.groups, cfg.steps, cfg.seed)
+    return FaultPlugin(FaultSpec.from_args(args), uid, slowdown)

@@ -19,8 +19,9 @@ The grammar is the one of issue 11's ``--stragglers SPEC``:
 * a path to a CSV file ``step,group,slowdown`` (a header line is allowed): one row per change,
   the slowdown (>= 1.0) holds for that group from that step until its next row.
 
-Bad input raises ValueError with one line naming the bad value. Pure: numpy only; reading the
-CSV is the only I/O and is done by the caller-facing :func:`parse_spec` when given a path.
+Bad input raises ValueError with one line naming the bad value. Not in ``core``: it is the
+sync face's training data, not a decision, and :func:`parse_spec` reads a CSV file when given
+a path.
 """
 
 from __future__ import annotations

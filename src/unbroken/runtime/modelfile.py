@@ -1,4 +1,5 @@
-"""Model files of the sync face: one file, a checksum, written atomically.
+"""Model files of the sync face (the straggler predictor, the ML selector): one file, a checksum,
+written atomically. In the runtime because a worker loads the selector it decides with.
 
 Layout: one header line ``unbroken-sync-model 1 <kind> sha256=<hex>\\n`` followed by a
 ``torch.save`` payload of ``{"meta": ..., "state": ...}`` (tensors and plain data only, loaded
@@ -18,7 +19,7 @@ import tempfile
 
 from unbroken.fsio import fsync_dir
 
-__all__ = ["ModelFileError", "save", "load"]
+__all__ = ["ModelFileError", "save", "load", "load_model"]
 
 _MAGIC = b"unbroken-sync-model 1 "
 
@@ -83,3 +84,16 @@ def load(path: str, kind: str) -> tuple[dict, dict]:
     except Exception as e:  # noqa: BLE001 -- any unpickling failure is a bad file
         raise ModelFileError(f"model file {path!r}: does not load "
                              f"({type(e).__name__})") from None
+
+
+def load_model(path: str, kind: str, cls):
+    """``cls(state, meta)`` of the ``kind`` saved in ``path``, its network built: a file whose
+    weights do not fit the network is refused here, with one line naming it."""
+    state, meta = load(path, kind)
+    obj = cls(state, meta)
+    try:
+        obj.model()
+    except (RuntimeError, KeyError) as e:
+        raise ModelFileError(f"model file {path!r}: weights do not fit the {kind} "
+                             f"({type(e).__name__})") from None
+    return obj

@@ -1,0 +1,143 @@
+"""The local launcher of a stacked job: hosts the store and starts every group's worker
+(:mod:`unbroken.runtime.stacked_worker`) and its warm spares as processes on this machine.
+
+The supervisor's attempts run on it (``supervise.attempt.make_cluster``), node agents extend
+it (:class:`unbroken.nodes.cluster.NodeCluster`), and the tests and benchmarks drive it
+directly. It is where a run's faults are turned into the workers' fault plug-in
+(:mod:`unbroken.testing.faults`, named by :data:`FAULT_PLUGIN`): the runtime itself holds no
+fault code and imports none unless a launcher names the plug-in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import timedelta
+
+from unbroken.protocol import assign_key, drill_key
+from unbroken.runtime.ftcomm_worker import LocalCluster
+
+__all__ = ["StackedCluster", "FAULT_PLUGIN"]
+
+#: the workers' fault-injection plug-in (``--plugin``), named only when a run injects faults
+FAULT_PLUGIN = "unbroken.testing.faults:install"
+
+
+class StackedCluster(LocalCluster):
+    """``LocalCluster`` that starts stacked training workers (uids ``0..groups-1``) and
+    ``spares`` warm standby processes (uids ``groups..``) that join when assigned a slot.
+
+    Faults (see :class:`unbroken.testing.faults.FaultSpec`): ``die_at`` / ``stop_at`` /
+    ``drop_commit_at`` ...: uid -> step; ``die_after_replan``, ``die_in_patch``,
+    ``die_in_retry``, ``corrupt_snapshot``, ``drop_commit_on_join``: uids; ``drill``: uid ->
+    its slot's scheduled faults ``[(kind, step), ...]`` (``core.faults.holder_faults``; the
+    supervisor's route). When any is given, or the config has a straggler trace, every
+    process of the cluster (a spare started later too: it may be sent into a faulty slot)
+    gets the fault plug-in with its own share; otherwise none does.
+    """
+
+    def __init__(self, cfg, journal_dir: str, *, die_at: dict[int, int] | None = None,
+                 drill: dict[int, list[tuple[str, int]]] | None = None,
+                 stop_at: dict[int, int] | None = None,
+                 drop_commit_at: dict[int, int] | None = None,
+                 slow_from: dict[int, int] | None = None,
+                 stall_at: dict[int, int] | None = None,
+                 nan_at: dict[int, int] | None = None,
+                 flip_from: dict[int, int] | None = None, verdicts: bool = False,
+                 die_after_replan=(), die_in_patch=(), die_in_retry=(), corrupt_snapshot=(),
+                 drop_commit_on_join=(),
+                 spares: int = 0, heartbeat: float = 0.1, staleness: float = 0.3,
+                 pg_timeout: float = 30.0, wipeout_wait: float = 60.0,
+                 ckpt_dir: str | None = None, ckpt_every: int = 50, resume: bool = False,
+                 store_port: int | None = None, store_process: bool = False,
+                 supervisor_staleness: float = 0.0) -> None:
+        import torch.distributed as dist
+
+        self.cfg = cfg
+        self.uids: list[int] = []
+        self.spares = list(range(cfg.groups, cfg.groups + spares))
+        self.journal_dir = journal_dir
+        self._init_procs()
+        self.store_host = None
+        if store_process and store_port is None:  # the store outlives a stopped launcher
+            from unbroken import spawn
+
+            self.store_host = spawn.start("unbroken.runtime.store_host:main", [],
+                                          stderr_path=self._errpath("store"), channel=True)
+            try:
+                store_port = int(self.store_host.receive(timeout=120))
+            except (TimeoutError, EOFError):
+                raise RuntimeError(f"the store host did not start (rc {self.store_host.poll()}):"
+                                   f" {self.stderr('store')[-500:]}") from None
+        if store_port is None:  # host the store here: the launcher is the coordinator
+            self.store = dist.TCPStore("127.0.0.1", 0, is_master=True,
+                                       wait_for_workers=False, timeout=timedelta(seconds=60))
+        else:  # a store hosted elsewhere (a test kills it to play a dead coordinator)
+            self.store = dist.TCPStore("127.0.0.1", store_port, is_master=False,
+                                       wait_for_workers=False, timeout=timedelta(seconds=10))
+        self.port = self.store.port
+        self._common = ["--port", str(self.port), "--config", cfg.to_json(),
+                        "--journal", journal_dir, "--heartbeat", str(heartbeat),
+                        "--staleness", str(staleness), "--pg-timeout", str(pg_timeout),
+                        "--wipeout-wait", str(wipeout_wait), "--ckpt-every", str(ckpt_every),
+                        *(["--ckpt-dir", ckpt_dir] if ckpt_dir else []),
+                        *(["--resume"] if resume else []),
+                        *(["--supervisor-staleness", str(supervisor_staleness)]
+                          if supervisor_staleness > 0 else []),
+                        *(["--verdicts"] if verdicts else [])]
+        flags = {"die_after_replan": die_after_replan, "die_in_patch": die_in_patch,
+                 "die_in_retry": die_in_retry, "corrupt_snapshot": corrupt_snapshot,
+                 "drop_commit_on_join": drop_commit_on_join}
+        steps = {"die_at": die_at or {}, "stop_at": stop_at or {},
+                 "drop_commit_at": drop_commit_at or {}, "slow_from": slow_from or {},
+                 "stall_at": stall_at or {}, "nan_at": nan_at or {},
+                 "flip_from": flip_from or {}}
+        self._faults: dict[int, dict] = {}
+        for u in [*self.spares, *range(cfg.groups)]:
+            f = {k: True for k, us in flags.items() if u in us}
+            f.update({k: m[u] for k, m in steps.items() if u in m})
+            if drill and drill.get(u):
+                f["drill"] = [list(x) for x in drill[u]]
+            if f:
+                self._faults[u] = f
+        self._inject = bool(self._faults) or bool(drill) or cfg.stragglers is not None
+        # spares first: a spare started after the members competes for the cores with a job
+        # already training (all of it one scheduling group, ``unbroken.spawn``), and at 16
+        # groups one took 4 s to be ready, too late for the run that needed it
+        for u in [*self.spares, *range(cfg.groups)]:
+            self.spawn(u, standby=u in self.spares)
+
+    def spawn(self, uid: int, *, standby: bool = False, extra: list[str] = ()) -> None:
+        """Start worker ``uid`` (a warm spare with ``standby``). It dies with this launcher
+        while it starts up (:mod:`unbroken.spawn`) and sits in a process group of its own,
+        so a terminal's Ctrl-C reaches the launcher only."""
+        if self._inject:
+            extra = [*extra, "--plugin", FAULT_PLUGIN,
+                     "--plugin-args", json.dumps(self._faults.get(uid, {}))]
+        self._start(uid, "unbroken.runtime.stacked_worker:worker_main",
+                    ["--uid", str(uid), *self._common, *(["--standby"] if standby else []),
+                     *extra])
+        self.uids.append(uid)
+        if standby and uid not in self.spares:
+            self.spares.append(uid)
+
+    def assign(self, spare: int, slot: int, drill: list[tuple[str, int]] = ()) -> None:
+        """Send a warm spare to take over layout ``slot`` (it joins at the next step boundary,
+        or at once when the survivors are waiting for it after a wipe-out); ``drill``: the
+        slot's next scheduled faults, which it injects."""
+        if drill:
+            self.store.set(drill_key(spare), json.dumps([list(f) for f in drill]))
+        self.store.set(assign_key(spare), str(slot))
+
+    def close(self) -> None:
+        super().close()
+        if self.store_host is not None and self.store_host.poll() is None:
+            self.store_host.kill()
+            self.store_host.wait(timeout=10)
+
+    def journal(self, uid: int) -> list[dict]:
+        path = os.path.join(self.journal_dir, f"group-{uid}.jsonl")
+        if not os.path.exists(path):
+            return []
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.strip()]
