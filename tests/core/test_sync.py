@@ -1,4 +1,4 @@
-"""core.sync and core.sync_trace: the update gap, the TTA heuristic, auto, the noise scale."""
+"""core.sync and sync.trace: the update gap, the TTA heuristic, auto, the noise scale."""
 
 import math
 from dataclasses import replace
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from unbroken.core import placement, rectlr
-from unbroken.core.sync import (AutoState, CostModel, NoiseScale, _star_code_choice, _star_code_k,
-                                _star_intended_choice, cluster_times, decide, estimates,
+from unbroken.core.sync.gap import _star_code_choice, _star_code_k, _star_intended_choice
+from unbroken.core.sync import (AutoState, CostModel, NoiseScale, cluster_times, decide, estimates,
                                 flag_stragglers, ksync_gap, noise_scale_terms, parse_mode,
                                 select, star_k_scan, tta_of)
 from unbroken.sync.trace import parse_spec, slowdowns, straggler_frequency

@@ -47,56 +47,9 @@ journals the same). TTA and the final loss read those
 timed when the last of them is computed (:func:`unbroken.core.sync.data_step_losses` says why
 not a held-out evaluation).
 
-``groups`` and ``async``: stragglers feed the all-reduce late
--------------------------------------------------------------
-STAR's all-reduce analogue of its dynamic groups is "fast workers form the ring, stragglers feed
-it late". Here the lockstep cadence stays -- every member enters every step's all-reduce, since
-failure detection, heartbeats and the in-band check rely on it -- but only the fastest cluster
-of predicted step times (:func:`unbroken.core.sync.async_units`: complete linkage, threshold
-10 % of the fastest time; under ``async`` every group is its own cluster) computes its shard
-inline. Every other group runs its next shard in a background thread
-(:mod:`unbroken.runtime.background`) on a *shadow* trainer holding the parameters of the step
-the job started at (the trainer's ``grad`` reads the live parameters, which the commits move
-meanwhile), enters the all-reduces with zeros (coverage 0 for its type) while it works, and
-delivers its gradient into:
-
-* a group alone: the first all-reduce after the job is done. Before entering a step's
-  all-reduce it waits for the job until the synchronous groups are predicted to get there
-  ((1 + 10 %) x the fastest predicted per-shard time x their shards), so a job that ends within
-  the step is delivered fresh; a job that overran is followed at once by the next, on the
-  parameters of the step it was delivered in, so a group 1.15x slower delivers in ~6 of 7
-  steps, not every second one;
-* a cluster of several: the step after every member reported "done" (a cell of the step
-  buffer), so all members deliver together and start the next job together on the same
-  parameter step -- the one extra step of staleness is the price of agreeing without a
-  message of its own (a lone group knows at once that its cluster is complete);
-* any job: once delivering it later would exceed :data:`~unbroken.core.sync.MAX_STALENESS`
-  (4) updates, the step waits for it (every member knows the bound and the job's start). A
-  step in which no group would contribute anything waits for the oldest job the same way.
-
-The commit's update is the mean over the shards actually summed. Who delivered what comes from
-the reduced buffer only (per group: the delivered data step and parameter step, a "done"
-flag and its loss), checked against the in-flight jobs every member tracks alike; local
-timing only decides what a group puts in. **Staleness** -- the committing step minus the
-parameter step a shard was computed on -- is journaled per delivered shard (commit field
-``delivered``: ``[data step, type, group, staleness]``; ``units``: the clusters delivered;
-``in_flight``: the groups still computing).
-
-Exactly once: each group works through its own shard stream (its type at data steps 0, 1, ...),
-so a slow group's stream lags its step. The lag is bounded by MAX_STALENESS data steps: older
-shards go to the backlog, which the synchronous groups catch up in balanced steps as under
-``ksync`` (a synchronous group is never behind: its own lag goes there too). The ledger counts a
-shard once, at the commit that delivers it (``plan`` for this step's own, ``catch_up`` for
-older data steps), and ``data_losses`` times each data step's loss at its last shard. At the
-run's last step and at a new generation (a failure re-plan, an admission) background work is
-abandoned and every undelivered shard before that step goes to the backlog, which
-:func:`~unbroken.core.sync.drain_step` catches up in that step (the step itself runs under the
-runtime's plan): the run ends with every sample used exactly once. The catch-up cells are sized
-for that drain (``_cap``: N x (2 x MAX_STALENESS + 4); more is an error, not a silent loss).
-
-Not reproducible: which shards a step sums depends on timing, so two runs of ``groups`` or
-``async`` differ (every member of one run agrees). ``sync`` is untouched: it does not build
-this runner.
+``groups`` and ``async``
+------------------------
+Stragglers feed the all-reduce late: :mod:`unbroken.runtime.syncstreams`.
 
 ``auto``
 --------
@@ -128,24 +81,8 @@ contributed): that is how ``mask`` and ``auto`` see a straggler recover. A fast 
 ``ksync`` defers (K below the groups that are not stragglers) does not probe: what was last
 measured of it stands.
 
-Two parts of a measurement. Each group also reports its run-queue wait per shard
-(:func:`unbroken.runtime.resources.runqueue_wait`), so a measured time splits exactly into
-the part on a core and the part *blocked* (asleep: a slow device, the network, an injected
-straggler's sleep; :func:`~unbroken.core.sync.split_times`). The scheduler's noise on a shared
-machine is all in the first, so the prediction is the lower envelope of the on-core parts over
-:data:`WINDOW` measurements plus that of the blocked parts over only :data:`BLOCKED_WINDOW`:
-a group that starts to sleep is believed slow after 3 steps, a scheduler's phase still needs
-15. No prediction is made before every group has 3 measurements (a generation's first steps
-are warm-up). ``groups`` and ``async`` keep the lowest whole measurement of 15: their 10 %
-clustering threshold needs the long window's calm.
-
-Shared cores. When the launcher runs every group on one machine's CPUs and there are more
-groups than cores (``TrainConfig.host_cores``, set by the supervisor), a group's measured time
-depends on how many groups computed beside it. Each measurement is stored as the group's time
-on a core of its own (:func:`~unbroken.core.sync.uncontended`) and the cost model prices each
-mode at the contention of the groups it keeps computing (``CostModel.cores``): on 2 cores,
-``ksync:2`` of 4 groups computes two shards a group at full speed, as fast as ``sync``'s four
-at half speed, and under one 2x straggler faster than ``ksync:3``'s three groups on two cores.
+What a measurement is made of, and how groups sharing cores are priced:
+:mod:`unbroken.runtime.syncmeasure`.
 
 A new generation (a failure re-plan, an admission) resets this state on every member at its
 settle (a joiner has no history), and the next boundaries rebuild it.
@@ -156,63 +93,25 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, NamedTuple
 
-import numpy as np
 import torch
 
+from unbroken.core.ledger import DivergenceError
+from unbroken.core.rectlr import WipeOut
 from unbroken.core.sync import (AUTO_MODES, MAX_STALENESS, RUNTIME_MODES, AsyncStep,
-                                AutoState, CostModel, Job, KsyncStep, NoiseScale, async_step,
+                                AutoState, CostModel, Job, KsyncStep, NoiseScale,
                                 bench_for_mode, data_step_losses, decide, drain_step,
                                 flag_stragglers, ksync_step, mask_bench, parse_mode,
-                                predict_times, restart_after, split_times)
-from unbroken.core.rectlr import WipeOut
+                                split_times)
 from unbroken.events import Event
 from unbroken.runtime import stepbuf as sb
 from unbroken.runtime.background import Background, Result
 from unbroken.runtime.resources import runqueue_wait
-from unbroken.core.ledger import DivergenceError
 from unbroken.runtime.stacked import StackedRunner
+from unbroken.runtime.syncmeasure import (BLOCKED_WINDOW, PROBE, WINDOW, Measure, Spent, clock,
+                                          spent)
+from unbroken.runtime.syncstreams import Streams
 
-__all__ = ["ModeRunner", "make_runner", "WINDOW", "BLOCKED_WINDOW", "PROBE"]
-
-#: measurements of a group's per-shard time on a core behind its prediction, their minimum
-#: (the load of a shared machine only ever adds time). 15, not 5: four
-#: single-thread workers on two cores take turns in phases that outlast 5 steps, so a 5-step
-#: minimum still read 1.78x between equal groups (bench/sync_modes.py, no straggler, quiet
-#: machine) and auto left sync on it; with 15, auto on that trace stayed within 3.3 % of sync's
-#: TTA and chose ksync:3 (not ksync:2) under one 2x straggler with 1 switch instead of 13.
-#: The cost: a new straggler is believed 15 steps late (a recovery at once) -- where its
-#: slowness is on a core (a co-located CPU hog); see BLOCKED_WINDOW for the rest.
-WINDOW = 15
-#: measurements behind the *blocked* part of the prediction (asleep: a slow device's or the
-#: network's wait, an injected straggler's sleep; core.sync.split_times), their minimum.
-#: That part is exact -- the scheduler's noise is in the run-queue wait, not in it -- so
-#: three measurements are enough, and a burst is believed after 3 steps instead of 15
-#: (bursty:0 has bursts of 3-21 steps; with 15, auto followed each one 15 steps late)
-BLOCKED_WINDOW = 3
-#: a group left out as a straggler computes its own shard type for the clock every PROBE steps
-#: (how a recovery is seen). Not free where groups share cores: at 4, with both groups ksync:2
-#: defers probing, the straggler's run took 12 % longer (bench/sync_modes.py, 4 groups on 2
-#: cores); a fast group that is deferred does not probe
-PROBE = 8
-
-
-class Spent(NamedTuple):
-    """What a piece of work cost this thread: wall seconds, CPU seconds and run-queue wait
-    (None: unknown, no schedstat)."""
-
-    wall: float
-    cpu: float
-    wait: float | None
-
-
-def _clock() -> tuple[float, float, float | None]:
-    return time.perf_counter(), time.thread_time(), runqueue_wait()
-
-
-def _spent(start: tuple[float, float, float | None]) -> Spent:
-    q = runqueue_wait()
-    return Spent(time.perf_counter() - start[0], time.thread_time() - start[1],
-                 None if q is None or start[2] is None else q - start[2])
+__all__ = ["ModeRunner", "make_runner", "WINDOW", "BLOCKED_WINDOW", "PROBE", "AUTO_MODES"]
 
 
 class _CatchUp(NamedTuple):
@@ -232,8 +131,10 @@ def make_runner(cfg: Any, *args: Any, **kw: Any) -> StackedRunner:
         cfg, *args, **kw)
 
 
-class ModeRunner(StackedRunner):
-    """:class:`StackedRunner` with ``mask`` / ``auto`` decisions at every step boundary."""
+class ModeRunner(Measure, Streams, StackedRunner):
+    """:class:`StackedRunner` with ``mask`` / ``auto`` decisions at every step boundary
+    (measuring: :class:`~unbroken.runtime.syncmeasure.Measure`; groups/async:
+    :class:`~unbroken.runtime.syncstreams.Streams`)."""
 
     def __init__(self, cfg: Any, uid: int, comm: Any,
                  journal: Callable[[dict], None] = lambda e: None, **kw: Any) -> None:
@@ -362,7 +263,7 @@ class ModeRunner(StackedRunner):
         ks = self._ks_now()
         if ks is not None and ks[1].catch_up and (self._extra is None or self._extra.step != k) \
                 and self.step_error is None:
-            start, acc, n_cu, losses = _clock(), None, 0, {}
+            start, acc, n_cu, losses = clock(), None, 0, {}
             own_loss = dict(self.trainer.last_loss)  # the step's loss is its own shards'
             for j, (w, s, t) in enumerate(ks[1].catch_up):
                 if w == slot:  # a deferred shard, on today's parameters
@@ -372,7 +273,7 @@ class ModeRunner(StackedRunner):
                     losses[j] = self.trainer.last_loss.get(t, float("nan"))
             self.trainer.last_loss.clear()
             self.trainer.last_loss.update(own_loss)
-            self._extra = _CatchUp(k, acc, n_cu, losses, _spent(start))
+            self._extra = _CatchUp(k, acc, n_cu, losses, spent(start))
         mine = self.contrib.get(slot, ())
         if mine:
             if (self._sq is None or self._sq[0] != k) and mine[0] in self.grads \
@@ -384,36 +285,10 @@ class ModeRunner(StackedRunner):
         elif k % PROBE == 0 and slot in self.slow \
                 and (self._probe is None or self._probe[0] != k) and self.step_error is None:
             # benched: the own shard type for the clock only (not contributed)
-            start = _clock()
+            start = clock()
             self.trainer.grad(k, self.layout.stack(slot)[0])
-            self._probe = (k, _spent(start))
+            self._probe = (k, spent(start))
 
-    def _own_measure(self) -> tuple[float, float, float]:
-        """This group's (wall, CPU, run-queue wait) per shard this step, as the step buffer
-        carries them: wall 0: computed nothing; CPU 0 and wait -1: unknown (a background
-        job's thread, no schedstat). Its own shards, plus its catch-up; else its probe."""
-        own = self.grads_step == self.step
-        n = self.compute_n if own else 0
-        wall, cpu = (self.compute_s, self.cpu_s) if own else (0.0, 0.0)
-        qs = self._qs
-        wait = qs[1] if own and qs is not None and qs[0] == self.step else (None if n else 0.0)
-        ex = self._extra if self._extra is not None and self._extra.step == self.step else None
-        probe = self._probe[1] if self._probe is not None and self._probe[0] == self.step \
-            else None
-        if ex is not None and ex.shards > 0:
-            k, sp = n + ex.shards, ex.spent
-            out = ((wall + sp.wall) / k, (cpu + sp.cpu) / k,
-                   None if wait is None or sp.wait is None else (wait + sp.wait) / k)
-        elif n > 0:
-            out = (wall / n, cpu / n, None if wait is None else wait / n)
-        elif probe is not None:
-            out = probe
-        else:
-            out = (0.0, 0.0, None)
-        dv = self._dv_now()
-        if dv is not None:  # a background job: its own time, measured on its own thread
-            return (dv[1].seconds if dv[1] is not None else out[0]), 0.0, -1.0
-        return out[0], out[1], -1.0 if out[2] is None else out[2]
 
     def _wait_cells(self) -> int:
         """Offset (from the gradient's end) of the run-queue wait per shard cells, one a
@@ -631,172 +506,4 @@ class ModeRunner(StackedRunner):
         self.bench = tuple(ks.late)
         self.effective = f"ksync:{k}" if (ks.late or ks.catch_up) else "sync"
 
-    # ------------------------------------------------------------------ groups / async
-    def _predict(self) -> list[float] | None:
-        """Each group's lowest on-core part of its last WINDOW measurements plus the lowest
-        blocked part of its last BLOCKED_WINDOW (:func:`unbroken.core.sync.predict_times`; a
-        background group delivers only every few steps, a benched one probes); None while a
-        group has fewer than BLOCKED_WINDOW measurements (a generation's first steps are
-        warm-up). Under groups/async: the lowest whole measurement of WINDOW, as before."""
-        n = self.cfg.groups
-        rows, blocked = np.zeros((WINDOW, n)), np.full((BLOCKED_WINDOW, n), -1.0)
-        for w, h in enumerate(self.hist):
-            if self._bg:
-                # groups/async cluster the predictions at a 10 % threshold: a short window's
-                # noise split equal groups there (the in-process tests, where the GIL's waits
-                # read as blocked), and a background group is measured only when it
-                # delivers -- a minimum count would leave it without a prediction for long
-                rows[:len(h), w] = [a + b for a, b in h]
-                continue
-            rows[:len(h), w] = [a for a, _b in h]
-            last = [b for _a, b in h[-BLOCKED_WINDOW:]]
-            blocked[:len(last), w] = last
-        if self._bg:
-            return predict_times(rows.tolist())
-        return predict_times(rows.tolist(), blocked.tolist(), min_measured=BLOCKED_WINDOW)
 
-    def _decide_bg(self, step: int, live: set[int]) -> None:
-        """groups/async: the plan of step ``step`` (:func:`unbroken.core.sync.async_step`),
-        and this group's background job if it starts one now."""
-        self._t_boundary = time.perf_counter()
-        if step >= self.cfg.steps:
-            return
-        full = self._fresh_plan(sorted(live))
-        self.stacks, self.depth = full.stacks, full.depth
-        if step == self.cfg.steps - 1:  # the last step: everything undelivered, caught up now
-            self._abandon(step)
-            self.contrib, self._ap, self.effective = full.contributions(), None, "sync"
-            self._drain(step, live, "last step")
-            return
-        ap = async_step(self._predict(), self.sync_mode, step, self.cursor, self.inflight,
-                        self._ready, self.backlog, sorted(live), self.cost.cluster_fraction)
-        contrib = full.contributions()
-        old = self._ap_now(step - 1)
-        self.cursor, self.backlog = list(ap.cursor), list(ap.backlog)
-        self.inflight.update(ap.start)
-        self.contrib = {w: contrib[w] for w in ap.sync}
-        self._ks = (step, ap.catch_up, {}) if ap.catch_up.catch_up else None
-        self._ap, self._replan = (step, ap), True
-        self.effective = self.sync_mode if self.inflight else "sync"
-        if old is None or old.clusters != ap.clusters or old.sync != ap.sync or ap.forced:
-            self.journal({"event": Event.BENCH, "step": step, "bench": sorted(self.inflight),
-                          "clusters": [list(c) for c in ap.clusters], "reason": ap.reason,
-                          "depth": 1, "t": time.time()})
-        me = self.my_slot
-        if me in ap.start:
-            self._work.start(self.trainer, ap.start[me], [me])
-
-    def _bg_prepare(self) -> None:
-        """Before this step's all-reduce: deliver my background gradient (or say it is done).
-        A job of a group alone is delivered when it is done by the time the synchronous
-        groups are predicted to reach the all-reduce; a cluster's, at the step after all its
-        members said they were done; any, once the staleness bound is reached (then the
-        step waits for it)."""
-        k, w = self.step, self.my_slot
-        ap, job = self._ap_now(), self.inflight.get(w)
-        if ap is None or job is None or self._dv_now() is not None or self._settling \
-                or self.step_error is not None:
-            return
-        if w in ap.deliver:
-            res = self._work.wait(None)
-        else:
-            pred = self._predict()
-            cu = sum(1 for g, _s, _t in ap.catch_up.catch_up if g == ap.sync[0]) \
-                if ap.sync else 0
-            deadline = (1 + self.cost.cluster_fraction) * min(pred) * (1 + cu) \
-                if pred is not None else 0.0
-            res = self._work.wait(self._t_boundary + deadline - time.perf_counter())
-        if res is not None and res.job != job:
-            raise DivergenceError(f"step {k}: background result of {res.job}, expected {job}")
-        if res is None or not (w in ap.deliver or len(job.unit) == 1):
-            self._dv = (k, None, res is not None)
-            return
-        if res.error is not None:
-            self._step_failed(res.error)
-            return
-        self._dv = (k, res, False)
-        nxt = restart_after(w, job, k, ap, self.cursor)
-        if nxt is not None:  # the same job every member records at this step's commit
-            self._work.start(self.trainer, nxt[0], [w])
-
-    def _abandon(self, step: int) -> None:
-        """Every undelivered shard of a data step before ``step`` (lagging or in flight) to
-        the backlog; ``step``'s own shards are the runtime plan's."""
-        for w in range(self.cfg.groups):
-            todo = set(range(self.cursor[w], step))
-            j = self.inflight.get(w)
-            if j is not None and j.data_step < step:
-                todo.add(j.data_step)
-            self.backlog += [(s, w) for s in sorted(todo) if (s, w) not in self.backlog]
-        self.backlog.sort()
-        self.cursor = [step] * self.cfg.groups
-        self.inflight, self._ready, self._ap, self._dv = {}, (), None, None
-        self._work.abandon()
-
-    def _commit_async(self, buf: torch.Tensor, rolled: bool) -> torch.Tensor:
-        """Check and scale a groups/async step's reduced buffer (who delivered what: its
-        cells), update the stream state; returns the buffer to commit."""
-        n, nm, k = self.cfg.groups, self.trainer.numel, self.step
-        ap = self._ap_now()
-        rest = self._check_region(buf)
-        c = self._cells()
-        dstep, ver, ready, loss = (rest[c + i * n:c + (i + 1) * n] for i in range(4))
-        live = self.live_slots(self.op_members)
-        got: dict[int, Job] = {}
-        for w in live:
-            j = self.inflight.get(w)
-            if dstep[w] == 0:
-                if w in ap.deliver:
-                    raise DivergenceError(f"step {k}: group {w} was to deliver {j}, read none")
-                continue
-            if j is None or dstep[w] != j.data_step + 1 or ver[w] != j.version + 1:
-                raise DivergenceError(f"step {k}: group {w} delivered data step "
-                                      f"{dstep[w] - 1:g} on step {ver[w] - 1:g}, in flight: {j}")
-            got[w] = j
-        want = [1.0 if w in ap.sync or (w in got and got[w].data_step == k) else 0.0
-                for w in range(n)]
-        ks = self._ks_now()
-        cu = ks[1].catch_up if ks is not None else ()
-        cells = rest[self._off + 2 * n:self._off + 2 * n + len(cu)]
-        if rest[:n] != want or any(x != 1.0 for x in cells):
-            raise DivergenceError(f"step {k}: {self.sync_mode} coverage {rest[:n]}, expected "
-                                  f"{want}; caught-up cells {cells}")
-        lo = self._off + 2 * n + self._cap
-        cu_loss = rest[lo:lo + len(cu)]
-        done, self.pending_loss = data_step_losses(
-            self.pending_loss, k, rest[sb.LOSS], len(ap.sync),
-            [(s, v) for (_w, s, _t), v in zip(cu, cu_loss)]
-            + [(j.data_step, loss[w]) for w, j in got.items()], n)
-        self._dl = (k, done)
-        used = len(ap.sync) + len(cu) + len(got)
-        if used == 0:
-            raise DivergenceError(f"step {k}: {self.sync_mode} step with no gradient")
-        out = buf.clone()
-        out[:nm].mul_(n / used)
-        out[nm:nm + n] = 1.0
-        out[sb.LOSS] = (rest[sb.LOSS] + sum(cu_loss) + sum(loss[w] for w in got)) * n / used
-        uid = {w: self._uid_of(w, self.op_members) for w in live}
-        self._rec = (k, {
-            "plan": {str(w): uid[w] for w in sorted(set(ap.sync) | {
-                w for w, j in got.items() if j.data_step == k})},
-            "mine": [self.my_slot] if self.my_slot in ap.sync or (
-                self.my_slot in got and got[self.my_slot].data_step == k) else [],
-            "catch_up": [[s, t, uid[g]] for g, s, t in cu]
-            + [[j.data_step, w, uid[w]] for w, j in sorted(got.items()) if j.data_step != k],
-            # per delivered shard of a stream: [data step, type, group, staleness]
-            "delivered": [[k, w, uid[w], 0] for w in ap.sync]
-            + [[j.data_step, w, uid[w], k - j.version] for w, j in sorted(got.items())],
-            # the units delivered (a cluster's members deliver together)
-            "units": sorted({tuple(uid[g] for g in j.unit) for j in got.values()}),
-            "in_flight": sorted(w for w in self.inflight if w not in got),
-            "data_losses": [[s, v] for s, v in sorted(done.items())],
-            "clusters": [list(x) for x in ap.clusters]})
-        for w, j in got.items():  # the next job: what the group itself started (_bg_prepare)
-            del self.inflight[w]
-            nxt = restart_after(w, j, k, ap, self.cursor)
-            if nxt is not None:
-                self.inflight[w] = nxt[0]
-                self.backlog = sorted(self.backlog + [(s, w) for s in nxt[1]])
-                self.cursor[w] = nxt[0].data_step + 1
-        self._ready = tuple(w for w in live if ready[w] > 0)
-        return out
