@@ -55,6 +55,10 @@ T_c* holds with T_f + E[R] + T_a/2 in place of T_f + T_r) and J = step / ((T_com
 this is within 1 % of the simulation (README, "Theory against simulation").
 
 Everything here is pure: numbers in, numbers out.
+
+One file of ~530 lines, on purpose: the formulas above are one model (each strategy's J uses
+mu, S, the restart, the epoch's costs and Saxena's interval together), and the Monte-Carlo
+over the controller feeds S's excess; split, each part would import the others back.
 """
 
 from __future__ import annotations
