@@ -58,7 +58,8 @@ def test_node_agent_keys():
 
 
 # the building blocks' private keys: ftcomm's rendezvous and the probe worker's results
-_PRIVATE = {"runtime/ftcomm.py": ("rdzv/", "abort/", "pg/", "bell/"),
+_PRIVATE = {"runtime/ftcomm.py": ("rdzv/", "pg/"),
+            "runtime/ftcomm_heartbeat.py": ("abort/", "bell/"),
             "runtime/ftcomm_worker.py": ("result/", "first/")}
 
 

@@ -15,19 +15,13 @@ On torch 2.13 with the gloo backend (CPU) a process group cannot be repaired in 
 So survivors do not try to fix the old group. They *abandon* it and build a new one:
 
 1. Every collective is issued with ``async_op=True``; the caller sleeps until the op's future
-   completes or the generation is aborted, so no thread ever blocks in gloo. The abort flag is
-   a store counter (``abort/<gen>``) that the heartbeat thread reads once a period in the same
-   round trip as the peers' heartbeats, and wakes the op: the step's critical path makes no
-   store round trip. The member that aborts a generation first also rings every member's
-   *doorbell*, a UDP socket each member's thread waits on (its address in ``bell/<uid>``), so
-   members blocked in the op wake at once rather than at their next read (a re-form waits
-   for the last of them). Not a thread waiting in the store: that needs a connection of its
-   own, and connections opened per re-form, while training, or a third one per member at
-   start-up all stalled the TCPStore server for about 5 s here.
-2. A heartbeat thread (own store client) bumps ``hb/<uid>`` every ``heartbeat_period`` seconds
-   and watches the other members. A member whose counter has not moved for ``staleness``
-   seconds (5 s until the first collective has completed: start-up is slow, not hung), or
-   that a coordinator declared dead (``declare_dead``), makes it set ``abort/<gen>``. A gloo error does the same, so all survivors stop within milliseconds.
+   completes or the generation is aborted, so no thread ever blocks in gloo.
+2. A heartbeat thread judges the peers and raises the generation's abort flag when one is dead
+   or silent; a gloo error does the same, so all survivors stop within milliseconds. The flag
+   reaches the other members through the store and a UDP doorbell, both off the step's
+   critical path (:mod:`~unbroken.runtime.ftcomm_heartbeat`). The local flag itself is kept
+   here, on the communicator: the heartbeat thread, the doorbell thread, the op and the
+   re-form all read and write it.
 3. On abort the in-flight ``Work``, its process group and the buffer are moved to a
    *graveyard*: kept referenced forever, never waited on and never freed, because the gloo
    threads may still touch them. The caller's tensor is untouched (we reduce into a copy).
@@ -65,32 +59,19 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import sys
 import threading
 import time
-import traceback
-from collections import deque
 from datetime import timedelta
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 
 from unbroken.events import Event
-from unbroken.protocol import DEAD_EPOCH, SUPERVISOR_HB, dead_key, hb_key
-from unbroken.core.membership import (
-    Observation,
-    beat_clock,
-    live_members,
-    next_members,
-    observe,
-    rendezvous_ready,
-    rendezvous_staleness,
-    silence_rule,
-    starved_observer,
-)
+from unbroken.protocol import DEAD_EPOCH, dead_key
+from unbroken.core.membership import next_members, rendezvous_ready, rendezvous_staleness
+from unbroken.runtime.ftcomm_heartbeat import Heartbeat, abort_key, gloo_error_key
+from unbroken.runtime.ftcomm_heartbeat import bell_key  # noqa: F401  (its home until now)
 
 __all__ = ["FTComm", "RendezvousError", "StoreLostError", "declare_dead"]
 
@@ -114,30 +95,6 @@ def declare_dead(store: dist.Store, uid: int) -> None:
     """
     store.add(dead_key(uid), 1)
     store.add(DEAD_EPOCH, 1)
-
-
-def bell_key(uid: int) -> str:
-    """The store key of member ``uid``'s doorbell address ("host:port", UDP)."""
-    return f"bell/{uid}"
-
-
-def _own_address(store: Any) -> str:
-    """This host's address as the store's host reaches it (no packet is sent)."""
-    host = getattr(store, "host", "127.0.0.1")
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((host, 9))
-            return s.getsockname()[0]
-    except OSError:
-        return "127.0.0.1"
-
-
-def _clone(store: dist.TCPStore) -> dist.TCPStore:
-    """A second client connection to the same TCPStore (a client is not shared across threads)."""
-    try:
-        return store.clone()
-    except (AttributeError, RuntimeError):  # pragma: no cover - older torch
-        return dist.TCPStore(store.host, store.port, is_master=False, wait_for_workers=False)
 
 
 class FTComm:
@@ -221,11 +178,7 @@ class FTComm:
 
         self._gen = 0
         self._members = members
-        self._lock = threading.Lock()
-        self._obs: dict[Any, Observation] = {}
-        self._beats = 0.0  # the beat clock (core.membership.beat_clock): peers' beats so far
-        self._dead: set[int] = set()
-        self._dead_epoch = 0
+        self._lock = threading.Lock()  # the generation and its abort flag, read together
         self._aborted_gen = -1  # highest generation known to be aborted
         self._abort_reason: str | None = None
         self.last_cause: str | None = None  # why the last re-form's old generation broke
@@ -235,7 +188,6 @@ class FTComm:
         self._closed = False
         self.graveyard: list[tuple[Any, Any, Any]] = []
         self.journal: list[dict[str, Any]] = []
-        self.monitor_errors = 0
         self.on_issue: Any = None  # test hook: called once right after the next op is issued
         self.on_rendezvous: Any = None  # test hook: called once between a re-form's member
         #                                 list and its process group
@@ -246,38 +198,18 @@ class FTComm:
         # the store (hosted by the coordinator) stopped answering: no re-form is possible any
         # more; ops already running finish on gloo alone, the training loop must stop cleanly
         self.store_lost = False
-        # the supervisor's own heartbeat (protocol.SUPERVISOR_HB) has not moved for
-        # ``supervisor_staleness`` s (0: not watched): a stopped or wedged supervisor can
-        # neither replace nor guard anyone, so the training loop stops as if it were gone
+        # the supervisor's own heartbeat has not moved for ``supervisor_staleness`` s (0: not
+        # watched): the training loop stops as if it were gone (``ftcomm_heartbeat``)
         self.supervisor_staleness = float(supervisor_staleness)
         self.supervisor_lost = False
-        self._sup_obs: dict[Any, Observation] = {}
-        # store counters the caller wants read off its hot path (``watch``): the heartbeat
-        # thread reads them with the peers' counters, in the same round trip
-        self.watched: dict[str, int] = {}
 
-        # this member's own beats (``beat_report``): (when it landed, monotonic; the wait
-        # from the previous loop's read to this wake-up; the add's round trip). After being
-        # left out as silent, a long wait is a thread that got no CPU or GIL, a long round
-        # trip a store that answered late, and neither: peers that misjudged a live member
-        self.beats: deque[tuple[float, float, float]] = deque(maxlen=100)
-        self.late_beats: deque[dict] = deque(maxlen=5)  # _note_late_beat
-        self._hb_store = _clone(store)
-        self._hb_store.add(hb_key(self.uid), 1)  # first beat before anyone can judge us
-        self.beats.append((time.monotonic(), 0.0, 0.0))
-        self._hb_known: set[str] = set()  # keys the heartbeat has seen exist (multi_get blocks
-        #                                   on a missing one)
-        self._thread = threading.Thread(target=self._monitor, name=f"ftcomm-hb-{uid}", daemon=True)
-        self._thread.start()
-        # the abort doorbell (``_doorbell``): a UDP socket, so ringing it involves neither the
-        # store nor a connection
-        self._bell_sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self._bell_sock.bind(("", 0))
-        self._bells: dict[int, tuple[str, int]] = {}  # member -> its doorbell's address
-        store.set(bell_key(self.uid), f"{_own_address(store)}:{self._bell_sock.getsockname()[1]}")
-        self._bell = threading.Thread(target=self._doorbell, name=f"ftcomm-bell-{uid}",
-                                      daemon=True)
-        self._bell.start()
+        # the heartbeat thread and the doorbell (its own store client, its own UDP socket)
+        self._hb = Heartbeat(self, self.uid, store, period=self.heartbeat_period,
+                             staleness=self.staleness,
+                             supervisor_staleness=self.supervisor_staleness, stop=self._stop)
+        # its containers, updated in place: ``watched`` is read at every step boundary
+        self.watched = self._hb.watched
+        self.beats, self.late_beats = self._hb.beats, self._hb.late_beats
 
         if joining:
             self._gen = -1  # no generation until admitted
@@ -518,7 +450,7 @@ class FTComm:
                         expected.update(int(x) for x in exp)
                         if r is not None:
                             reports[int(u)] = r
-                peer_died = st.check([f"abort/{old}/gloo"])
+                peer_died = st.check([gloo_error_key(old)])
                 live = self.live_now(rendezvous_staleness(
                     self._staleness(), self.heartbeat_period, peer_died))
                 came = [u for u in sorted(expected) if st.check([f"rdzv/{gen}/joiner/{u}"])]
@@ -659,43 +591,16 @@ class FTComm:
         """This member's own heartbeat over the last ``window`` s: the gaps between its beats
         (the silence since the last one included), the longest wait to wake up and round
         trip, and where its main thread was at each late beat (the ``left_out`` event)."""
-        now = time.monotonic()
-        beats = list(self.beats)  # the first beat is there from the start
-        bs = [b for b in beats if now - b[0] <= window] or beats[-1:]
-        ts = [b[0] for b in bs] + [now]
-        gaps = [round(b - a, 3) for a, b in zip(ts, ts[1:])]
-        return {"beat_gap_max_s": max(gaps), "beat_gaps_s": gaps[-20:],
-                "beat_parts_max": {"wake_s": round(max((b[1] for b in bs), default=0.0), 3),
-                                   "add_s": round(max((b[2] for b in bs), default=0.0), 3)},
-                "late_beats": list(self.late_beats)}
-
-    def _note_late_beat(self, at: float, late: float) -> None:
-        """Where the main thread is when this thread finally runs after a late wake-up: a
-        thread that held the GIL (or the CPU) meanwhile shows in its frames."""
-        frames = sys._current_frames()
-        main = frames.get(threading.main_thread().ident)
-        # no source lines: reading files here would delay the next beat further
-        stack = traceback.StackSummary.extract(traceback.walk_stack(main), limit=6,
-                                               lookup_lines=False) if main is not None else []
-        where = [f"{Path(fs.filename).name}:{fs.lineno} {fs.name}" for fs in reversed(stack)]
-        self.late_beats.append({"at": round(at, 3), "late_s": round(late, 3), "main": where,
-                                "threads": len(frames)})
+        return self._hb.report(window)
 
     def live_now(self, staleness: float | None = None) -> list[int]:
         """Current members judged live from this worker's heartbeat observations."""
-        with self._lock:
-            obs, dead, members = dict(self._obs), set(self._dead), list(self._members)
-            beats = self._beats
-        obs.pop(self.uid, None)
-        return self._judge(members, obs, time.monotonic(), staleness or self._staleness(),
-                           dead - {self.uid}, beats)
+        return self._hb.live(self.members, staleness or self._staleness())
 
-    def _judge(self, members, obs, now, staleness, dead, beats) -> list[int]:
-        """Live members: silent for ``staleness`` s while the others beat that many periods,
-        or silent three times as long whatever the others did (``core.membership``)."""
-        min_beats, ceiling = silence_rule(staleness, self.heartbeat_period)
-        return live_members(members, obs, now, staleness, dead, beats=beats,
-                            min_beats=min_beats, ceiling=ceiling)
+    @property
+    def monitor_errors(self) -> int:
+        """The heartbeat's failed beats so far (store hiccups)."""
+        return self._hb.errors
 
     def close(self) -> None:
         """Stop the heartbeat. Does not exit the process (use ``os._exit`` in entry points)."""
@@ -704,11 +609,7 @@ class FTComm:
         self._closed = True
         self._stop.set()
         self._wake.set()
-        try:  # wake the doorbell thread so that it sees the stop
-            self._bell_sock.sendto(b"stop", ("127.0.0.1", self._bell_sock.getsockname()[1]))
-        except OSError:
-            pass
-        self._thread.join(timeout=2 * self.heartbeat_period + 1.0)
+        self._hb.close()
 
     def __enter__(self) -> FTComm:
         return self
@@ -749,7 +650,7 @@ class FTComm:
     def _abandon(self, gen: int, work: Any, buf: Any, error: str | None) -> None:
         if error is not None:
             try:  # evidence that a peer *process* is gone (its sockets closed)
-                self.store.set(f"abort/{gen}/gloo", error)
+                self.store.set(gloo_error_key(gen), error)
             except Exception:
                 self.store_lost = True
             self._set_abort(gen, error)
@@ -774,21 +675,11 @@ class FTComm:
             with self._lock:
                 ring = [m for m in self._members if m != self.uid] if gen == self._gen else []
             try:  # a counter: every member's heartbeat reads it with the peers' counters
-                st.add(f"abort/{gen}", 1)
+                st.add(abort_key(gen), 1)
             except Exception:  # no coordinator: peers will see the gloo error themselves
                 self.store_lost = True
-            self._ring(gen, ring)  # and every member's doorbell rings now, not at its next beat
+            self._hb.ring(gen, ring)  # and every member's doorbell rings now, not at its next beat
         self._wake.set()
-
-    def _ring(self, gen: int, members: list[int]) -> None:
-        msg = f"abort {gen}".encode()
-        for m in members:
-            addr = self._bells.get(m)
-            if addr is not None:
-                try:
-                    self._bell_sock.sendto(msg, addr)
-                except OSError:
-                    pass  # the heartbeat's read of the flag is still on its way
 
     def _peer_aborted(self, gen: int, how: str = "") -> None:
         """A peer broke ``gen`` (its flag, or its doorbell): wake our op, publish nothing."""
@@ -799,140 +690,32 @@ class FTComm:
                     self._abort_reason = "abort flag set by a peer" + how
         self._wake.set()
 
-    def _doorbell(self) -> None:
-        """Wait for this member's doorbell: a datagram "abort <gen>" from the member that
-        aborted generation ``gen`` first.
-
-        Members blocked in an op learned of a peer's abort at their next heartbeat read, up
-        to a period later, and a re-form's rendezvous waits for the last of them: at 32 groups
-        most of the 0.1 s between the first abort and the last member's. A datagram needs no
-        store round trip and no connection; the store cannot serve as the bell: a thread
-        waiting there needs a connection of its own, and a connection opened while the box
-        trains (or a third one per member at start-up) stalled torch's TCPStore for 5 s; a
-        wait with a timeout on the heartbeat's connection took 200 ms a call. A datagram
-        lost costs what there was before: the next heartbeat read."""
-        while not self._stop.is_set():
-            try:
-                data = self._bell_sock.recv(64)
-            except OSError:
-                return
-            parts = data.split()
-            if len(parts) == 2 and parts[0] == b"abort" and parts[1].isdigit():
-                self._peer_aborted(int(parts[1]), " (doorbell)")
-
-    def _learn_bells(self, st: Any, members: list[int]) -> None:
-        """Read the doorbell addresses of members not known yet (heartbeat thread, off the
-        critical path; a member's is posted before it can be a member)."""
-        for m in members:
-            if m == self.uid or m in self._bells:
-                continue
-            key = bell_key(m)
-            if st.check([key]):
-                host, port = st.get(key).decode().rsplit(":", 1)
-                self._bells[m] = (host, int(port))
-
     def _check_abort(self, gen: int) -> bool:
         """The local flag: set by a gloo error here, by the heartbeat thread (a dead or stale
         peer) or by the heartbeat thread finding the store's flag (a peer broke the generation)."""
         return self._aborted_gen >= gen
 
-    def watch(self, keys) -> None:
-        """Have the heartbeat thread read these store counters every period (``watched``):
-        control values a training loop needs at step boundaries, without a store round trip
-        on the step's critical path."""
-        keys = [k for k in keys if k not in self.watched]
-        if not keys:
-            return
-        # one read now: what was posted before the first step applies at the first boundary
-        for k in keys:
-            self._observe_watched(k, self.store.add(k, 0))
+    def _current(self) -> tuple[int, list[int]]:
+        """The generation and its members, read together (the heartbeat thread's view)."""
+        with self._lock:
+            return self._gen, list(self._members)
 
-    def _observe_watched(self, key: str, value: int) -> None:
-        # the counters only grow: a heartbeat read that began before a fresher one must not
-        # take the value back
-        self.watched[key] = max(self.watched.get(key, 0), int(value))
+    def _store_gone(self) -> None:
+        """The heartbeat got no answer from the store three periods in a row."""
+        self.store_lost = True
+        self._wake.set()  # a waiting op judges what that means for it
 
-    def _watch_supervisor(self, counter: int, now: float, last: float) -> None:
-        """The supervisor's heartbeat, judged like a peer's (a starved observer judges
-        nobody: ``starved_observer``); silent for ``supervisor_staleness`` s:
-        ``supervisor_lost``."""
-        obs, _starved = starved_observer(self._sup_obs, last, now, self.staleness)
-        self._sup_obs = observe(obs, {"supervisor": counter}, now)
-        silent = now - self._sup_obs["supervisor"][1]
-        if silent > self.supervisor_staleness and not self.supervisor_lost:
+    def _supervisor_silent(self, silent: float) -> None:
+        if not self.supervisor_lost:
             self.supervisor_lost = True
             self.journal.append({"event": Event.SUPERVISOR_SILENT, "silent_s": round(silent, 3),
                                  "t": time.time()})
 
-    def _monitor(self) -> None:
-        """Heartbeat thread: beat, watch peers, raise and relay the abort flag."""
-        st = self._hb_store
-        me = self.uid
-        last = time.monotonic()
-        errors = 0
-        while not self._stop.wait(self.heartbeat_period):
-            try:
-                woke = time.monotonic()
-                st.add(hb_key(me), 1)
-                beat = time.monotonic()
-                self.beats.append((beat, woke - last, beat - woke))
-                if woke - last > 3 * self.heartbeat_period:
-                    self._note_late_beat(beat, woke - last)
-                with self._lock:
-                    gen, members = self._gen, list(self._members)
-                others = [m for m in members if m != me]
-                if any(m not in self._bells for m in others):
-                    self._learn_bells(st, others)
-                watch = list(self.watched)
-                # the generation's abort counter rides in the same round trip
-                keys = [hb_key(m) for m in others] + [f"abort/{gen}", DEAD_EPOCH]
-                if self.supervisor_staleness > 0:
-                    keys.append(SUPERVISOR_HB)
-                keys += watch
-                # one round trip for all counters; multi_get blocks on a missing key, so a
-                # key is read that way once it is known to exist (created by add otherwise)
-                if self._hb_known.issuperset(keys) or st.check(keys):
-                    vals = [int(v) for v in st.multi_get(keys)]
-                    self._hb_known.update(keys)
-                else:
-                    vals = [st.add(k, 0) for k in keys]
-                if watch:
-                    for k, v in zip(watch, vals[-len(watch):]):
-                        self._observe_watched(k, v)
-                    del vals[-len(watch):]
-                if self.supervisor_staleness > 0:
-                    sup = vals.pop()
-                counters = dict(zip(others, vals[:-2]))
-                flagged, epoch = vals[-2], vals[-1]
-                dead: set[int] = set()
-                if epoch != self._dead_epoch:
-                    dead = {m for m in members if st.add(dead_key(m), 0) > 0}
-                now = time.monotonic()
-                # the previous read, for the supervisor's starved-observer rule; peers need no
-                # such rule: the beat clock only moves as far as they beat
-                prev, last = last, now
-                with self._lock:
-                    self._beats += beat_clock(self._obs, counters)
-                    self._obs = observe(self._obs, counters, now, self._beats)
-                    self._dead |= dead
-                    self._dead_epoch = epoch
-                    obs, all_dead, beats = dict(self._obs), set(self._dead), self._beats
-                if self.supervisor_staleness > 0:
-                    self._watch_supervisor(sup, now, prev)
-                live = self._judge(members, obs, now, self._staleness(), all_dead - {me}, beats)
-                lost = [m for m in members if m not in live and m != me]
-                if lost and self._aborted_gen < gen:
-                    why = "declared dead" if set(lost) & all_dead else "stale heartbeat"
-                    self._set_abort(gen, f"{why}: {lost}", st)
-                elif self._aborted_gen < gen and flagged > 0:
-                    self._peer_aborted(gen)  # a peer broke the generation: wake our op
-                errors = 0
-            except Exception:  # store hiccup: keep beating; repeated failures show in the count
-                self.monitor_errors += 1
-                errors += 1
-                if errors >= 3:  # three periods without the coordinator: it is gone
-                    self.store_lost = True
-                    self._wake.set()  # a waiting op judges what that means for it
+    def watch(self, keys) -> None:
+        """Have the heartbeat thread read these store counters every period (``watched``):
+        control values a training loop needs at step boundaries, without a store round trip
+        on the step's critical path."""
+        self._hb.watch(keys, self.store)
 
 
 #: a collective's works complete through their futures: no thread to wait for
