@@ -25,14 +25,9 @@ So survivors do not try to fix the old group. They *abandon* it and build a new 
 3. On abort the in-flight ``Work``, its process group and the buffer are moved to a
    *graveyard*: kept referenced forever, never waited on and never freed, because the gloo
    threads may still touch them. The caller's tensor is untouched (we reduce into a copy).
-4. ``reform()`` runs a rendezvous for generation ``g+1`` in the store (first joiner leads; it
-   publishes the member list once every member with a fresh heartbeat has joined, or at a
-   deadline; after a gloo connection error, which means a peer *process* is gone, "fresh"
-   is two heartbeat periods instead of ``staleness``; whoever joins is kept), destroys the old default group and calls ``init_process_group("gloo",
-   store=PrefixStore(f"pg/{g+1}", store), ...)`` with the new, smaller world. Pairs connect
-   on first use (``TORCH_GLOO_LAZY_INIT``), so a re-form costs O(1) connections per member,
-   not gloo's full mesh; a member lost between the rendezvous and its first op is then found
-   like any dead or silent member, in the op.
+4. ``reform()`` agrees in the store on the members of generation ``g+1`` (the live ones,
+   plus admitted joiners) and builds its process group; ``join()`` is a joiner's side
+   (:mod:`~unbroken.runtime.ftcomm_rendezvous`).
 
 The store must be hosted by a long-lived process that is not a worker (a launcher /
 coordinator), so any worker, PG rank 0 included, may die. The store itself is a single point of
@@ -57,8 +52,6 @@ Known limits (by design of this building block)
 
 from __future__ import annotations
 
-import json
-import os
 import threading
 import time
 from datetime import timedelta
@@ -69,23 +62,17 @@ import torch.distributed as dist
 
 from unbroken.events import Event
 from unbroken.protocol import DEAD_EPOCH, dead_key
-from unbroken.core.membership import next_members, rendezvous_ready, rendezvous_staleness
+from unbroken.core.membership import next_members
+from unbroken.runtime.ftcomm_rendezvous import (  # noqa: F401  (LAZY_INIT_ENV: its home until now)
+    LAZY_INIT_ENV,
+    Rendezvous,
+    RendezvousError,
+    StoreLostError,
+)
 from unbroken.runtime.ftcomm_heartbeat import Heartbeat, abort_key, gloo_error_key
 from unbroken.runtime.ftcomm_heartbeat import bell_key  # noqa: F401  (its home until now)
 
 __all__ = ["FTComm", "RendezvousError", "StoreLostError", "declare_dead"]
-
-#: gloo's switch for connecting a pair of ranks on its first use instead of at group creation
-LAZY_INIT_ENV = "TORCH_GLOO_LAZY_INIT"
-
-
-class RendezvousError(RuntimeError):
-    """The next generation could not be formed (timeout, or this worker was left out)."""
-
-
-class StoreLostError(RuntimeError):
-    """The coordinator's store stopped answering (the coordinator died)."""
-
 
 def declare_dead(store: dist.Store, uid: int) -> None:
     """Coordinator hook: announce that worker ``uid`` is gone (e.g. its process exited).
@@ -191,10 +178,6 @@ class FTComm:
         self.on_issue: Any = None  # test hook: called once right after the next op is issued
         self.on_rendezvous: Any = None  # test hook: called once between a re-form's member
         #                                 list and its process group
-        # what this member tells the others in the next rendezvous (offer()), and what every
-        # member of the last one told: (generation, {uid: report}); None: not all of them did
-        self._offer: Any = None
-        self.reports: tuple[int, dict[int, Any]] | None = None
         # the store (hosted by the coordinator) stopped answering: no re-form is possible any
         # more; ops already running finish on gloo alone, the training loop must stop cleanly
         self.store_lost = False
@@ -203,6 +186,12 @@ class FTComm:
         self.supervisor_staleness = float(supervisor_staleness)
         self.supervisor_lost = False
 
+        # the rendezvous of each next generation, on the caller's store client
+        self._rdzv = Rendezvous(
+            self.uid, store, backend=backend, heartbeat_period=self.heartbeat_period,
+            staleness=self.staleness, rendezvous_timeout=self.rendezvous_timeout,
+            init_timeout=self.init_timeout, pg_timeout=self.pg_timeout, live=self.live_now,
+            judging_staleness=self._staleness, graveyard=self.graveyard, stop=self._stop)
         # the heartbeat thread and the doorbell (its own store client, its own UDP socket)
         self._hb = Heartbeat(self, self.uid, store, period=self.heartbeat_period,
                              staleness=self.staleness,
@@ -215,7 +204,7 @@ class FTComm:
             self._gen = -1  # no generation until admitted
             return
         t0 = time.monotonic()
-        self._init_pg(0, members)
+        self._rdzv.init_pg(0, members)
         self.journal.append({"event": Event.INIT, "gen": 0, "members": list(members),
                              "pg_init_s": round(time.monotonic() - t0, 4), "t": time.time()})
 
@@ -383,11 +372,13 @@ class FTComm:
         rendezvous's round trips instead of a first all-reduce on the new group: at 32 groups
         on 2 cores that all-reduce (a ring of 62 hops, its pairs connecting on first use)
         took 0.11-0.15 s of a 0.55 s hang -> commit (bench/recovery_scaling.py)."""
-        self._offer = report
+        self._rdzv.offer(report)
 
-    def _take_offer(self) -> Any:
-        report, self._offer = self._offer, None
-        return report
+    @property
+    def reports(self) -> tuple[int, dict[int, Any]] | None:
+        """What every member of the last generation formed offered: (generation, {uid:
+        report}); None when one of them offered nothing."""
+        return self._rdzv.reports
 
     def reform(self, expect: list[int] | tuple[int, ...] = (), *,
                planned: bool = False) -> list[int]:
@@ -421,56 +412,11 @@ class FTComm:
         self.last_cause = None if planned else self._abort_reason
         detected_at = self._detected_at or time.time()
 
-        st = self.store
-        try:  # my place, then who I am and what I expect in one key (two round trips)
-            n = st.add(f"rdzv/{gen}/count", 1)
-        except Exception as exc:
+        try:
+            new, leader = self._rdzv.form(gen, expect, t_start)
+        except StoreLostError:
             self.store_lost = True
-            raise StoreLostError(f"gen {gen}: the coordinator's store is gone") from exc
-        report = self._take_offer()
-        st.set(f"rdzv/{gen}/joined/{n}", json.dumps([self.uid, [int(u) for u in expect],
-                                                     report]))
-        leader = n == 1
-        if leader:
-            deadline = t_start + self.rendezvous_timeout
-            joined: list[int] = []
-            expected: set[int] = set()
-            reports: dict[int, Any] = {}
-            while True:
-                count = st.add(f"rdzv/{gen}/count", 0)
-                if count > len(joined):
-                    # one round trip for everyone who joined since the last look, not two per
-                    # member: at 32 members on 2 cores every trip waits for the store's turn.
-                    # Blocks on a key not yet set, as get did: a joiner sets it just after
-                    # it counts itself
-                    for v in st.multi_get([f"rdzv/{gen}/joined/{i}"
-                                           for i in range(len(joined) + 1, count + 1)]):
-                        u, exp, r = json.loads(v)
-                        joined.append(int(u))
-                        expected.update(int(x) for x in exp)
-                        if r is not None:
-                            reports[int(u)] = r
-                peer_died = st.check([gloo_error_key(old)])
-                live = self.live_now(rendezvous_staleness(
-                    self._staleness(), self.heartbeat_period, peer_died))
-                came = [u for u in sorted(expected) if st.check([f"rdzv/{gen}/joiner/{u}"])]
-                gone = [u for u in sorted(expected)
-                        if u not in came and st.check([dead_key(u)])]
-                if (rendezvous_ready(joined, live) and len(came) + len(gone) == len(expected)) \
-                        or time.monotonic() > deadline:
-                    break
-                self._stop.wait(0.005)
-            # whoever joined is alive, even if a starved heartbeat made it look stale
-            new = next_members(joined + came)
-            for u in came:  # a joiner's offer is its registration's value (join())
-                r = json.loads(st.get(f"rdzv/{gen}/joiner/{u}"))
-                if r is not None:
-                    reports[u] = r
-            st.set(f"rdzv/{gen}/members", json.dumps(
-                {"members": new, "reports": {str(u): r for u, r in reports.items()}}))
-            self._keep_reports(gen, new, reports)
-        else:
-            new = self._member_list(gen)
+            raise
         t_rdzv = time.monotonic()
         if self.on_rendezvous is not None:
             hook, self.on_rendezvous = self.on_rendezvous, None
@@ -507,8 +453,7 @@ class FTComm:
         Registers, waits for the leader's member list and builds the process group. Raises
         :class:`RendezvousError` if the list does not come or does not include this worker.
         """
-        self.store.set(f"rdzv/{gen}/joiner/{self.uid}", json.dumps(self._take_offer()))
-        new = self._member_list(gen, timeout)
+        new = self._rdzv.join(gen, timeout)
         t0 = time.monotonic()
         try:
             self._enter(gen, new)
@@ -518,31 +463,9 @@ class FTComm:
                              "pg_init_s": round(time.monotonic() - t0, 4), "t": time.time()})
         return list(new)
 
-    def _member_list(self, gen: int, timeout: float | None = None) -> list[int]:
-        """Wait for the leader's member list of ``gen``; it must include this worker."""
-        key = f"rdzv/{gen}/members"
-        wait_s = timeout or (self.rendezvous_timeout + self.staleness + 5.0)
-        try:
-            self.store.wait([key], timedelta(seconds=wait_s))
-        except Exception as exc:  # DistStoreError subclasses RuntimeError; be broad
-            raise RendezvousError(f"gen {gen}: no member list after {wait_s:.1f}s") from exc
-        rec = json.loads(self.store.get(key))
-        new = [int(u) for u in rec["members"]]
-        if self.uid not in new:
-            raise RendezvousError(f"gen {gen}: uid {self.uid} was left out of {new}")
-        self._keep_reports(gen, new, {int(u): r for u, r in rec["reports"].items()})
-        return new
-
-    def _keep_reports(self, gen: int, members: list[int], reports: dict[int, Any]) -> None:
-        self.reports = (gen, {u: reports[u] for u in members}) \
-            if all(u in reports for u in members) else None
-
     def _enter(self, gen: int, new: list[int]) -> None:
         """Build generation ``gen``'s process group and make it current."""
-        self._bury_default_pg()
-        self._init_pg(gen, new)
-        if gen > 0:
-            self._await_members(gen, new)
+        self._rdzv.build(gen, new, self._members)
         with self._lock:
             self._gen = gen
             self._members = new
@@ -551,35 +474,6 @@ class FTComm:
             self._detected_at = None
         if self._aborted_gen >= gen:  # raced: the new generation already broke
             self._wake.set()
-
-    def _await_members(self, gen: int, new: list[int]) -> None:
-        """Return once every member of ``gen`` has built its process group; raise
-        RuntimeError (the group is then broken before its first op) when one died or went
-        silent after the member list named it.
-
-        Gloo connects a pair on its first op, and waits for the peer's address in the store
-        for the init timeout, on the store client this loop shares: a member killed between
-        the member list and its process group (a straggler the guard evicts while its peers
-        re-form) froze every store call here -- the abort, the next re-form -- for 5 s (the
-        soak, 2026-12-04). Once every member has posted its address, no op waits on the store.
-        A client of the group's own would need a connection per re-form, and 32 members
-        connecting at once waited 5 s for the store to answer (torch 2.13's TCPStore)."""
-        st, me = self.store, self.uid
-        st.set(f"rdzv/{gen}/built/{me}", "1")
-        keys = [f"rdzv/{gen}/built/{u}" for u in new if u != me]
-        deadline = time.monotonic() + self.init_timeout
-        while keys and not st.check(keys):
-            # the heartbeat thread's judgement of the old members (death notices included);
-            # a joiner that never comes costs the deadline
-            lost = set(new) & set(self._members) - set(self.live_now()) - {me}
-            if lost:
-                raise RuntimeError(f"dead or silent before its first op: {sorted(lost)}")
-            if time.monotonic() > deadline:
-                missing = [u for u in new if u != me and
-                           not st.check([f"rdzv/{gen}/built/{u}"])]
-                raise RuntimeError(f"no process group within {self.init_timeout:.1f}s: "
-                                   f"{missing}")
-            self._stop.wait(0.002)
 
     def fail(self, reason: str) -> None:
         """Declare the current generation broken from the caller's side (every member will
@@ -618,35 +512,6 @@ class FTComm:
         self.close()
 
     # ------------------------------------------------------------------ internals
-    def _init_pg(self, gen: int, members: list[int]) -> None:
-        # a re-form's connect phase waits for every member's address with the init timeout: a
-        # member that hung or died after the rendezvous costs that long, not the ops' safety
-        # net (generation 0 waits for every process to start up: the full timeout)
-        short = gen > 0 and self.init_timeout < self.pg_timeout
-        # connect only the pairs an op uses (a ring all-reduce: two neighbours; the state copy
-        # to a joiner: one pair) instead of gloo's full mesh: eagerly, every re-form at N
-        # members made N(N-1) connections through the one store, the part of recovery that
-        # grew fastest with N (bench/recovery_scaling.py). Read when the group is created;
-        # TORCH_GLOO_LAZY_INIT=0 in the environment restores the full mesh.
-        os.environ.setdefault(LAZY_INIT_ENV, "1")
-        dist.init_process_group(
-            self.backend,
-            store=dist.PrefixStore(f"pg/{gen}", self.store),
-            rank=members.index(self.uid),
-            world_size=len(members),
-            timeout=timedelta(seconds=self.init_timeout if short else self.pg_timeout),
-        )
-        if short:
-            from torch.distributed.distributed_c10d import _set_pg_timeout
-
-            _set_pg_timeout(timedelta(seconds=self.pg_timeout))
-
-    def _bury_default_pg(self) -> None:
-        if dist.is_initialized():
-            pg = dist.group.WORLD
-            self.graveyard.append((None, pg, None))
-            dist.destroy_process_group()
-
     def _abandon(self, gen: int, work: Any, buf: Any, error: str | None) -> None:
         if error is not None:
             try:  # evidence that a peer *process* is gone (its sockets closed)
