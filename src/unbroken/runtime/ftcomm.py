@@ -22,9 +22,8 @@ So survivors do not try to fix the old group. They *abandon* it and build a new 
    critical path (:mod:`~unbroken.runtime.ftcomm_heartbeat`). The local flag itself is kept
    here, on the communicator: the heartbeat thread, the doorbell thread, the op and the
    re-form all read and write it.
-3. On abort the in-flight ``Work``, its process group and the buffer are moved to a
-   *graveyard*: kept referenced forever, never waited on and never freed, because the gloo
-   threads may still touch them. The caller's tensor is untouched (we reduce into a copy).
+3. On abort the in-flight op, its group and its buffer go to a *graveyard*, never waited on
+   and never freed. 1 and 3 are the op path (:mod:`~unbroken.runtime.ftcomm_ops`).
 4. ``reform()`` agrees in the store on the members of generation ``g+1`` (the live ones,
    plus admitted joiners) and builds its process group; ``join()`` is a joiner's side
    (:mod:`~unbroken.runtime.ftcomm_rendezvous`).
@@ -55,9 +54,8 @@ from __future__ import annotations
 import threading
 import time
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from unbroken.events import Event
@@ -69,10 +67,12 @@ from unbroken.runtime.ftcomm_rendezvous import (  # noqa: F401  (LAZY_INIT_ENV: 
     RendezvousError,
     StoreLostError,
 )
-from unbroken.runtime.ftcomm_heartbeat import Heartbeat, abort_key, gloo_error_key
+from unbroken.runtime.ftcomm_heartbeat import Heartbeat, abort_key
 from unbroken.runtime.ftcomm_heartbeat import bell_key  # noqa: F401  (its home until now)
+from unbroken.runtime.ftcomm_ops import OpPath, short_error
 
 __all__ = ["FTComm", "RendezvousError", "StoreLostError", "declare_dead"]
+
 
 def declare_dead(store: dist.Store, uid: int) -> None:
     """Coordinator hook: announce that worker ``uid`` is gone (e.g. its process exited).
@@ -84,7 +84,7 @@ def declare_dead(store: dist.Store, uid: int) -> None:
     store.add(DEAD_EPOCH, 1)
 
 
-class FTComm:
+class FTComm(OpPath):
     """A generation-numbered gloo communicator that survives dead and hung members.
 
     Parameters
@@ -221,147 +221,57 @@ class FTComm:
     def rank(self) -> int:
         return self._members.index(self.uid)
 
+    # ------------------------------------------------------------------ abort flag
+    # the local flag: raised by the heartbeat thread, the doorbell thread, the op and the
+    # re-form, read by the op on every wake-up
     @property
     def aborted(self) -> bool:
         """True when the current generation is known to be broken (call ``reform``)."""
         return self._aborted_gen >= self._gen
 
-    # ------------------------------------------------------------------ collective
-    def allreduce(self, tensor: torch.Tensor) -> bool:
-        """Sum ``tensor`` in place across the current members.
+    def _check_abort(self, gen: int) -> bool:
+        """The local flag: set by a gloo error here, by the heartbeat thread (a dead or stale
+        peer) or by the heartbeat thread finding the store's flag (a peer broke the generation)."""
+        return self._aborted_gen >= gen
 
-        Returns True when the op completed on this rank (the tensor then holds the sum).
-        Returns False when the generation broke (gloo error, abort flag, stale or dead member):
-        the op is abandoned to the graveyard *with* ``tensor`` (a gloo thread may still write
-        into it, so the caller must not reuse it), and the caller should ``reform()`` and retry
-        with a fresh buffer. Reducing in place saves two copies of the buffer a step.
-        """
-        gen = self._gen
-        if self._refused(gen):
-            return False
-        buf = tensor.detach()
-        inplace = buf.is_contiguous()
-        if not inplace:
-            buf = buf.contiguous()
-        ok = self._run(gen, lambda: [dist.all_reduce(buf, op=dist.ReduceOp.SUM, async_op=True)],
-                       buf)
-        if ok and not inplace:
-            tensor.copy_(buf)
-        return ok
+    def fail(self, reason: str) -> None:
+        """Declare the current generation broken from the caller's side (every member will
+        abandon its op and ``reform``)."""
+        self._set_abort(self._gen, reason)
+        self._note_detect(reason)
 
-    def send(self, tensor: torch.Tensor, src: int, to: list[int]) -> bool:
-        """Copy ``tensor`` from rank ``src`` to the ranks ``to``, point to point: only they
-        take part (every other member returns True at once and leaves ``tensor`` alone), so
-        the cost of a state copy to a joiner does not grow with the number of members.
+    def _set_abort(self, gen: int, reason: str, store: Any = None) -> None:
+        """Mark ``gen`` aborted locally and in the store (``store``: the caller thread's client)."""
+        with self._lock:
+            if self._abort_reason is None and gen == self._gen:
+                self._abort_reason = reason
+            first = self._aborted_gen < gen
+            self._aborted_gen = max(self._aborted_gen, gen)
+        if first:
+            st = store or self.store
+            with self._lock:
+                ring = [m for m in self._members if m != self.uid] if gen == self._gen else []
+            try:  # a counter: every member's heartbeat reads it with the peers' counters
+                st.add(abort_key(gen), 1)
+            except Exception:  # no coordinator: peers will see the gloo error themselves
+                self.store_lost = True
+            self._hb.ring(gen, ring)  # and every member's doorbell rings now, not at its next beat
+        self._wake.set()
 
-        The failure semantics of :meth:`allreduce`: False when the generation broke, with
-        ``tensor`` abandoned to the graveyard; a peer's death or abort wakes the wait.
-        """
-        gen = self._gen
-        if self._refused(gen):
-            return False
-        r = self.rank
-        if r != src and r not in to:
-            return True
-        if not tensor.is_contiguous():
-            raise ValueError("send needs a contiguous tensor (it is received in place)")
-        buf = tensor.detach()
-        if r == src:
-            return self._run(gen, lambda: [dist.isend(buf, dst=d) for d in to if d != src], buf,
-                             p2p=True)
-        return self._run(gen, lambda: [dist.irecv(buf, src=src)], buf, p2p=True)
+    def _peer_aborted(self, gen: int, how: str = "") -> None:
+        """A peer broke ``gen`` (its flag, or its doorbell): wake our op, publish nothing."""
+        with self._lock:
+            if self._gen == gen and self._aborted_gen < gen:
+                self._aborted_gen = gen
+                if self._abort_reason is None:
+                    self._abort_reason = "abort flag set by a peer" + how
+        self._wake.set()
 
-    def _refused(self, gen: int) -> bool:
-        """An op on a generation already aborted fails at once. The local flag only: a peer's
-        abort reaches us through the heartbeat thread; a store round trip here would sit on
-        every step's path."""
-        if self._check_abort(gen):
-            self._note_detect(self._abort_reason or "abort flag")
-            return True
-        return False
-
-    def _run(self, gen: int, issue: Callable[[], list], buf: torch.Tensor,
-             p2p: bool = False) -> bool:
-        """Issue an op's works and sleep until they complete or ``gen`` is aborted.
-
-        ``p2p``: gloo's send/recv run in the issuing thread, and with pairs connected on first
-        use the issue itself waits for the peer (a dead one: until the group's timeout), so a
-        thread issues and waits them and an abort still wakes the caller."""
-        if not self.aborted:  # _wake is set by an abort (checked below) or by this op's end
-            self._wake.clear()
-        futs: list = []
-        works: list | None = None
-        if p2p:
-            waited = self._in_thread(issue)
-        else:
-            try:
-                works = issue()
-            except RuntimeError as exc:  # broken PG: fails at once
-                self._abandon(gen, None, buf, f"gloo error at issue: {_short(exc)}")
-                return False
-            for work in works:  # wake the moment the op completes, instead of polling it
-                #   every millisecond: four workers on two cores spent measurable CPU in
-                #   1 kHz wake-ups
-                fut = work.get_future()
-                fut.add_done_callback(lambda _f: self._wake.set())
-                futs.append((work, fut))
-            waited = _NOTHING_TO_WAIT
-        if self.on_issue is not None:
-            hook, self.on_issue = self.on_issue, None
-            hook()
-        lost_since: float | None = None
-        while True:
-            # the future completes a moment before the work is marked finished: between the
-            # two, testing is_completed() alone spun (160 wake-ups a step on a busy box);
-            # a done future means wait() returns at once, in C++, without the GIL
-            if waited[0].is_set() and all(f.done() or w.is_completed() for w, f in futs):
-                try:
-                    if waited[1]:
-                        raise waited[1][0]
-                    for work, _f in futs:
-                        work.wait()
-                except RuntimeError as exc:
-                    self._abandon(gen, works, buf, f"gloo error: {_short(exc)}")
-                    return False
-                self._warm = True
-                if not self.aborted:
-                    self._wake.clear()  # this op's completion, not an abort
-                return True
-            # a peer's abort (the store's flag, a dead or stale member) arrives through the
-            # heartbeat thread, which sets the local flag and wakes us
-            if self._check_abort(gen):
-                self._abandon(gen, works, buf, None)
-                return False
-            if self.store_lost:
-                # nobody can judge the peers without the store: an op still waiting a
-                # staleness after the loss waits for peers that went with the coordinator
-                # (seen: a supervisor killed during start-up, two members stuck in their first
-                # all-reduce until gloo's own timeout)
-                lost_since = lost_since or time.monotonic()
-                if time.monotonic() - lost_since > self.staleness:
-                    self._abandon(gen, works, buf, "the coordinator's store is gone")
-                    return False
-            self._wake.wait(self.poll_interval)
-            if not self.aborted:  # woken by this op's future (tested above) or the timeout
-                self._wake.clear()
-
-    def _in_thread(self, issue: Callable[[], list]) -> tuple[threading.Event, list]:
-        """Issue works and ``wait()`` on them on a thread that wakes the op's caller when they
-        are done: (done, [error]). An abandoned one ends with the group's timeout."""
-        done, err = threading.Event(), []
-
-        def wait_all() -> None:
-            try:
-                for work in issue():
-                    work.wait()
-            except RuntimeError as exc:
-                err.append(exc)
-            finally:
-                done.set()
-                self._wake.set()
-
-        threading.Thread(target=wait_all, daemon=True, name=f"ftcomm-p2p-{self.uid}").start()
-        return done, err
+    def _note_detect(self, reason: str) -> None:
+        if self._detected_at is None:
+            self._detected_at = time.time()
+            self.journal.append({"event": Event.ABORT, "gen": self._gen, "reason": reason,
+                                 "t": self._detected_at})
 
     # ------------------------------------------------------------------ re-form
     def offer(self, report: Any) -> None:
@@ -429,7 +339,7 @@ class FTComm:
             with self._lock:
                 self._gen, self._members = gen, new
                 self._abort_reason, self._detected_at = None, None
-            self._set_abort(gen, f"gen {gen}: process group not formed: {_short(exc)}")
+            self._set_abort(gen, f"gen {gen}: process group not formed: {short_error(exc)}")
             self._note_detect(self._abort_reason or "process group not formed")
         t_pg = time.monotonic()
         ev = {
@@ -444,9 +354,6 @@ class FTComm:
         self.journal.append(ev)
         return list(new)
 
-    def _staleness(self) -> float:
-        return self.staleness if self._warm else self.startup_staleness
-
     def join(self, gen: int, timeout: float | None = None) -> list[int]:
         """Joining side of an admission: enter generation ``gen`` (named by the members).
 
@@ -458,7 +365,8 @@ class FTComm:
         try:
             self._enter(gen, new)
         except RuntimeError as exc:  # a member never came: the launcher sends this joiner again
-            raise RendezvousError(f"gen {gen}: process group not formed: {_short(exc)}") from exc
+            raise RendezvousError(
+                f"gen {gen}: process group not formed: {short_error(exc)}") from exc
         self.journal.append({"event": Event.JOIN, "gen": gen, "members": new,
                              "pg_init_s": round(time.monotonic() - t0, 4), "t": time.time()})
         return list(new)
@@ -475,11 +383,19 @@ class FTComm:
         if self._aborted_gen >= gen:  # raced: the new generation already broke
             self._wake.set()
 
-    def fail(self, reason: str) -> None:
-        """Declare the current generation broken from the caller's side (every member will
-        abandon its op and ``reform``)."""
-        self._set_abort(self._gen, reason)
-        self._note_detect(reason)
+    # ------------------------------------------------------------------ heartbeat
+    def live_now(self, staleness: float | None = None) -> list[int]:
+        """Current members judged live from this worker's heartbeat observations."""
+        return self._hb.live(self.members, staleness or self._staleness())
+
+    def _staleness(self) -> float:
+        return self.staleness if self._warm else self.startup_staleness
+
+    def watch(self, keys) -> None:
+        """Have the heartbeat thread read these store counters every period (``watched``):
+        control values a training loop needs at step boundaries, without a store round trip
+        on the step's critical path."""
+        self._hb.watch(keys, self.store)
 
     def beat_report(self, window: float = 5.0) -> dict[str, Any]:
         """This member's own heartbeat over the last ``window`` s: the gaps between its beats
@@ -487,15 +403,29 @@ class FTComm:
         trip, and where its main thread was at each late beat (the ``left_out`` event)."""
         return self._hb.report(window)
 
-    def live_now(self, staleness: float | None = None) -> list[int]:
-        """Current members judged live from this worker's heartbeat observations."""
-        return self._hb.live(self.members, staleness or self._staleness())
-
     @property
     def monitor_errors(self) -> int:
         """The heartbeat's failed beats so far (store hiccups)."""
         return self._hb.errors
 
+    def _current(self) -> tuple[int, list[int]]:
+        """The generation and its members, read together (the heartbeat thread's view)."""
+        with self._lock:
+            return self._gen, list(self._members)
+
+    def _store_gone(self) -> None:
+        """The heartbeat got no answer from the store three periods in a row."""
+        self.store_lost = True
+        self._wake.set()  # a waiting op judges what that means for it
+
+    def _supervisor_silent(self, silent: float) -> None:
+        """The heartbeat found the supervisor's heartbeat silent for ``silent`` s."""
+        if not self.supervisor_lost:
+            self.supervisor_lost = True
+            self.journal.append({"event": Event.SUPERVISOR_SILENT, "silent_s": round(silent, 3),
+                                 "t": time.time()})
+
+    # ------------------------------------------------------------------ lifetime
     def close(self) -> None:
         """Stop the heartbeat. Does not exit the process (use ``os._exit`` in entry points)."""
         if self._closed:
@@ -510,84 +440,3 @@ class FTComm:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    # ------------------------------------------------------------------ internals
-    def _abandon(self, gen: int, work: Any, buf: Any, error: str | None) -> None:
-        if error is not None:
-            try:  # evidence that a peer *process* is gone (its sockets closed)
-                self.store.set(gloo_error_key(gen), error)
-            except Exception:
-                self.store_lost = True
-            self._set_abort(gen, error)
-        self._note_detect(self._abort_reason or error or "abort flag")
-        self.graveyard.append((work, dist.group.WORLD if dist.is_initialized() else None, buf))
-
-    def _note_detect(self, reason: str) -> None:
-        if self._detected_at is None:
-            self._detected_at = time.time()
-            self.journal.append({"event": Event.ABORT, "gen": self._gen, "reason": reason,
-                                 "t": self._detected_at})
-
-    def _set_abort(self, gen: int, reason: str, store: Any = None) -> None:
-        """Mark ``gen`` aborted locally and in the store (``store``: the caller thread's client)."""
-        with self._lock:
-            if self._abort_reason is None and gen == self._gen:
-                self._abort_reason = reason
-            first = self._aborted_gen < gen
-            self._aborted_gen = max(self._aborted_gen, gen)
-        if first:
-            st = store or self.store
-            with self._lock:
-                ring = [m for m in self._members if m != self.uid] if gen == self._gen else []
-            try:  # a counter: every member's heartbeat reads it with the peers' counters
-                st.add(abort_key(gen), 1)
-            except Exception:  # no coordinator: peers will see the gloo error themselves
-                self.store_lost = True
-            self._hb.ring(gen, ring)  # and every member's doorbell rings now, not at its next beat
-        self._wake.set()
-
-    def _peer_aborted(self, gen: int, how: str = "") -> None:
-        """A peer broke ``gen`` (its flag, or its doorbell): wake our op, publish nothing."""
-        with self._lock:
-            if self._gen == gen and self._aborted_gen < gen:
-                self._aborted_gen = gen
-                if self._abort_reason is None:
-                    self._abort_reason = "abort flag set by a peer" + how
-        self._wake.set()
-
-    def _check_abort(self, gen: int) -> bool:
-        """The local flag: set by a gloo error here, by the heartbeat thread (a dead or stale
-        peer) or by the heartbeat thread finding the store's flag (a peer broke the generation)."""
-        return self._aborted_gen >= gen
-
-    def _current(self) -> tuple[int, list[int]]:
-        """The generation and its members, read together (the heartbeat thread's view)."""
-        with self._lock:
-            return self._gen, list(self._members)
-
-    def _store_gone(self) -> None:
-        """The heartbeat got no answer from the store three periods in a row."""
-        self.store_lost = True
-        self._wake.set()  # a waiting op judges what that means for it
-
-    def _supervisor_silent(self, silent: float) -> None:
-        if not self.supervisor_lost:
-            self.supervisor_lost = True
-            self.journal.append({"event": Event.SUPERVISOR_SILENT, "silent_s": round(silent, 3),
-                                 "t": time.time()})
-
-    def watch(self, keys) -> None:
-        """Have the heartbeat thread read these store counters every period (``watched``):
-        control values a training loop needs at step boundaries, without a store round trip
-        on the step's critical path."""
-        self._hb.watch(keys, self.store)
-
-
-#: a collective's works complete through their futures: no thread to wait for
-_NOTHING_TO_WAIT: tuple[threading.Event, list] = (threading.Event(), [])
-_NOTHING_TO_WAIT[0].set()
-
-
-def _short(exc: BaseException, n: int = 160) -> str:
-    s = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return s[:n]
