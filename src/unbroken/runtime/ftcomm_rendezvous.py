@@ -37,7 +37,12 @@ from typing import Any, Callable
 import torch.distributed as dist
 
 from unbroken.protocol import dead_key
-from unbroken.core.membership import next_members, rendezvous_ready, rendezvous_staleness
+from unbroken.core.membership import (
+    generation_reports,
+    next_members,
+    rendezvous_ready,
+    rendezvous_staleness,
+)
 from unbroken.runtime.ftcomm_heartbeat import gloo_error_key
 
 __all__ = ["Rendezvous", "RendezvousError", "StoreLostError", "LAZY_INIT_ENV"]
@@ -134,7 +139,7 @@ class Rendezvous:
             came = [u for u in sorted(expected) if st.check([f"rdzv/{gen}/joiner/{u}"])]
             gone = [u for u in sorted(expected)
                     if u not in came and st.check([dead_key(u)])]
-            if (rendezvous_ready(joined, live) and len(came) + len(gone) == len(expected)) \
+            if rendezvous_ready(joined, live, expected, came + gone) \
                     or time.monotonic() > deadline:
                 break
             self._stop.wait(0.005)
@@ -171,8 +176,8 @@ class Rendezvous:
         return new
 
     def _keep_reports(self, gen: int, members: list[int], reports: dict[int, Any]) -> None:
-        self.reports = (gen, {u: reports[u] for u in members}) \
-            if all(u in reports for u in members) else None
+        got = generation_reports(members, reports)
+        self.reports = None if got is None else (gen, got)
 
     # ------------------------------------------------------------------ process group
     def build(self, gen: int, new: list[int], old_members: list[int]) -> None:
