@@ -11,7 +11,7 @@ a member blocked in an op.
 * The abort flag is a store counter (``abort/<gen>``) that the heartbeat thread reads once a
   period in the same round trip as the peers' heartbeats, and wakes the op: the step's
   critical path makes no store round trip. The local flag it sets is the communicator's
-  (``FTComm._set_abort``): the op path and the rendezvous read and write it too.
+  (``FTComm._set_abort``).
 * The member that aborts a generation first also rings every member's *doorbell*, a UDP
   socket each member's thread waits on (its address in ``bell/<uid>``), so members blocked in
   the op wake at once rather than at their next read (a re-form waits for the last of them).
