@@ -45,7 +45,7 @@ from unbroken.supervise.local import StackedCluster  # noqa: E402
 PARTS = {
     "gradient": [("runtime/gpt.py", "grad")],
     "optimizer": [("runtime/trainer.py", "apply")],
-    "all-reduce": [("runtime/ftcomm.py", "allreduce"), ("distributed_c10d.py", "all_reduce")],
+    "all-reduce": [("runtime/ftcomm_ops.py", "allreduce"), ("distributed_c10d.py", "all_reduce")],
     "pack": [("runtime/stacked.py", "_pack")],
     "step check": [("runtime/incidents.py", "_step_check")],
 }

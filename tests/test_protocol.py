@@ -57,8 +57,10 @@ def test_node_agent_keys():
     assert p.node_xid_key(2, 5) == "node_xid/2/5"
 
 
-# the building blocks' private keys: ftcomm's rendezvous and the probe worker's results
-_PRIVATE = {"runtime/ftcomm.py": ("rdzv/", "abort/", "pg/", "bell/"),
+# the building blocks' private keys: ftcomm's rendezvous, its abort flags and doorbells, and
+# the probe worker's results
+_PRIVATE = {"runtime/ftcomm_rendezvous.py": ("rdzv/", "pg/"),
+            "runtime/ftcomm_heartbeat.py": ("abort/", "bell/"),
             "runtime/ftcomm_worker.py": ("result/", "first/")}
 
 

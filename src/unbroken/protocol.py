@@ -67,11 +67,12 @@ STOP_KEY = "ctl/stop"
 
 # -- store keys -----------------------------------------------------------------------------
 # One function per key family; the strings are the wire format (byte-identical to what every
-# version of the runtime wrote). ftcomm's own rendezvous keys (``rdzv/``, ``abort/``, ``pg/``)
-# and the probe worker's (``result/``, ``first/``, ``stop``) stay private to their modules:
-# each is written and read in that one file. ``hb/`` and ``dead/`` live here because other
-# modules share them (``hb/supervisor`` is in the same namespace; the supervisor posts ``dead/``
-# through ``ftcomm.declare_dead`` and the runner's admission reads it).
+# version of the runtime wrote). ftcomm's own keys (``rdzv/`` and ``pg/`` in ftcomm_rendezvous,
+# ``abort/`` and ``bell/`` in ftcomm_heartbeat) and the probe worker's (``result/``,
+# ``first/``, ``stop``) stay private to their modules: each is formatted in that one file.
+# ``hb/`` and ``dead/`` live here because other modules share them (``hb/supervisor`` is in the
+# same namespace; the supervisor posts ``dead/`` through ``ftcomm.declare_dead`` and the
+# runner's admission reads it).
 
 #: counter of join records (``join_key``): a joiner bumps it; rank 0 reads it into the step buffer
 JOIN_COUNT = "join/count"

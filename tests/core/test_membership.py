@@ -115,6 +115,24 @@ def test_rendezvous_ready_and_next_members():
     assert next_members([3, 0, 1, 3]) == [0, 1, 3]
 
 
+def test_rendezvous_waits_for_every_expected_joiner_registered_or_dead():
+    live, joined = [0, 1], [0, 1]
+    assert not rendezvous_ready(joined, live, expected=[5, 6], accounted=[5])
+    assert rendezvous_ready(joined, live, expected=[5, 6], accounted=[5, 6])  # 6: dead
+    assert rendezvous_ready(joined, live, expected=[], accounted=[])
+    assert not rendezvous_ready([0], live, expected=[5], accounted=[5])  # 1 still missing
+
+
+def test_generation_reports_are_all_or_nothing():
+    from unbroken.core.membership import generation_reports
+
+    reports = {0: "a", 1: "b", 7: "joiner"}
+    assert generation_reports([0, 1, 7], reports) == {0: "a", 1: "b", 7: "joiner"}
+    assert generation_reports([0, 1], reports) == {0: "a", 1: "b"}  # only the members'
+    assert generation_reports([0, 1, 2], reports) is None  # 2 offered nothing
+    assert generation_reports([], {}) == {}
+
+
 def test_rendezvous_waits_a_few_beats_only_when_a_peer_process_is_known_gone():
     from unbroken.core.membership import rendezvous_staleness
 

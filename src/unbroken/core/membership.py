@@ -27,7 +27,9 @@ Rules
   thread got no CPU): the silence it could not watch says nothing about the peers, so every
   observation restarts at ``now`` (``starved_observer``) and nobody is judged on it.
 * After a gloo connection error (a peer process is gone), the rendezvous waits for a silent
-  member only a few heartbeat periods, not the full staleness (``rendezvous_staleness``).
+  member only a few heartbeat periods, not the full staleness (``rendezvous_staleness``); it
+  is complete once every live member joined and every expected joiner registered or was
+  declared dead (``rendezvous_ready``).
 * The first collective of a generation carries every member's ``Report``; ``settle`` turns
   them into the one path all take (roll forward, state copy to joiners, which plan).
 """
@@ -49,6 +51,7 @@ __all__ = [
     "rendezvous_ready",
     "rendezvous_staleness",
     "next_members",
+    "generation_reports",
     "Report",
     "Settle",
     "settle",
@@ -185,9 +188,12 @@ def live_members(
     return [u for u in members if u not in dead and u not in stale]
 
 
-def rendezvous_ready(joined: Iterable[Hashable], live: Iterable[Hashable]) -> bool:
-    """The leader may publish once every live member has joined."""
-    return set(live) <= set(joined)
+def rendezvous_ready(joined: Iterable[Hashable], live: Iterable[Hashable],
+                     expected: Iterable[Hashable] = (),
+                     accounted: Iterable[Hashable] = ()) -> bool:
+    """The leader may publish once every live member has joined and every joiner the members
+    expect (an admission) is ``accounted`` for: registered, or declared dead."""
+    return set(live) <= set(joined) and set(expected) <= set(accounted)
 
 
 def rendezvous_staleness(staleness: float, heartbeat_period: float, peer_died: bool,
@@ -213,6 +219,19 @@ def rendezvous_staleness(staleness: float, heartbeat_period: float, peer_died: b
 def next_members(joined: Iterable[Hashable]) -> list:
     """Member list of the next generation: the distinct joiners, sorted (rank = index)."""
     return sorted(set(joined))
+
+
+def generation_reports(members: Iterable[Hashable],
+                       reports: Mapping[Hashable, object]) -> dict | None:
+    """Every member's report of a new generation, or None when one of them offered none.
+
+    All or nothing: the settle reads the reports only when every member can, and every member
+    decides from the same published record, so either all of them settle from the reports or
+    all of them fall back to the all-reduce."""
+    members = list(members)
+    if not all(u in reports for u in members):
+        return None
+    return {u: reports[u] for u in members}
 
 
 def left_behind(holders: Mapping[Hashable, int], gen: int | float,

@@ -3,7 +3,10 @@
 Imported lazily so that ``import unbroken.runtime`` does not pull in torch; the planner and the
 simulator never need it.
 
-* :mod:`unbroken.runtime.ftcomm` - fault-tolerant all-reduce with generation-numbered groups.
+* :mod:`unbroken.runtime.ftcomm` - fault-tolerant all-reduce with generation-numbered groups;
+  its parts: :mod:`~unbroken.runtime.ftcomm_ops` (the op and its abandonment),
+  :mod:`~unbroken.runtime.ftcomm_rendezvous` (re-form, admission, the process group) and
+  :mod:`~unbroken.runtime.ftcomm_heartbeat` (heartbeat thread, abort flag, doorbell).
 * :mod:`unbroken.runtime.ftcomm_worker` - a probe worker and a local coordinator
   (``LocalCluster``) used by the tests and ``bench/ftcomm_recovery.py``.
 * :mod:`unbroken.runtime.stacked` - the stacked data-parallel step: per-type gradients, the

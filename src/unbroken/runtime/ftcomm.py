@@ -15,30 +15,18 @@ On torch 2.13 with the gloo backend (CPU) a process group cannot be repaired in 
 So survivors do not try to fix the old group. They *abandon* it and build a new one:
 
 1. Every collective is issued with ``async_op=True``; the caller sleeps until the op's future
-   completes or the generation is aborted, so no thread ever blocks in gloo. The abort flag is
-   a store counter (``abort/<gen>``) that the heartbeat thread reads once a period in the same
-   round trip as the peers' heartbeats, and wakes the op: the step's critical path makes no
-   store round trip. The member that aborts a generation first also rings every member's
-   *doorbell*, a UDP socket each member's thread waits on (its address in ``bell/<uid>``), so
-   members blocked in the op wake at once rather than at their next read (a re-form waits
-   for the last of them). Not a thread waiting in the store: that needs a connection of its
-   own, and connections opened per re-form, while training, or a third one per member at
-   start-up all stalled the TCPStore server for about 5 s here.
-2. A heartbeat thread (own store client) bumps ``hb/<uid>`` every ``heartbeat_period`` seconds
-   and watches the other members. A member whose counter has not moved for ``staleness``
-   seconds (5 s until the first collective has completed: start-up is slow, not hung), or
-   that a coordinator declared dead (``declare_dead``), makes it set ``abort/<gen>``. A gloo error does the same, so all survivors stop within milliseconds.
-3. On abort the in-flight ``Work``, its process group and the buffer are moved to a
-   *graveyard*: kept referenced forever, never waited on and never freed, because the gloo
-   threads may still touch them. The caller's tensor is untouched (we reduce into a copy).
-4. ``reform()`` runs a rendezvous for generation ``g+1`` in the store (first joiner leads; it
-   publishes the member list once every member with a fresh heartbeat has joined, or at a
-   deadline; after a gloo connection error, which means a peer *process* is gone, "fresh"
-   is two heartbeat periods instead of ``staleness``; whoever joins is kept), destroys the old default group and calls ``init_process_group("gloo",
-   store=PrefixStore(f"pg/{g+1}", store), ...)`` with the new, smaller world. Pairs connect
-   on first use (``TORCH_GLOO_LAZY_INIT``), so a re-form costs O(1) connections per member,
-   not gloo's full mesh; a member lost between the rendezvous and its first op is then found
-   like any dead or silent member, in the op.
+   completes or the generation is aborted, so no thread ever blocks in gloo.
+2. A heartbeat thread judges the peers and raises the generation's abort flag when one is dead
+   or silent; a gloo error does the same, so all survivors stop within milliseconds. The flag
+   reaches the other members through the store and a UDP doorbell, both off the step's
+   critical path (:mod:`~unbroken.runtime.ftcomm_heartbeat`). The local flag itself is kept
+   here, on the communicator: the heartbeat thread, the doorbell thread, the op and the
+   re-form all read and write it.
+3. On abort the in-flight op, its group and its buffer go to a *graveyard*, never waited on
+   and never freed. 1 and 3 are the op path (:mod:`~unbroken.runtime.ftcomm_ops`).
+4. ``reform()`` agrees in the store on the members of generation ``g+1`` (the live ones,
+   plus admitted joiners) and builds its process group; ``join()`` is a joiner's side
+   (:mod:`~unbroken.runtime.ftcomm_rendezvous`).
 
 The store must be hosted by a long-lived process that is not a worker (a launcher /
 coordinator), so any worker, PG rank 0 included, may die. The store itself is a single point of
@@ -63,47 +51,27 @@ Known limits (by design of this building block)
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import sys
 import threading
 import time
-import traceback
-from collections import deque
 from datetime import timedelta
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from unbroken.events import Event
-from unbroken.protocol import DEAD_EPOCH, SUPERVISOR_HB, dead_key, hb_key
-from unbroken.core.membership import (
-    Observation,
-    beat_clock,
-    live_members,
-    next_members,
-    observe,
-    rendezvous_ready,
-    rendezvous_staleness,
-    silence_rule,
-    starved_observer,
+from unbroken.protocol import DEAD_EPOCH, dead_key
+from unbroken.core.membership import next_members
+from unbroken.runtime.ftcomm_rendezvous import (  # noqa: F401  (LAZY_INIT_ENV: its home until now)
+    LAZY_INIT_ENV,
+    Rendezvous,
+    RendezvousError,
+    StoreLostError,
 )
+from unbroken.runtime.ftcomm_heartbeat import Heartbeat, abort_key
+from unbroken.runtime.ftcomm_heartbeat import bell_key  # noqa: F401  (its home until now)
+from unbroken.runtime.ftcomm_ops import OpPath, short_error
 
 __all__ = ["FTComm", "RendezvousError", "StoreLostError", "declare_dead"]
-
-#: gloo's switch for connecting a pair of ranks on its first use instead of at group creation
-LAZY_INIT_ENV = "TORCH_GLOO_LAZY_INIT"
-
-
-class RendezvousError(RuntimeError):
-    """The next generation could not be formed (timeout, or this worker was left out)."""
-
-
-class StoreLostError(RuntimeError):
-    """The coordinator's store stopped answering (the coordinator died)."""
 
 
 def declare_dead(store: dist.Store, uid: int) -> None:
@@ -116,31 +84,7 @@ def declare_dead(store: dist.Store, uid: int) -> None:
     store.add(DEAD_EPOCH, 1)
 
 
-def bell_key(uid: int) -> str:
-    """The store key of member ``uid``'s doorbell address ("host:port", UDP)."""
-    return f"bell/{uid}"
-
-
-def _own_address(store: Any) -> str:
-    """This host's address as the store's host reaches it (no packet is sent)."""
-    host = getattr(store, "host", "127.0.0.1")
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((host, 9))
-            return s.getsockname()[0]
-    except OSError:
-        return "127.0.0.1"
-
-
-def _clone(store: dist.TCPStore) -> dist.TCPStore:
-    """A second client connection to the same TCPStore (a client is not shared across threads)."""
-    try:
-        return store.clone()
-    except (AttributeError, RuntimeError):  # pragma: no cover - older torch
-        return dist.TCPStore(store.host, store.port, is_master=False, wait_for_workers=False)
-
-
-class FTComm:
+class FTComm(OpPath):
     """A generation-numbered gloo communicator that survives dead and hung members.
 
     Parameters
@@ -221,11 +165,7 @@ class FTComm:
 
         self._gen = 0
         self._members = members
-        self._lock = threading.Lock()
-        self._obs: dict[Any, Observation] = {}
-        self._beats = 0.0  # the beat clock (core.membership.beat_clock): peers' beats so far
-        self._dead: set[int] = set()
-        self._dead_epoch = 0
+        self._lock = threading.Lock()  # the generation and its abort flag, read together
         self._aborted_gen = -1  # highest generation known to be aborted
         self._abort_reason: str | None = None
         self.last_cause: str | None = None  # why the last re-form's old generation broke
@@ -235,55 +175,36 @@ class FTComm:
         self._closed = False
         self.graveyard: list[tuple[Any, Any, Any]] = []
         self.journal: list[dict[str, Any]] = []
-        self.monitor_errors = 0
         self.on_issue: Any = None  # test hook: called once right after the next op is issued
         self.on_rendezvous: Any = None  # test hook: called once between a re-form's member
         #                                 list and its process group
-        # what this member tells the others in the next rendezvous (offer()), and what every
-        # member of the last one told: (generation, {uid: report}); None: not all of them did
-        self._offer: Any = None
-        self.reports: tuple[int, dict[int, Any]] | None = None
         # the store (hosted by the coordinator) stopped answering: no re-form is possible any
         # more; ops already running finish on gloo alone, the training loop must stop cleanly
         self.store_lost = False
-        # the supervisor's own heartbeat (protocol.SUPERVISOR_HB) has not moved for
-        # ``supervisor_staleness`` s (0: not watched): a stopped or wedged supervisor can
-        # neither replace nor guard anyone, so the training loop stops as if it were gone
+        # the supervisor's own heartbeat has not moved for ``supervisor_staleness`` s (0: not
+        # watched): the training loop stops as if it were gone (``ftcomm_heartbeat``)
         self.supervisor_staleness = float(supervisor_staleness)
         self.supervisor_lost = False
-        self._sup_obs: dict[Any, Observation] = {}
-        # store counters the caller wants read off its hot path (``watch``): the heartbeat
-        # thread reads them with the peers' counters, in the same round trip
-        self.watched: dict[str, int] = {}
 
-        # this member's own beats (``beat_report``): (when it landed, monotonic; the wait
-        # from the previous loop's read to this wake-up; the add's round trip). After being
-        # left out as silent, a long wait is a thread that got no CPU or GIL, a long round
-        # trip a store that answered late, and neither: peers that misjudged a live member
-        self.beats: deque[tuple[float, float, float]] = deque(maxlen=100)
-        self.late_beats: deque[dict] = deque(maxlen=5)  # _note_late_beat
-        self._hb_store = _clone(store)
-        self._hb_store.add(hb_key(self.uid), 1)  # first beat before anyone can judge us
-        self.beats.append((time.monotonic(), 0.0, 0.0))
-        self._hb_known: set[str] = set()  # keys the heartbeat has seen exist (multi_get blocks
-        #                                   on a missing one)
-        self._thread = threading.Thread(target=self._monitor, name=f"ftcomm-hb-{uid}", daemon=True)
-        self._thread.start()
-        # the abort doorbell (``_doorbell``): a UDP socket, so ringing it involves neither the
-        # store nor a connection
-        self._bell_sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self._bell_sock.bind(("", 0))
-        self._bells: dict[int, tuple[str, int]] = {}  # member -> its doorbell's address
-        store.set(bell_key(self.uid), f"{_own_address(store)}:{self._bell_sock.getsockname()[1]}")
-        self._bell = threading.Thread(target=self._doorbell, name=f"ftcomm-bell-{uid}",
-                                      daemon=True)
-        self._bell.start()
+        # the rendezvous of each next generation, on the caller's store client
+        self._rdzv = Rendezvous(
+            self.uid, store, backend=backend, heartbeat_period=self.heartbeat_period,
+            staleness=self.staleness, rendezvous_timeout=self.rendezvous_timeout,
+            init_timeout=self.init_timeout, pg_timeout=self.pg_timeout, live=self.live_now,
+            judging_staleness=self._staleness, graveyard=self.graveyard, stop=self._stop)
+        # the heartbeat thread and the doorbell (its own store client, its own UDP socket)
+        self._hb = Heartbeat(self, self.uid, store, period=self.heartbeat_period,
+                             staleness=self.staleness,
+                             supervisor_staleness=self.supervisor_staleness, stop=self._stop)
+        # its containers, updated in place: ``watched`` is read at every step boundary
+        self.watched = self._hb.watched
+        self.beats, self.late_beats = self._hb.beats, self._hb.late_beats
 
         if joining:
             self._gen = -1  # no generation until admitted
             return
         t0 = time.monotonic()
-        self._init_pg(0, members)
+        self._rdzv.init_pg(0, members)
         self.journal.append({"event": Event.INIT, "gen": 0, "members": list(members),
                              "pg_init_s": round(time.monotonic() - t0, 4), "t": time.time()})
 
@@ -300,147 +221,57 @@ class FTComm:
     def rank(self) -> int:
         return self._members.index(self.uid)
 
+    # ------------------------------------------------------------------ abort flag
+    # the local flag: raised by the heartbeat thread, the doorbell thread, the op and the
+    # re-form, read by the op on every wake-up
     @property
     def aborted(self) -> bool:
         """True when the current generation is known to be broken (call ``reform``)."""
         return self._aborted_gen >= self._gen
 
-    # ------------------------------------------------------------------ collective
-    def allreduce(self, tensor: torch.Tensor) -> bool:
-        """Sum ``tensor`` in place across the current members.
+    def _check_abort(self, gen: int) -> bool:
+        """The local flag: set by a gloo error here, by the heartbeat thread (a dead or stale
+        peer) or by the heartbeat thread finding the store's flag (a peer broke the generation)."""
+        return self._aborted_gen >= gen
 
-        Returns True when the op completed on this rank (the tensor then holds the sum).
-        Returns False when the generation broke (gloo error, abort flag, stale or dead member):
-        the op is abandoned to the graveyard *with* ``tensor`` (a gloo thread may still write
-        into it, so the caller must not reuse it), and the caller should ``reform()`` and retry
-        with a fresh buffer. Reducing in place saves two copies of the buffer a step.
-        """
-        gen = self._gen
-        if self._refused(gen):
-            return False
-        buf = tensor.detach()
-        inplace = buf.is_contiguous()
-        if not inplace:
-            buf = buf.contiguous()
-        ok = self._run(gen, lambda: [dist.all_reduce(buf, op=dist.ReduceOp.SUM, async_op=True)],
-                       buf)
-        if ok and not inplace:
-            tensor.copy_(buf)
-        return ok
+    def fail(self, reason: str) -> None:
+        """Declare the current generation broken from the caller's side (every member will
+        abandon its op and ``reform``)."""
+        self._set_abort(self._gen, reason)
+        self._note_detect(reason)
 
-    def send(self, tensor: torch.Tensor, src: int, to: list[int]) -> bool:
-        """Copy ``tensor`` from rank ``src`` to the ranks ``to``, point to point: only they
-        take part (every other member returns True at once and leaves ``tensor`` alone), so
-        the cost of a state copy to a joiner does not grow with the number of members.
+    def _set_abort(self, gen: int, reason: str, store: Any = None) -> None:
+        """Mark ``gen`` aborted locally and in the store (``store``: the caller thread's client)."""
+        with self._lock:
+            if self._abort_reason is None and gen == self._gen:
+                self._abort_reason = reason
+            first = self._aborted_gen < gen
+            self._aborted_gen = max(self._aborted_gen, gen)
+        if first:
+            st = store or self.store
+            with self._lock:
+                ring = [m for m in self._members if m != self.uid] if gen == self._gen else []
+            try:  # a counter: every member's heartbeat reads it with the peers' counters
+                st.add(abort_key(gen), 1)
+            except Exception:  # no coordinator: peers will see the gloo error themselves
+                self.store_lost = True
+            self._hb.ring(gen, ring)  # and every member's doorbell rings now, not at its next beat
+        self._wake.set()
 
-        The failure semantics of :meth:`allreduce`: False when the generation broke, with
-        ``tensor`` abandoned to the graveyard; a peer's death or abort wakes the wait.
-        """
-        gen = self._gen
-        if self._refused(gen):
-            return False
-        r = self.rank
-        if r != src and r not in to:
-            return True
-        if not tensor.is_contiguous():
-            raise ValueError("send needs a contiguous tensor (it is received in place)")
-        buf = tensor.detach()
-        if r == src:
-            return self._run(gen, lambda: [dist.isend(buf, dst=d) for d in to if d != src], buf,
-                             p2p=True)
-        return self._run(gen, lambda: [dist.irecv(buf, src=src)], buf, p2p=True)
+    def _peer_aborted(self, gen: int, how: str = "") -> None:
+        """A peer broke ``gen`` (its flag, or its doorbell): wake our op, publish nothing."""
+        with self._lock:
+            if self._gen == gen and self._aborted_gen < gen:
+                self._aborted_gen = gen
+                if self._abort_reason is None:
+                    self._abort_reason = "abort flag set by a peer" + how
+        self._wake.set()
 
-    def _refused(self, gen: int) -> bool:
-        """An op on a generation already aborted fails at once. The local flag only: a peer's
-        abort reaches us through the heartbeat thread; a store round trip here would sit on
-        every step's path."""
-        if self._check_abort(gen):
-            self._note_detect(self._abort_reason or "abort flag")
-            return True
-        return False
-
-    def _run(self, gen: int, issue: Callable[[], list], buf: torch.Tensor,
-             p2p: bool = False) -> bool:
-        """Issue an op's works and sleep until they complete or ``gen`` is aborted.
-
-        ``p2p``: gloo's send/recv run in the issuing thread, and with pairs connected on first
-        use the issue itself waits for the peer (a dead one: until the group's timeout), so a
-        thread issues and waits them and an abort still wakes the caller."""
-        if not self.aborted:  # _wake is set by an abort (checked below) or by this op's end
-            self._wake.clear()
-        futs: list = []
-        works: list | None = None
-        if p2p:
-            waited = self._in_thread(issue)
-        else:
-            try:
-                works = issue()
-            except RuntimeError as exc:  # broken PG: fails at once
-                self._abandon(gen, None, buf, f"gloo error at issue: {_short(exc)}")
-                return False
-            for work in works:  # wake the moment the op completes, instead of polling it
-                #   every millisecond: four workers on two cores spent measurable CPU in
-                #   1 kHz wake-ups
-                fut = work.get_future()
-                fut.add_done_callback(lambda _f: self._wake.set())
-                futs.append((work, fut))
-            waited = _NOTHING_TO_WAIT
-        if self.on_issue is not None:
-            hook, self.on_issue = self.on_issue, None
-            hook()
-        lost_since: float | None = None
-        while True:
-            # the future completes a moment before the work is marked finished: between the
-            # two, testing is_completed() alone spun (160 wake-ups a step on a busy box);
-            # a done future means wait() returns at once, in C++, without the GIL
-            if waited[0].is_set() and all(f.done() or w.is_completed() for w, f in futs):
-                try:
-                    if waited[1]:
-                        raise waited[1][0]
-                    for work, _f in futs:
-                        work.wait()
-                except RuntimeError as exc:
-                    self._abandon(gen, works, buf, f"gloo error: {_short(exc)}")
-                    return False
-                self._warm = True
-                if not self.aborted:
-                    self._wake.clear()  # this op's completion, not an abort
-                return True
-            # a peer's abort (the store's flag, a dead or stale member) arrives through the
-            # heartbeat thread, which sets the local flag and wakes us
-            if self._check_abort(gen):
-                self._abandon(gen, works, buf, None)
-                return False
-            if self.store_lost:
-                # nobody can judge the peers without the store: an op still waiting a
-                # staleness after the loss waits for peers that went with the coordinator
-                # (seen: a supervisor killed during start-up, two members stuck in their first
-                # all-reduce until gloo's own timeout)
-                lost_since = lost_since or time.monotonic()
-                if time.monotonic() - lost_since > self.staleness:
-                    self._abandon(gen, works, buf, "the coordinator's store is gone")
-                    return False
-            self._wake.wait(self.poll_interval)
-            if not self.aborted:  # woken by this op's future (tested above) or the timeout
-                self._wake.clear()
-
-    def _in_thread(self, issue: Callable[[], list]) -> tuple[threading.Event, list]:
-        """Issue works and ``wait()`` on them on a thread that wakes the op's caller when they
-        are done: (done, [error]). An abandoned one ends with the group's timeout."""
-        done, err = threading.Event(), []
-
-        def wait_all() -> None:
-            try:
-                for work in issue():
-                    work.wait()
-            except RuntimeError as exc:
-                err.append(exc)
-            finally:
-                done.set()
-                self._wake.set()
-
-        threading.Thread(target=wait_all, daemon=True, name=f"ftcomm-p2p-{self.uid}").start()
-        return done, err
+    def _note_detect(self, reason: str) -> None:
+        if self._detected_at is None:
+            self._detected_at = time.time()
+            self.journal.append({"event": Event.ABORT, "gen": self._gen, "reason": reason,
+                                 "t": self._detected_at})
 
     # ------------------------------------------------------------------ re-form
     def offer(self, report: Any) -> None:
@@ -451,11 +282,13 @@ class FTComm:
         rendezvous's round trips instead of a first all-reduce on the new group: at 32 groups
         on 2 cores that all-reduce (a ring of 62 hops, its pairs connecting on first use)
         took 0.11-0.15 s of a 0.55 s hang -> commit (bench/recovery_scaling.py)."""
-        self._offer = report
+        self._rdzv.offer(report)
 
-    def _take_offer(self) -> Any:
-        report, self._offer = self._offer, None
-        return report
+    @property
+    def reports(self) -> tuple[int, dict[int, Any]] | None:
+        """What every member of the last generation formed offered: (generation, {uid:
+        report}); None when one of them offered nothing."""
+        return self._rdzv.reports
 
     def reform(self, expect: list[int] | tuple[int, ...] = (), *,
                planned: bool = False) -> list[int]:
@@ -489,56 +322,11 @@ class FTComm:
         self.last_cause = None if planned else self._abort_reason
         detected_at = self._detected_at or time.time()
 
-        st = self.store
-        try:  # my place, then who I am and what I expect in one key (two round trips)
-            n = st.add(f"rdzv/{gen}/count", 1)
-        except Exception as exc:
+        try:
+            new, leader = self._rdzv.form(gen, expect, t_start)
+        except StoreLostError:
             self.store_lost = True
-            raise StoreLostError(f"gen {gen}: the coordinator's store is gone") from exc
-        report = self._take_offer()
-        st.set(f"rdzv/{gen}/joined/{n}", json.dumps([self.uid, [int(u) for u in expect],
-                                                     report]))
-        leader = n == 1
-        if leader:
-            deadline = t_start + self.rendezvous_timeout
-            joined: list[int] = []
-            expected: set[int] = set()
-            reports: dict[int, Any] = {}
-            while True:
-                count = st.add(f"rdzv/{gen}/count", 0)
-                if count > len(joined):
-                    # one round trip for everyone who joined since the last look, not two per
-                    # member: at 32 members on 2 cores every trip waits for the store's turn.
-                    # Blocks on a key not yet set, as get did: a joiner sets it just after
-                    # it counts itself
-                    for v in st.multi_get([f"rdzv/{gen}/joined/{i}"
-                                           for i in range(len(joined) + 1, count + 1)]):
-                        u, exp, r = json.loads(v)
-                        joined.append(int(u))
-                        expected.update(int(x) for x in exp)
-                        if r is not None:
-                            reports[int(u)] = r
-                peer_died = st.check([f"abort/{old}/gloo"])
-                live = self.live_now(rendezvous_staleness(
-                    self._staleness(), self.heartbeat_period, peer_died))
-                came = [u for u in sorted(expected) if st.check([f"rdzv/{gen}/joiner/{u}"])]
-                gone = [u for u in sorted(expected)
-                        if u not in came and st.check([dead_key(u)])]
-                if (rendezvous_ready(joined, live) and len(came) + len(gone) == len(expected)) \
-                        or time.monotonic() > deadline:
-                    break
-                self._stop.wait(0.005)
-            # whoever joined is alive, even if a starved heartbeat made it look stale
-            new = next_members(joined + came)
-            for u in came:  # a joiner's offer is its registration's value (join())
-                r = json.loads(st.get(f"rdzv/{gen}/joiner/{u}"))
-                if r is not None:
-                    reports[u] = r
-            st.set(f"rdzv/{gen}/members", json.dumps(
-                {"members": new, "reports": {str(u): r for u, r in reports.items()}}))
-            self._keep_reports(gen, new, reports)
-        else:
-            new = self._member_list(gen)
+            raise
         t_rdzv = time.monotonic()
         if self.on_rendezvous is not None:
             hook, self.on_rendezvous = self.on_rendezvous, None
@@ -551,7 +339,7 @@ class FTComm:
             with self._lock:
                 self._gen, self._members = gen, new
                 self._abort_reason, self._detected_at = None, None
-            self._set_abort(gen, f"gen {gen}: process group not formed: {_short(exc)}")
+            self._set_abort(gen, f"gen {gen}: process group not formed: {short_error(exc)}")
             self._note_detect(self._abort_reason or "process group not formed")
         t_pg = time.monotonic()
         ev = {
@@ -566,51 +354,26 @@ class FTComm:
         self.journal.append(ev)
         return list(new)
 
-    def _staleness(self) -> float:
-        return self.staleness if self._warm else self.startup_staleness
-
     def join(self, gen: int, timeout: float | None = None) -> list[int]:
         """Joining side of an admission: enter generation ``gen`` (named by the members).
 
         Registers, waits for the leader's member list and builds the process group. Raises
         :class:`RendezvousError` if the list does not come or does not include this worker.
         """
-        self.store.set(f"rdzv/{gen}/joiner/{self.uid}", json.dumps(self._take_offer()))
-        new = self._member_list(gen, timeout)
+        new = self._rdzv.join(gen, timeout)
         t0 = time.monotonic()
         try:
             self._enter(gen, new)
         except RuntimeError as exc:  # a member never came: the launcher sends this joiner again
-            raise RendezvousError(f"gen {gen}: process group not formed: {_short(exc)}") from exc
+            raise RendezvousError(
+                f"gen {gen}: process group not formed: {short_error(exc)}") from exc
         self.journal.append({"event": Event.JOIN, "gen": gen, "members": new,
                              "pg_init_s": round(time.monotonic() - t0, 4), "t": time.time()})
         return list(new)
 
-    def _member_list(self, gen: int, timeout: float | None = None) -> list[int]:
-        """Wait for the leader's member list of ``gen``; it must include this worker."""
-        key = f"rdzv/{gen}/members"
-        wait_s = timeout or (self.rendezvous_timeout + self.staleness + 5.0)
-        try:
-            self.store.wait([key], timedelta(seconds=wait_s))
-        except Exception as exc:  # DistStoreError subclasses RuntimeError; be broad
-            raise RendezvousError(f"gen {gen}: no member list after {wait_s:.1f}s") from exc
-        rec = json.loads(self.store.get(key))
-        new = [int(u) for u in rec["members"]]
-        if self.uid not in new:
-            raise RendezvousError(f"gen {gen}: uid {self.uid} was left out of {new}")
-        self._keep_reports(gen, new, {int(u): r for u, r in rec["reports"].items()})
-        return new
-
-    def _keep_reports(self, gen: int, members: list[int], reports: dict[int, Any]) -> None:
-        self.reports = (gen, {u: reports[u] for u in members}) \
-            if all(u in reports for u in members) else None
-
     def _enter(self, gen: int, new: list[int]) -> None:
         """Build generation ``gen``'s process group and make it current."""
-        self._bury_default_pg()
-        self._init_pg(gen, new)
-        if gen > 0:
-            self._await_members(gen, new)
+        self._rdzv.build(gen, new, self._members)
         with self._lock:
             self._gen = gen
             self._members = new
@@ -620,83 +383,49 @@ class FTComm:
         if self._aborted_gen >= gen:  # raced: the new generation already broke
             self._wake.set()
 
-    def _await_members(self, gen: int, new: list[int]) -> None:
-        """Return once every member of ``gen`` has built its process group; raise
-        RuntimeError (the group is then broken before its first op) when one died or went
-        silent after the member list named it.
+    # ------------------------------------------------------------------ heartbeat
+    def live_now(self, staleness: float | None = None) -> list[int]:
+        """Current members judged live from this worker's heartbeat observations."""
+        return self._hb.live(self.members, staleness or self._staleness())
 
-        Gloo connects a pair on its first op, and waits for the peer's address in the store
-        for the init timeout, on the store client this loop shares: a member killed between
-        the member list and its process group (a straggler the guard evicts while its peers
-        re-form) froze every store call here -- the abort, the next re-form -- for 5 s (the
-        soak, 2026-12-04). Once every member has posted its address, no op waits on the store.
-        A client of the group's own would need a connection per re-form, and 32 members
-        connecting at once waited 5 s for the store to answer (torch 2.13's TCPStore)."""
-        st, me = self.store, self.uid
-        st.set(f"rdzv/{gen}/built/{me}", "1")
-        keys = [f"rdzv/{gen}/built/{u}" for u in new if u != me]
-        deadline = time.monotonic() + self.init_timeout
-        while keys and not st.check(keys):
-            # the heartbeat thread's judgement of the old members (death notices included);
-            # a joiner that never comes costs the deadline
-            lost = set(new) & set(self._members) - set(self.live_now()) - {me}
-            if lost:
-                raise RuntimeError(f"dead or silent before its first op: {sorted(lost)}")
-            if time.monotonic() > deadline:
-                missing = [u for u in new if u != me and
-                           not st.check([f"rdzv/{gen}/built/{u}"])]
-                raise RuntimeError(f"no process group within {self.init_timeout:.1f}s: "
-                                   f"{missing}")
-            self._stop.wait(0.002)
+    def _staleness(self) -> float:
+        return self.staleness if self._warm else self.startup_staleness
 
-    def fail(self, reason: str) -> None:
-        """Declare the current generation broken from the caller's side (every member will
-        abandon its op and ``reform``)."""
-        self._set_abort(self._gen, reason)
-        self._note_detect(reason)
+    def watch(self, keys) -> None:
+        """Have the heartbeat thread read these store counters every period (``watched``):
+        control values a training loop needs at step boundaries, without a store round trip
+        on the step's critical path."""
+        self._hb.watch(keys, self.store)
 
     def beat_report(self, window: float = 5.0) -> dict[str, Any]:
         """This member's own heartbeat over the last ``window`` s: the gaps between its beats
         (the silence since the last one included), the longest wait to wake up and round
         trip, and where its main thread was at each late beat (the ``left_out`` event)."""
-        now = time.monotonic()
-        beats = list(self.beats)  # the first beat is there from the start
-        bs = [b for b in beats if now - b[0] <= window] or beats[-1:]
-        ts = [b[0] for b in bs] + [now]
-        gaps = [round(b - a, 3) for a, b in zip(ts, ts[1:])]
-        return {"beat_gap_max_s": max(gaps), "beat_gaps_s": gaps[-20:],
-                "beat_parts_max": {"wake_s": round(max((b[1] for b in bs), default=0.0), 3),
-                                   "add_s": round(max((b[2] for b in bs), default=0.0), 3)},
-                "late_beats": list(self.late_beats)}
+        return self._hb.report(window)
 
-    def _note_late_beat(self, at: float, late: float) -> None:
-        """Where the main thread is when this thread finally runs after a late wake-up: a
-        thread that held the GIL (or the CPU) meanwhile shows in its frames."""
-        frames = sys._current_frames()
-        main = frames.get(threading.main_thread().ident)
-        # no source lines: reading files here would delay the next beat further
-        stack = traceback.StackSummary.extract(traceback.walk_stack(main), limit=6,
-                                               lookup_lines=False) if main is not None else []
-        where = [f"{Path(fs.filename).name}:{fs.lineno} {fs.name}" for fs in reversed(stack)]
-        self.late_beats.append({"at": round(at, 3), "late_s": round(late, 3), "main": where,
-                                "threads": len(frames)})
+    @property
+    def monitor_errors(self) -> int:
+        """The heartbeat's failed beats so far (store hiccups)."""
+        return self._hb.errors
 
-    def live_now(self, staleness: float | None = None) -> list[int]:
-        """Current members judged live from this worker's heartbeat observations."""
+    def _current(self) -> tuple[int, list[int]]:
+        """The generation and its members, read together (the heartbeat thread's view)."""
         with self._lock:
-            obs, dead, members = dict(self._obs), set(self._dead), list(self._members)
-            beats = self._beats
-        obs.pop(self.uid, None)
-        return self._judge(members, obs, time.monotonic(), staleness or self._staleness(),
-                           dead - {self.uid}, beats)
+            return self._gen, list(self._members)
 
-    def _judge(self, members, obs, now, staleness, dead, beats) -> list[int]:
-        """Live members: silent for ``staleness`` s while the others beat that many periods,
-        or silent three times as long whatever the others did (``core.membership``)."""
-        min_beats, ceiling = silence_rule(staleness, self.heartbeat_period)
-        return live_members(members, obs, now, staleness, dead, beats=beats,
-                            min_beats=min_beats, ceiling=ceiling)
+    def _store_gone(self) -> None:
+        """The heartbeat got no answer from the store three periods in a row."""
+        self.store_lost = True
+        self._wake.set()  # a waiting op judges what that means for it
 
+    def _supervisor_silent(self, silent: float) -> None:
+        """The heartbeat found the supervisor's heartbeat silent for ``silent`` s."""
+        if not self.supervisor_lost:
+            self.supervisor_lost = True
+            self.journal.append({"event": Event.SUPERVISOR_SILENT, "silent_s": round(silent, 3),
+                                 "t": time.time()})
+
+    # ------------------------------------------------------------------ lifetime
     def close(self) -> None:
         """Stop the heartbeat. Does not exit the process (use ``os._exit`` in entry points)."""
         if self._closed:
@@ -704,242 +433,10 @@ class FTComm:
         self._closed = True
         self._stop.set()
         self._wake.set()
-        try:  # wake the doorbell thread so that it sees the stop
-            self._bell_sock.sendto(b"stop", ("127.0.0.1", self._bell_sock.getsockname()[1]))
-        except OSError:
-            pass
-        self._thread.join(timeout=2 * self.heartbeat_period + 1.0)
+        self._hb.close()
 
     def __enter__(self) -> FTComm:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    # ------------------------------------------------------------------ internals
-    def _init_pg(self, gen: int, members: list[int]) -> None:
-        # a re-form's connect phase waits for every member's address with the init timeout: a
-        # member that hung or died after the rendezvous costs that long, not the ops' safety
-        # net (generation 0 waits for every process to start up: the full timeout)
-        short = gen > 0 and self.init_timeout < self.pg_timeout
-        # connect only the pairs an op uses (a ring all-reduce: two neighbours; the state copy
-        # to a joiner: one pair) instead of gloo's full mesh: eagerly, every re-form at N
-        # members made N(N-1) connections through the one store, the part of recovery that
-        # grew fastest with N (bench/recovery_scaling.py). Read when the group is created;
-        # TORCH_GLOO_LAZY_INIT=0 in the environment restores the full mesh.
-        os.environ.setdefault(LAZY_INIT_ENV, "1")
-        dist.init_process_group(
-            self.backend,
-            store=dist.PrefixStore(f"pg/{gen}", self.store),
-            rank=members.index(self.uid),
-            world_size=len(members),
-            timeout=timedelta(seconds=self.init_timeout if short else self.pg_timeout),
-        )
-        if short:
-            from torch.distributed.distributed_c10d import _set_pg_timeout
-
-            _set_pg_timeout(timedelta(seconds=self.pg_timeout))
-
-    def _bury_default_pg(self) -> None:
-        if dist.is_initialized():
-            pg = dist.group.WORLD
-            self.graveyard.append((None, pg, None))
-            dist.destroy_process_group()
-
-    def _abandon(self, gen: int, work: Any, buf: Any, error: str | None) -> None:
-        if error is not None:
-            try:  # evidence that a peer *process* is gone (its sockets closed)
-                self.store.set(f"abort/{gen}/gloo", error)
-            except Exception:
-                self.store_lost = True
-            self._set_abort(gen, error)
-        self._note_detect(self._abort_reason or error or "abort flag")
-        self.graveyard.append((work, dist.group.WORLD if dist.is_initialized() else None, buf))
-
-    def _note_detect(self, reason: str) -> None:
-        if self._detected_at is None:
-            self._detected_at = time.time()
-            self.journal.append({"event": Event.ABORT, "gen": self._gen, "reason": reason,
-                                 "t": self._detected_at})
-
-    def _set_abort(self, gen: int, reason: str, store: Any = None) -> None:
-        """Mark ``gen`` aborted locally and in the store (``store``: the caller thread's client)."""
-        with self._lock:
-            if self._abort_reason is None and gen == self._gen:
-                self._abort_reason = reason
-            first = self._aborted_gen < gen
-            self._aborted_gen = max(self._aborted_gen, gen)
-        if first:
-            st = store or self.store
-            with self._lock:
-                ring = [m for m in self._members if m != self.uid] if gen == self._gen else []
-            try:  # a counter: every member's heartbeat reads it with the peers' counters
-                st.add(f"abort/{gen}", 1)
-            except Exception:  # no coordinator: peers will see the gloo error themselves
-                self.store_lost = True
-            self._ring(gen, ring)  # and every member's doorbell rings now, not at its next beat
-        self._wake.set()
-
-    def _ring(self, gen: int, members: list[int]) -> None:
-        msg = f"abort {gen}".encode()
-        for m in members:
-            addr = self._bells.get(m)
-            if addr is not None:
-                try:
-                    self._bell_sock.sendto(msg, addr)
-                except OSError:
-                    pass  # the heartbeat's read of the flag is still on its way
-
-    def _peer_aborted(self, gen: int, how: str = "") -> None:
-        """A peer broke ``gen`` (its flag, or its doorbell): wake our op, publish nothing."""
-        with self._lock:
-            if self._gen == gen and self._aborted_gen < gen:
-                self._aborted_gen = gen
-                if self._abort_reason is None:
-                    self._abort_reason = "abort flag set by a peer" + how
-        self._wake.set()
-
-    def _doorbell(self) -> None:
-        """Wait for this member's doorbell: a datagram "abort <gen>" from the member that
-        aborted generation ``gen`` first.
-
-        Members blocked in an op learned of a peer's abort at their next heartbeat read, up
-        to a period later, and a re-form's rendezvous waits for the last of them: at 32 groups
-        most of the 0.1 s between the first abort and the last member's. A datagram needs no
-        store round trip and no connection; the store cannot serve as the bell: a thread
-        waiting there needs a connection of its own, and a connection opened while the box
-        trains (or a third one per member at start-up) stalled torch's TCPStore for 5 s; a
-        wait with a timeout on the heartbeat's connection took 200 ms a call. A datagram
-        lost costs what there was before: the next heartbeat read."""
-        while not self._stop.is_set():
-            try:
-                data = self._bell_sock.recv(64)
-            except OSError:
-                return
-            parts = data.split()
-            if len(parts) == 2 and parts[0] == b"abort" and parts[1].isdigit():
-                self._peer_aborted(int(parts[1]), " (doorbell)")
-
-    def _learn_bells(self, st: Any, members: list[int]) -> None:
-        """Read the doorbell addresses of members not known yet (heartbeat thread, off the
-        critical path; a member's is posted before it can be a member)."""
-        for m in members:
-            if m == self.uid or m in self._bells:
-                continue
-            key = bell_key(m)
-            if st.check([key]):
-                host, port = st.get(key).decode().rsplit(":", 1)
-                self._bells[m] = (host, int(port))
-
-    def _check_abort(self, gen: int) -> bool:
-        """The local flag: set by a gloo error here, by the heartbeat thread (a dead or stale
-        peer) or by the heartbeat thread finding the store's flag (a peer broke the generation)."""
-        return self._aborted_gen >= gen
-
-    def watch(self, keys) -> None:
-        """Have the heartbeat thread read these store counters every period (``watched``):
-        control values a training loop needs at step boundaries, without a store round trip
-        on the step's critical path."""
-        keys = [k for k in keys if k not in self.watched]
-        if not keys:
-            return
-        # one read now: what was posted before the first step applies at the first boundary
-        for k in keys:
-            self._observe_watched(k, self.store.add(k, 0))
-
-    def _observe_watched(self, key: str, value: int) -> None:
-        # the counters only grow: a heartbeat read that began before a fresher one must not
-        # take the value back
-        self.watched[key] = max(self.watched.get(key, 0), int(value))
-
-    def _watch_supervisor(self, counter: int, now: float, last: float) -> None:
-        """The supervisor's heartbeat, judged like a peer's (a starved observer judges
-        nobody: ``starved_observer``); silent for ``supervisor_staleness`` s:
-        ``supervisor_lost``."""
-        obs, _starved = starved_observer(self._sup_obs, last, now, self.staleness)
-        self._sup_obs = observe(obs, {"supervisor": counter}, now)
-        silent = now - self._sup_obs["supervisor"][1]
-        if silent > self.supervisor_staleness and not self.supervisor_lost:
-            self.supervisor_lost = True
-            self.journal.append({"event": Event.SUPERVISOR_SILENT, "silent_s": round(silent, 3),
-                                 "t": time.time()})
-
-    def _monitor(self) -> None:
-        """Heartbeat thread: beat, watch peers, raise and relay the abort flag."""
-        st = self._hb_store
-        me = self.uid
-        last = time.monotonic()
-        errors = 0
-        while not self._stop.wait(self.heartbeat_period):
-            try:
-                woke = time.monotonic()
-                st.add(hb_key(me), 1)
-                beat = time.monotonic()
-                self.beats.append((beat, woke - last, beat - woke))
-                if woke - last > 3 * self.heartbeat_period:
-                    self._note_late_beat(beat, woke - last)
-                with self._lock:
-                    gen, members = self._gen, list(self._members)
-                others = [m for m in members if m != me]
-                if any(m not in self._bells for m in others):
-                    self._learn_bells(st, others)
-                watch = list(self.watched)
-                # the generation's abort counter rides in the same round trip
-                keys = [hb_key(m) for m in others] + [f"abort/{gen}", DEAD_EPOCH]
-                if self.supervisor_staleness > 0:
-                    keys.append(SUPERVISOR_HB)
-                keys += watch
-                # one round trip for all counters; multi_get blocks on a missing key, so a
-                # key is read that way once it is known to exist (created by add otherwise)
-                if self._hb_known.issuperset(keys) or st.check(keys):
-                    vals = [int(v) for v in st.multi_get(keys)]
-                    self._hb_known.update(keys)
-                else:
-                    vals = [st.add(k, 0) for k in keys]
-                if watch:
-                    for k, v in zip(watch, vals[-len(watch):]):
-                        self._observe_watched(k, v)
-                    del vals[-len(watch):]
-                if self.supervisor_staleness > 0:
-                    sup = vals.pop()
-                counters = dict(zip(others, vals[:-2]))
-                flagged, epoch = vals[-2], vals[-1]
-                dead: set[int] = set()
-                if epoch != self._dead_epoch:
-                    dead = {m for m in members if st.add(dead_key(m), 0) > 0}
-                now = time.monotonic()
-                # the previous read, for the supervisor's starved-observer rule; peers need no
-                # such rule: the beat clock only moves as far as they beat
-                prev, last = last, now
-                with self._lock:
-                    self._beats += beat_clock(self._obs, counters)
-                    self._obs = observe(self._obs, counters, now, self._beats)
-                    self._dead |= dead
-                    self._dead_epoch = epoch
-                    obs, all_dead, beats = dict(self._obs), set(self._dead), self._beats
-                if self.supervisor_staleness > 0:
-                    self._watch_supervisor(sup, now, prev)
-                live = self._judge(members, obs, now, self._staleness(), all_dead - {me}, beats)
-                lost = [m for m in members if m not in live and m != me]
-                if lost and self._aborted_gen < gen:
-                    why = "declared dead" if set(lost) & all_dead else "stale heartbeat"
-                    self._set_abort(gen, f"{why}: {lost}", st)
-                elif self._aborted_gen < gen and flagged > 0:
-                    self._peer_aborted(gen)  # a peer broke the generation: wake our op
-                errors = 0
-            except Exception:  # store hiccup: keep beating; repeated failures show in the count
-                self.monitor_errors += 1
-                errors += 1
-                if errors >= 3:  # three periods without the coordinator: it is gone
-                    self.store_lost = True
-                    self._wake.set()  # a waiting op judges what that means for it
-
-
-#: a collective's works complete through their futures: no thread to wait for
-_NOTHING_TO_WAIT: tuple[threading.Event, list] = (threading.Event(), [])
-_NOTHING_TO_WAIT[0].set()
-
-
-def _short(exc: BaseException, n: int = 160) -> str:
-    s = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return s[:n]

@@ -1,0 +1,248 @@
+"""The rendezvous of :class:`~unbroken.runtime.ftcomm.FTComm`: agree in the store on the members
+of generation g+1 (survivors and admitted joiners) and build its process group.
+
+* ``reform()`` runs a rendezvous for generation ``g+1`` in the store: the first member to count
+  itself in leads; it publishes the member list once every member with a fresh heartbeat has
+  joined and every joiner the members expect has registered (or been declared dead), or at a
+  deadline. After a gloo connection error, which means a peer *process* is gone, "fresh" is a
+  few heartbeat periods instead of ``staleness`` (``core.membership.rendezvous_staleness``).
+  Whoever joins is kept, even if a starved heartbeat made it look stale.
+* Each member then destroys the old default group and calls ``init_process_group("gloo",
+  store=PrefixStore(f"pg/{g+1}", store), ...)`` with the new world. Pairs connect on first use
+  (``TORCH_GLOO_LAZY_INIT``), so a re-form costs O(1) connections per member, not gloo's full
+  mesh; a member lost between the rendezvous and its first op is then found like any dead or
+  silent member, in the op -- or, sooner, while the members wait for each other's group
+  (``_await_members``), on the heartbeat's judgement.
+* Each member's ``offer`` rides on the rendezvous records, so the training loop's settle needs
+  no collective of its own on the new group.
+
+Every store call here is on the caller's client, in the caller's thread: no connection of its
+own (a connection per re-form is what stalled torch's TCPStore at 32 members). The store keys
+(``rdzv/<g>/count``, ``/joined/<n>``, ``/joiner/<uid>``, ``/members``, ``/built/<uid>`` and
+the groups' ``pg/<g>/`` prefix) are private to this module.
+
+:class:`Rendezvous` knows nothing of the current generation or its abort flag: ``FTComm.reform``
+and ``FTComm.join`` switch generations around it. It asks its owner only who is live now.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from datetime import timedelta
+from typing import Any, Callable
+
+import torch.distributed as dist
+
+from unbroken.protocol import dead_key
+from unbroken.core.membership import (
+    generation_reports,
+    next_members,
+    rendezvous_ready,
+    rendezvous_staleness,
+)
+from unbroken.runtime.ftcomm_heartbeat import gloo_error_key
+
+__all__ = ["Rendezvous", "RendezvousError", "StoreLostError", "LAZY_INIT_ENV"]
+
+#: gloo's switch for connecting a pair of ranks on its first use instead of at group creation
+LAZY_INIT_ENV = "TORCH_GLOO_LAZY_INIT"
+
+
+class RendezvousError(RuntimeError):
+    """The next generation could not be formed (timeout, or this worker was left out)."""
+
+
+class StoreLostError(RuntimeError):
+    """The coordinator's store stopped answering (the coordinator died)."""
+
+
+class Rendezvous:
+    """Member ``uid``'s side of every rendezvous, over ``store`` (the caller's client).
+
+    ``live(staleness=None)``: the members the heartbeat judges live now; ``staleness()``: the
+    silence it tolerates now (both the owner's). ``graveyard``: where a destroyed default
+    group is kept (gloo threads may still touch it). ``stop``: set when the owner closes.
+    """
+
+    def __init__(self, uid: int, store: Any, *, backend: str, heartbeat_period: float,
+                 staleness: float, rendezvous_timeout: float, init_timeout: float,
+                 pg_timeout: float, live: Callable[..., list[int]],
+                 judging_staleness: Callable[[], float], graveyard: list,
+                 stop: threading.Event) -> None:
+        self.uid = uid
+        self.store = store
+        self.backend = backend
+        self.heartbeat_period = heartbeat_period
+        self.staleness = staleness
+        self.rendezvous_timeout = rendezvous_timeout
+        self.init_timeout = init_timeout
+        self.pg_timeout = pg_timeout
+        self._live = live
+        self._staleness = judging_staleness
+        self._graveyard = graveyard
+        self._stop = stop
+        # what this member tells the others in the next rendezvous (offer()), and what every
+        # member of the last one told: (generation, {uid: report}); None: not all of them did
+        self._offer: Any = None
+        self.reports: tuple[int, dict[int, Any]] | None = None
+
+    def offer(self, report: Any) -> None:
+        self._offer = report
+
+    def _take_offer(self) -> Any:
+        report, self._offer = self._offer, None
+        return report
+
+    # ------------------------------------------------------------------ members' side
+    def form(self, gen: int, expect, t_start: float) -> tuple[list[int], bool]:
+        """Join the rendezvous of generation ``gen`` (a re-form of ``gen - 1``): lead it when
+        first, else wait for the leader's list. Returns (members, whether this one led)."""
+        st = self.store
+        try:  # my place, then who I am and what I expect in one key (two round trips)
+            n = st.add(f"rdzv/{gen}/count", 1)
+        except Exception as exc:
+            raise StoreLostError(f"gen {gen}: the coordinator's store is gone") from exc
+        report = self._take_offer()
+        st.set(f"rdzv/{gen}/joined/{n}", json.dumps([self.uid, [int(u) for u in expect],
+                                                     report]))
+        if n == 1:
+            return self._lead(gen, t_start + self.rendezvous_timeout), True
+        return self.member_list(gen), False
+
+    def _lead(self, gen: int, deadline: float) -> list[int]:
+        """The leader: wait for the live members and the expected joiners (or the deadline),
+        then publish the member list with every report."""
+        st, old = self.store, gen - 1
+        joined: list[int] = []
+        expected: set[int] = set()
+        reports: dict[int, Any] = {}
+        while True:
+            count = st.add(f"rdzv/{gen}/count", 0)
+            if count > len(joined):
+                # one round trip for everyone who joined since the last look, not two per
+                # member: at 32 members on 2 cores every trip waits for the store's turn.
+                # Blocks on a key not yet set, as get did: a joiner sets it just after
+                # it counts itself
+                for v in st.multi_get([f"rdzv/{gen}/joined/{i}"
+                                       for i in range(len(joined) + 1, count + 1)]):
+                    u, exp, r = json.loads(v)
+                    joined.append(int(u))
+                    expected.update(int(x) for x in exp)
+                    if r is not None:
+                        reports[int(u)] = r
+            peer_died = st.check([gloo_error_key(old)])
+            live = self._live(rendezvous_staleness(
+                self._staleness(), self.heartbeat_period, peer_died))
+            came = [u for u in sorted(expected) if st.check([f"rdzv/{gen}/joiner/{u}"])]
+            gone = [u for u in sorted(expected)
+                    if u not in came and st.check([dead_key(u)])]
+            if rendezvous_ready(joined, live, expected, came + gone) \
+                    or time.monotonic() > deadline:
+                break
+            self._stop.wait(0.005)
+        # whoever joined is alive, even if a starved heartbeat made it look stale
+        new = next_members(joined + came)
+        for u in came:  # a joiner's offer is its registration's value (join())
+            r = json.loads(st.get(f"rdzv/{gen}/joiner/{u}"))
+            if r is not None:
+                reports[u] = r
+        st.set(f"rdzv/{gen}/members", json.dumps(
+            {"members": new, "reports": {str(u): r for u, r in reports.items()}}))
+        self._keep_reports(gen, new, reports)
+        return new
+
+    # ------------------------------------------------------------------ joiner's side
+    def join(self, gen: int, timeout: float | None = None) -> list[int]:
+        """Register as a joiner of ``gen`` (with this member's offer) and wait for the list."""
+        self.store.set(f"rdzv/{gen}/joiner/{self.uid}", json.dumps(self._take_offer()))
+        return self.member_list(gen, timeout)
+
+    def member_list(self, gen: int, timeout: float | None = None) -> list[int]:
+        """Wait for the leader's member list of ``gen``; it must include this worker."""
+        key = f"rdzv/{gen}/members"
+        wait_s = timeout or (self.rendezvous_timeout + self.staleness + 5.0)
+        try:
+            self.store.wait([key], timedelta(seconds=wait_s))
+        except Exception as exc:  # DistStoreError subclasses RuntimeError; be broad
+            raise RendezvousError(f"gen {gen}: no member list after {wait_s:.1f}s") from exc
+        rec = json.loads(self.store.get(key))
+        new = [int(u) for u in rec["members"]]
+        if self.uid not in new:
+            raise RendezvousError(f"gen {gen}: uid {self.uid} was left out of {new}")
+        self._keep_reports(gen, new, {int(u): r for u, r in rec["reports"].items()})
+        return new
+
+    def _keep_reports(self, gen: int, members: list[int], reports: dict[int, Any]) -> None:
+        got = generation_reports(members, reports)
+        self.reports = None if got is None else (gen, got)
+
+    # ------------------------------------------------------------------ process group
+    def build(self, gen: int, new: list[int], old_members: list[int]) -> None:
+        """Replace the default process group with generation ``gen``'s; after a re-form, wait
+        until every member has built its own (RuntimeError: the group is broken before its
+        first op)."""
+        self._bury_default_pg()
+        self.init_pg(gen, new)
+        if gen > 0:
+            self._await_members(gen, new, old_members)
+
+    def init_pg(self, gen: int, members: list[int]) -> None:
+        # a re-form's connect phase waits for every member's address with the init timeout: a
+        # member that hung or died after the rendezvous costs that long, not the ops' safety
+        # net (generation 0 waits for every process to start up: the full timeout)
+        short = gen > 0 and self.init_timeout < self.pg_timeout
+        # connect only the pairs an op uses (a ring all-reduce: two neighbours; the state copy
+        # to a joiner: one pair) instead of gloo's full mesh: eagerly, every re-form at N
+        # members made N(N-1) connections through the one store, the part of recovery that
+        # grew fastest with N (bench/recovery_scaling.py). Read when the group is created;
+        # TORCH_GLOO_LAZY_INIT=0 in the environment restores the full mesh.
+        os.environ.setdefault(LAZY_INIT_ENV, "1")
+        dist.init_process_group(
+            self.backend,
+            store=dist.PrefixStore(f"pg/{gen}", self.store),
+            rank=members.index(self.uid),
+            world_size=len(members),
+            timeout=timedelta(seconds=self.init_timeout if short else self.pg_timeout),
+        )
+        if short:
+            from torch.distributed.distributed_c10d import _set_pg_timeout
+
+            _set_pg_timeout(timedelta(seconds=self.pg_timeout))
+
+    def _bury_default_pg(self) -> None:
+        if dist.is_initialized():
+            pg = dist.group.WORLD
+            self._graveyard.append((None, pg, None))
+            dist.destroy_process_group()
+
+    def _await_members(self, gen: int, new: list[int], old_members: list[int]) -> None:
+        """Return once every member of ``gen`` has built its process group; raise
+        RuntimeError when one of ``old_members`` died or went silent after the member list
+        named it.
+
+        Gloo connects a pair on its first op, and waits for the peer's address in the store
+        for the init timeout, on the store client this loop shares: a member killed between
+        the member list and its process group (a straggler the guard evicts while its peers
+        re-form) froze every store call here -- the abort, the next re-form -- for 5 s (the
+        soak, 2026-12-04). Once every member has posted its address, no op waits on the store.
+        A client of the group's own would need a connection per re-form, and 32 members
+        connecting at once waited 5 s for the store to answer (torch 2.13's TCPStore)."""
+        st, me = self.store, self.uid
+        st.set(f"rdzv/{gen}/built/{me}", "1")
+        keys = [f"rdzv/{gen}/built/{u}" for u in new if u != me]
+        deadline = time.monotonic() + self.init_timeout
+        while keys and not st.check(keys):
+            # the heartbeat thread's judgement of the old members (death notices included);
+            # a joiner that never comes costs the deadline
+            lost = set(new) & set(old_members) - set(self._live()) - {me}
+            if lost:
+                raise RuntimeError(f"dead or silent before its first op: {sorted(lost)}")
+            if time.monotonic() > deadline:
+                missing = [u for u in new if u != me and
+                           not st.check([f"rdzv/{gen}/built/{u}"])]
+                raise RuntimeError(f"no process group within {self.init_timeout:.1f}s: "
+                                   f"{missing}")
+            self._stop.wait(0.002)
