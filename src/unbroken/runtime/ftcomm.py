@@ -71,7 +71,7 @@ from unbroken.runtime.ftcomm_heartbeat import Heartbeat, abort_key
 from unbroken.runtime.ftcomm_heartbeat import bell_key  # noqa: F401  (its home until now)
 from unbroken.runtime.ftcomm_ops import OpPath, short_error
 
-__all__ = ["FTComm", "RendezvousError", "StoreLostError", "declare_dead"]
+__all__ = ["FTComm", "RendezvousError", "StoreLostError", "declare_dead", "bell_key", "LAZY_INIT_ENV"]
 
 
 def declare_dead(store: dist.Store, uid: int) -> None:
