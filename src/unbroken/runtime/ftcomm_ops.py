@@ -74,8 +74,8 @@ class OpPath:
         inplace = buf.is_contiguous()
         if not inplace:
             buf = buf.contiguous()
-        ok = self._run(gen, lambda: [dist.all_reduce(buf, op=dist.ReduceOp.SUM, async_op=True)],
-                       buf)
+        pg = self._rdzv.pg
+        ok = self._run(gen, lambda: [pg.allreduce([buf], _SUM)], buf)
         if ok and not inplace:
             tensor.copy_(buf)
         return ok
@@ -97,10 +97,11 @@ class OpPath:
         if not tensor.is_contiguous():
             raise ValueError("send needs a contiguous tensor (it is received in place)")
         buf = tensor.detach()
+        pg = self._rdzv.pg
         if r == src:
-            return self._run(gen, lambda: [dist.isend(buf, dst=d) for d in to if d != src], buf,
+            return self._run(gen, lambda: [pg.send([buf], d, 0) for d in to if d != src], buf,
                              p2p=True)
-        return self._run(gen, lambda: [dist.irecv(buf, src=src)], buf, p2p=True)
+        return self._run(gen, lambda: [pg.recv([buf], src, 0)], buf, p2p=True)
 
     def _refused(self, gen: int) -> bool:
         """An op on a generation already aborted fails at once. The local flag only: a peer's
@@ -202,8 +203,12 @@ class OpPath:
                 self.store_lost = True
             self._set_abort(gen, error)
         self._note_detect(self._abort_reason or error or "abort flag")
-        self.graveyard.append((work, dist.group.WORLD if dist.is_initialized() else None, buf))
+        self.graveyard.append((work, self._rdzv.pg, buf))
 
+
+#: the step's reduction (one options object: built once, not on every op)
+_SUM = dist.AllreduceOptions()
+_SUM.reduceOp = dist.ReduceOp.SUM
 
 #: a collective's works complete through their futures: no thread to wait for
 _NOTHING_TO_WAIT: tuple[threading.Event, list] = (threading.Event(), [])

@@ -45,7 +45,7 @@ from unbroken.core.membership import (
 )
 from unbroken.runtime.ftcomm_heartbeat import gloo_error_key
 
-__all__ = ["Rendezvous", "RendezvousError", "StoreLostError", "LAZY_INIT_ENV"]
+__all__ = ["Rendezvous", "RendezvousError", "StoreLostError", "LAZY_INIT_ENV", "new_backend"]
 
 #: gloo's switch for connecting a pair of ranks on its first use instead of at group creation
 LAZY_INIT_ENV = "TORCH_GLOO_LAZY_INIT"
@@ -84,6 +84,7 @@ class Rendezvous:
         self._staleness = judging_staleness
         self._graveyard = graveyard
         self._stop = stop
+        self.pg: Any = None  # the generation's process group (init_pg)
         # what this member tells the others in the next rendezvous (offer()), and what every
         # member of the last one told: (generation, {uid: report}); None: not all of them did
         self._offer: Any = None
@@ -181,15 +182,20 @@ class Rendezvous:
 
     # ------------------------------------------------------------------ process group
     def build(self, gen: int, new: list[int], old_members: list[int]) -> None:
-        """Replace the default process group with generation ``gen``'s; after a re-form, wait
-        until every member has built its own (RuntimeError: the group is broken before its
-        first op)."""
-        self._bury_default_pg()
+        """Build generation ``gen``'s process group (the old one goes to the graveyard); after
+        a re-form, wait until every member has built its own (RuntimeError: the group is
+        broken before its first op)."""
+        if self.pg is not None:
+            self._graveyard.append((None, self.pg, None))
         self.init_pg(gen, new)
         if gen > 0:
             self._await_members(gen, new, old_members)
 
     def init_pg(self, gen: int, members: list[int]) -> None:
+        """``self.pg``: generation ``gen``'s process group, a backend built directly (gloo's
+        or NCCL's), not torch's default group: that one belongs to the model (a group of
+        several ranks shards its model over it, FSDP2 or tensor parallelism), and a re-form
+        must not replace it."""
         # a re-form's connect phase waits for every member's address with the init timeout: a
         # member that hung or died after the rendezvous costs that long, not the ops' safety
         # net (generation 0 waits for every process to start up: the full timeout)
@@ -200,23 +206,11 @@ class Rendezvous:
         # grew fastest with N (bench/recovery_scaling.py). Read when the group is created;
         # TORCH_GLOO_LAZY_INIT=0 in the environment restores the full mesh.
         os.environ.setdefault(LAZY_INIT_ENV, "1")
-        dist.init_process_group(
-            self.backend,
-            store=dist.PrefixStore(f"pg/{gen}", self.store),
-            rank=members.index(self.uid),
-            world_size=len(members),
-            timeout=timedelta(seconds=self.init_timeout if short else self.pg_timeout),
-        )
+        self.pg = new_backend(self.backend, dist.PrefixStore(f"pg/{gen}", self.store),
+                              members.index(self.uid), len(members),
+                              timedelta(seconds=self.init_timeout if short else self.pg_timeout))
         if short:
-            from torch.distributed.distributed_c10d import _set_pg_timeout
-
-            _set_pg_timeout(timedelta(seconds=self.pg_timeout))
-
-    def _bury_default_pg(self) -> None:
-        if dist.is_initialized():
-            pg = dist.group.WORLD
-            self._graveyard.append((None, pg, None))
-            dist.destroy_process_group()
+            self.pg._set_default_timeout(timedelta(seconds=self.pg_timeout))
 
     def _await_members(self, gen: int, new: list[int], old_members: list[int]) -> None:
         """Return once every member of ``gen`` has built its process group; raise
@@ -246,3 +240,16 @@ class Rendezvous:
                 raise RuntimeError(f"no process group within {self.init_timeout:.1f}s: "
                                    f"{missing}")
             self._stop.wait(0.002)
+
+
+def new_backend(backend: str, store: Any, rank: int, size: int, timeout: timedelta) -> Any:
+    """A process group's backend over ``store``, built without registering it as torch's
+    default (or any) group: its ops are called on it directly (``allreduce([t], opts)``,
+    ``send``, ``recv``)."""
+    if backend == "gloo":
+        return dist.ProcessGroupGloo(store, rank, size, timeout)
+    if backend == "nccl":
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        return dist.ProcessGroupNCCL(store, rank, size, opts)
+    raise ValueError(f"backend {backend!r}: expected gloo or nccl")
