@@ -51,6 +51,11 @@ class TrainConfig:
     # machine's CPUs and there are more groups than cores (the sync modes price a mode at the
     # contention it leaves: ``unbroken.core.sync.CostModel.cores``); 0: a device per group
     host_cores: int = 0
+    # ranks in one data-parallel group (1: a group is one process); inside a group the model
+    # is sharded over its ranks by ``shard``: "fsdp" (torch's FSDP2), "tp" (torch's tensor
+    # parallelism, the trainer's tp_plan) or "none" (R = 1 only; unbroken.runtime.sharding)
+    ranks_per_group: int = 1
+    shard: str = "none"
 
     @property
     def backend(self) -> str:
@@ -66,6 +71,8 @@ class TrainConfig:
             del d["selector"]
         if d["host_cores"] == 0:
             del d["host_cores"]
+        if d["ranks_per_group"] == 1 and d["shard"] == "none":  # one process a group: today's
+            del d["ranks_per_group"], d["shard"]
         return json.dumps(d)
 
     @classmethod

@@ -13,7 +13,7 @@ import torch
 
 from unbroken.core.shards import DataPlan
 from unbroken.runtime.config import TrainConfig
-from unbroken.runtime.trainer import ParamTrainer
+from unbroken.runtime.trainer import ParamTrainer, share
 
 __all__ = ["MLPTrainer"]
 
@@ -28,7 +28,7 @@ class MLPTrainer(ParamTrainer):
 
     def __init__(self, cfg: TrainConfig, *, dim: int = 8, hidden: int = 16, lr: float = 0.05,
                  momentum: float = 0.9, dataset_size: int = 256) -> None:
-        self.cfg = cfg
+        self.cfg, self.hidden = cfg, hidden
         self.data = DataPlan(dataset_size, cfg.groups, cfg.shard_size, cfg.seed)
         rng = np.random.default_rng([cfg.seed, 12345])
         x = rng.standard_normal((dataset_size, dim))
@@ -46,7 +46,24 @@ class MLPTrainer(ParamTrainer):
         self.opt = torch.optim.SGD(self.params, lr=lr, momentum=momentum)
         self.last_loss: dict[int, float] = {}
 
+    def loss(self, step: int, shard_type: int, part: tuple[int, int] = (0, 1)) -> torch.Tensor:
+        """Mean squared error over part ``part[0]`` of ``part[1]`` equal parts of the shard's
+        samples (a rank's share under FSDP; the whole shard by default)."""
+        idx = torch.tensor(share(self.data.shard(step, shard_type), part), device=self.device)
+        return torch.nn.functional.mse_loss(self.model(self.x[idx]), self.y[idx])
+
     def grad(self, step: int, shard_type: int, out: torch.Tensor | None = None) -> torch.Tensor:
-        idx = torch.tensor(self.data.shard(step, shard_type), device=self.device)
-        loss = torch.nn.functional.mse_loss(self.model(self.x[idx]), self.y[idx])
-        return self._flat_grad(loss, shard_type, out)
+        return self._flat_grad(self.loss(step, shard_type), shard_type, out)
+
+    def tp_plan(self) -> dict:
+        """Tensor parallelism over the group's ranks: the hidden layer column-wise, the output
+        row-wise (Megatron's MLP split); the hidden width must divide evenly."""
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+        from unbroken.runtime.sharding import ShardingError
+
+        ranks = self.cfg.ranks_per_group
+        if self.hidden % ranks:
+            raise ShardingError(f"--shard tp: hidden width {self.hidden} is not divisible by "
+                                f"--ranks-per-group {ranks}")
+        return {"0": ColwiseParallel(), "2": RowwiseParallel()}

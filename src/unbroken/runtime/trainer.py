@@ -21,7 +21,7 @@ import torch
 from unbroken.runtime.config import TrainConfig
 
 __all__ = ["TrainerLike", "ParamTrainer", "BUILTIN", "make_trainer", "grad_into", "copy_state",
-           "apply_sum", "flat", "optimizer_state_tensors", "reference_run"]
+           "apply_sum", "flat", "optimizer_state_tensors", "reference_run", "share"]
 
 #: the built-in trainers' factories (``"package.module:factory"``, imported on first use)
 BUILTIN = {"mlp": "unbroken.runtime.mlp:MLPTrainer", "gpt": "unbroken.runtime.gpt:GPTTrainer"}
@@ -86,6 +86,14 @@ def grad_into(trainer: TrainerLike, step: int, shard_type: int,
     if g.data_ptr() != out.data_ptr():
         out.copy_(g)
     return out
+
+
+def share(indices: list[int], part: tuple[int, int]) -> list[int]:
+    """Part ``k`` of ``n`` equal, contiguous parts of a shard's sample indices (``part`` =
+    (k, n)): a rank's share of the shard when its group shards the model with FSDP."""
+    k, n = part
+    size = len(indices) // n
+    return list(indices[k * size:(k + 1) * size])
 
 
 def copy_state(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:

@@ -1,0 +1,176 @@
+"""A model sharded inside its group of ranks: torch's FSDP2 or tensor parallelism, not ours.
+
+Why: a real pretraining job is "model sharded over a few ranks, those shards replicated
+data-parallel". unbroken keeps the data-parallel dimension (across groups) fault tolerant --
+SPARe's stacked shards, masking, spares -- and leaves the dimension inside a group to torch:
+``fully_shard`` (FSDP2) or ``parallelize_module`` (tensor parallelism) on the group's device
+mesh. Nothing here shards a tensor by hand.
+
+The mesh is ``(dp_group, shard)`` over torch's default process group, which holds exactly the
+group's R ranks. Its ``dp_group`` dimension has size 1 here: the replication across groups is
+carried by unbroken's fault-tolerant communicators, one per shard rank (rank k of every group
+together, :mod:`unbroken.runtime.ftcomm`), which a failure re-forms without touching the mesh
+-- the part of a torch mesh that could not survive losing a group.
+
+:class:`ShardedTrainer` turns a trainer with a ``model``, an ``opt`` and a ``loss(step, t,
+part)`` into the :class:`~unbroken.runtime.trainer.TrainerLike` the stacked step needs, on
+one rank: ``grad`` is this rank's shard of the group's gradient of shard type ``t`` (FSDP2:
+each rank runs 1/R of the shard's samples and the reduce-scatter inside the group averages;
+TP: every rank runs the whole shard), flat and float64, which the rank then all-reduces with
+rank k of the other groups; ``apply`` steps the optimizer on the local shards.
+
+Exactly the unsharded arithmetic up to the order of float sums: FSDP2's reduce-scatter averages
+R sub-batch gradients where a single process sums one batch (tolerance: a few ulps a step).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["SHARD_MODES", "ShardingError", "group_mesh", "ShardedTrainer", "local"]
+
+#: how a group's ranks share the model: ``none`` (R = 1 only), FSDP2, tensor parallelism
+SHARD_MODES = ("none", "fsdp", "tp")
+
+
+class ShardingError(ValueError):
+    """A model that cannot be sharded as asked; the message names the value."""
+
+
+def group_mesh(ranks: int, device: str = "cpu") -> Any:
+    """The group's device mesh ``(dp_group=1, shard=R)`` over torch's default process group
+    (initialised by the worker with the group's R ranks)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    kind = torch.device(device).type
+    return init_device_mesh(kind, (1, ranks), mesh_dim_names=("dp_group", "shard"))
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """The tensor this rank holds of ``t`` (a DTensor's local shard, else ``t``): a view, so an
+    in-place write changes ``t``."""
+    return t._local_tensor if hasattr(t, "_local_tensor") else t
+
+
+def _rebuilt_optimizer(opt: torch.optim.Optimizer, old: list[torch.Tensor],
+                       new: list[torch.Tensor]) -> torch.optim.Optimizer:
+    """The same optimizer class, hyperparameters and parameter groups over the sharded
+    parameters (sharding replaces a module's parameters, which the user's optimizer held)."""
+    pos = {id(p): i for i, p in enumerate(old)}
+    groups = []
+    for g in opt.param_groups:
+        missing = [p for p in g["params"] if id(p) not in pos]
+        if missing:
+            raise ShardingError(f"optimizer {type(opt).__name__} holds {len(missing)} tensor(s) "
+                                f"that are not parameters of the model: cannot shard it")
+        groups.append({**{k: v for k, v in g.items() if k != "params"},
+                       "params": [new[pos[id(p)]] for p in g["params"]]})
+    return type(opt)(groups, **opt.defaults)
+
+
+class ShardedTrainer:
+    """One rank's share of a trainer whose model is sharded over its group (see module doc).
+
+    ``inner`` must have ``model``, ``opt`` (built over ``model``'s parameters), ``cfg`` and
+    ``loss(step, shard_type, part=(k, R)) -> Tensor`` (the mean loss over part k of R of the
+    shard's samples); for ``tp``, a ``tp_plan`` (``parallelize_module``'s plan) as well.
+    """
+
+    def __init__(self, inner: Any, how: str, mesh: Any) -> None:
+        if how not in ("fsdp", "tp"):
+            raise ShardingError(f"--shard {how!r}: expected fsdp or tp")
+        self.inner, self.how, self.cfg = inner, how, inner.cfg
+        self.mesh = mesh["shard"]
+        self.ranks = self.mesh.size()
+        self.rank = self.mesh.get_local_rank()
+        model = inner.model
+        old = list(model.parameters())
+        if how == "fsdp":
+            from torch.distributed.fsdp import fully_shard
+
+            if self.cfg.shard_size % self.ranks:
+                raise ShardingError(f"--shard-size {self.cfg.shard_size} is not divisible by "
+                                    f"--ranks-per-group {self.ranks} (fsdp splits each shard "
+                                    f"of samples evenly over the group's ranks)")
+            fully_shard(model, mesh=self.mesh)
+        else:
+            plan = getattr(inner, "tp_plan", None)
+            if callable(plan):
+                plan = plan()
+            if not plan:
+                raise ShardingError(f"--shard tp: model {type(model).__name__} has no tensor "
+                                    f"parallel plan (give the trainer a tp_plan)")
+            from torch.distributed.tensor.parallel import parallelize_module
+
+            parallelize_module(model, self.mesh, plan)
+        self.params = list(model.parameters())
+        if len(self.params) != len(old):
+            raise ShardingError(f"sharding changed the number of parameters ({len(old)} -> "
+                                f"{len(self.params)})")
+        self.opt = _rebuilt_optimizer(inner.opt, old, self.params)
+        inner.opt = self.opt
+        self.numel = sum(local(p).numel() for p in self.params)
+        self.last_loss: dict[int, float] = {}
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.inner.model
+
+    def grad(self, step: int, shard_type: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        part = (self.rank, self.ranks) if self.how == "fsdp" else (0, 1)
+        for p in self.params:
+            p.grad = None
+        loss = self.inner.loss(step, shard_type, part)
+        loss.backward()  # FSDP2: reduce-scatter (mean) over the group's ranks
+        lv = loss.detach().to(torch.float64).reshape(1)
+        if self.how == "fsdp":  # the shard's loss: the mean of the ranks' equal parts
+            dist.all_reduce(lv)
+            lv /= self.ranks
+        self.last_loss[shard_type] = float(lv)
+        parts = [(torch.zeros_like(local(p)) if p.grad is None else local(p.grad))
+                 .reshape(-1).to(torch.float64) for p in self.params]
+        for p in self.params:
+            p.grad = None
+        return torch.cat(parts) if out is None else torch.cat(parts, out=out)
+
+    def apply(self, total: torch.Tensor) -> None:
+        """Optimizer step with grad = ``total`` / N, ``total`` this rank's shard of the sum of
+        the N shard-type gradients."""
+        g = total / self.cfg.groups
+        off = 0
+        for p in self.params:
+            lp = local(p)
+            n = lp.numel()
+            piece = g[off:off + n].view_as(lp).to(lp.dtype).clone()
+            if hasattr(p, "_local_tensor"):
+                from torch.distributed.tensor import DTensor
+
+                piece = DTensor.from_local(piece, p.device_mesh, p.placements,
+                                           shape=p.shape, stride=p.stride(),
+                                           run_check=False)
+            p.grad = piece
+            off += n
+        self.opt.step()
+        for p in self.params:
+            p.grad = None
+
+    def flat_params(self) -> torch.Tensor:
+        """This rank's shards, flat (what it holds and what its plane reduces)."""
+        return torch.cat([local(p).detach().reshape(-1).to(torch.float64)
+                          for p in self.params])
+
+    def full_params(self) -> torch.Tensor:
+        """The whole model's parameters, flat in parameter order (a collective over the
+        group: every rank calls it)."""
+        return torch.cat([(p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
+                          .reshape(-1).to(torch.float64) for p in self.params])
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        """This rank's shards of the parameters, then of each one's optimizer buffers (created
+        eagerly, as :func:`~unbroken.runtime.trainer.optimizer_state_tensors` does)."""
+        from unbroken.runtime.trainer import optimizer_state_tensors
+
+        return [local(t) for t in optimizer_state_tensors(self.params, self.opt)]
