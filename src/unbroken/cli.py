@@ -18,61 +18,16 @@ import json
 import sys
 import time
 
-from unbroken.core.units import parse_duration
+from unbroken.cliargs import (Parser, UsageError, duration, duration0, finite_float, fraction,
+                              integer, nonneg_int, number, positive_float, positive_int)
 from unbroken.protocol import ExitCode
-
-EXIT_USAGE = ExitCode.USAGE
-
-
-class UsageError(Exception):
-    """Bad input found after parsing (a conflict, a value out of range)."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, no usage dump
-        sys.stderr.write(f"unbroken: error: {message}\n")
-        sys.exit(EXIT_USAGE)
-
-
-def _number(cast, ok, want: str):
-    """An argparse type: ``cast`` the text, accept it when ``ok``, else name it and ``want``."""
-    def convert(text: str):
-        try:
-            v = cast(text)
-        except ValueError:
-            v = None
-        if v is None or not ok(v):
-            raise argparse.ArgumentTypeError(f"expected {want}, got {text!r}")
-        return v
-    return convert
-
-
-_positive_int = _number(int, lambda v: v >= 1, "a positive integer")
-_nonneg_int = _number(int, lambda v: v >= 0, "an integer >= 0")
-_fraction = _number(float, lambda v: 0 <= v < 1, "a number in [0, 1)")
-_positive_float = _number(float, lambda v: 0 < v < float("inf"), "a positive number")
-_finite_float = _number(float, lambda v: abs(v) < float("inf"), "a finite number")
-
-
-def _duration(text: str) -> float:
-    try:
-        return parse_duration(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _duration0(text: str) -> float:
-    try:
-        return parse_duration(text, allow_zero=True)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _ckpt_every(text: str) -> int | None:
     if text == "auto":
         return None
     try:
-        return _positive_int(text)
+        return positive_int(text)
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(
             f"expected a positive integer or 'auto', got {text!r}") from None
@@ -80,21 +35,21 @@ def _ckpt_every(text: str) -> int | None:
 
 def _scenario_args(p: argparse.ArgumentParser, groups_default: int | None) -> None:
     g = p.add_argument_group("cluster")
-    g.add_argument("--groups", type=_positive_int, default=groups_default,
+    g.add_argument("--groups", type=positive_int, default=groups_default,
                    required=groups_default is None, help="data-parallel groups N")
-    g.add_argument("--gpus", type=_positive_int, default=600_000, help="total GPUs")
-    g.add_argument("--mtbf", type=_duration, help="system MTBF (default 5m)")
-    g.add_argument("--gpu-mtbf", type=_duration,
+    g.add_argument("--gpus", type=positive_int, default=600_000, help="total GPUs")
+    g.add_argument("--mtbf", type=duration, help="system MTBF (default 5m)")
+    g.add_argument("--gpu-mtbf", type=duration,
                    help="MTBF of one GPU instead of --mtbf (system MTBF = this / gpus)")
-    g.add_argument("--restart", type=_duration0, default=None, help="global restart (60m)")
-    g.add_argument("--ckpt-save", type=_duration0, default=None, help="checkpoint save (60s)")
-    g.add_argument("--steps", type=_positive_int, default=10_000)
-    g.add_argument("--step-time", type=_duration, default=64.0,
+    g.add_argument("--restart", type=duration0, default=None, help="global restart (60m)")
+    g.add_argument("--ckpt-save", type=duration0, default=None, help="checkpoint save (60s)")
+    g.add_argument("--steps", type=positive_int, default=10_000)
+    g.add_argument("--step-time", type=duration, default=64.0,
                    help="compute per stack (64s)")
-    g.add_argument("--allreduce", type=_duration, help="all-reduce time (default N/100 s)")
+    g.add_argument("--allreduce", type=duration, help="all-reduce time (default N/100 s)")
     g.add_argument("--fail", choices=("weibull", "exponential"), default="weibull")
-    g.add_argument("--weibull-shape", type=_positive_float, help="Weibull k (default 0.78)")
-    g.add_argument("--jitter", type=_fraction, default=0.05,
+    g.add_argument("--weibull-shape", type=positive_float, help="Weibull k (default 0.78)")
+    g.add_argument("--jitter", type=fraction, default=0.05,
                    help="compute jitter (std of the N(1, s^2) factor)")
     g.add_argument("--paper-shortcut", action="store_true",
                    help="the SPARe authors' accounting: a step masked without recompute "
@@ -141,10 +96,10 @@ def _with_flags(build, flags: dict, **kw):
 
 def _job_args(p: argparse.ArgumentParser, *, steps: int, out: str) -> None:
     """The options ``run`` and its ``demo`` preset share (the fault-tolerance settings)."""
-    p.add_argument("--groups", type=_int, default=4, help="data-parallel groups (>= 2)")
-    p.add_argument("--redundancy", type=_int, default=2, help="shard types per group r")
-    p.add_argument("--steps", type=_int, default=steps)
-    p.add_argument("--seed", type=_nonneg_int, default=0)
+    p.add_argument("--groups", type=integer, default=4, help="data-parallel groups (>= 2)")
+    p.add_argument("--redundancy", type=integer, default=2, help="shard types per group r")
+    p.add_argument("--steps", type=integer, default=steps)
+    p.add_argument("--seed", type=nonneg_int, default=0)
     p.add_argument("--faults", default=None,
                    help="a fire drill: kind:group@step,... (kill, hang, slow, stall, nan, "
                         "flip, xid[N], update@step) or 'none'; demo default: a kill, a hang "
@@ -166,41 +121,41 @@ def _job_args(p: argparse.ArgumentParser, *, steps: int, out: str) -> None:
                    help="with --sync auto: choose the mode with STAR's ML selector from this "
                         "model file (unbroken sync train-selector --runtime) instead of the "
                         "time-to-accuracy heuristic")
-    p.add_argument("--target-loss", type=_finite_float, default=None, metavar="L",
+    p.add_argument("--target-loss", type=finite_float, default=None, metavar="L",
                    help="report the time the loss (of a whole data step) first reaches L (tta_s)")
-    p.add_argument("--chaos", type=_nonneg_int, default=None, metavar="SEED",
+    p.add_argument("--chaos", type=nonneg_int, default=None, metavar="SEED",
                    help="a seeded mix of every fault kind (kill, hang, slow, nan, bit flip, "
                         "XID, bad code update); implies --guard act")
-    p.add_argument("--chaos-faults", type=_int, default=None, metavar="K",
+    p.add_argument("--chaos-faults", type=integer, default=None, metavar="K",
                    help="with --chaos: K faults instead of one of each, slots failing again "
                         "and again (a soak)")
-    p.add_argument("--spares", type=_int, default=None,
+    p.add_argument("--spares", type=integer, default=None,
                    help="warm standby processes (default: one per scheduled fault)")
     p.add_argument("--standby-p", type=float, default=None, metavar="P",
                    help="size the warm pool as the P99 of Binomial(groups, P), P = a group's "
                         "failure probability per refill window (instead of --spares)")
-    p.add_argument("--staleness", type=_positive_float, default=0.3,
+    p.add_argument("--staleness", type=positive_float, default=0.3,
                    help="heartbeat silence that marks a group hung (s)")
-    p.add_argument("--supervisor-staleness", type=_positive_float, default=5.0,
+    p.add_argument("--supervisor-staleness", type=positive_float, default=5.0,
                    help="members stop with a checkpoint (exit 5) when the supervisor has been "
                         "silent (stopped, wedged) this long (s)")
-    p.add_argument("--local-nodes", type=_int, default=0, metavar="K",
+    p.add_argument("--local-nodes", type=integer, default=0, metavar="K",
                    help="run the groups under K node agents on this machine, each a process "
                         "tree of its own (unbroken.nodes; a node:I@S fault kills agent I with "
                         "everything it started); K > groups: exit 2")
-    p.add_argument("--nodes", type=_int, default=0, metavar="K",
+    p.add_argument("--nodes", type=integer, default=0, metavar="K",
                    help="run the groups under K node agents started on other machines with "
                         "`unbroken agent --coordinator THIS_HOST:PORT` (PORT: --listen); they "
                         "outlive a restart; --out must be on a filesystem every node mounts at "
                         "the same path")
-    p.add_argument("--listen", type=_int, default=0, metavar="PORT",
+    p.add_argument("--listen", type=integer, default=0, metavar="PORT",
                    help="with --nodes: the port the agents are given (0: any free one, "
                         "printed); one that cannot be listened on: exit 2")
-    p.add_argument("--node-staleness", type=_positive_float, default=1.0,
+    p.add_argument("--node-staleness", type=positive_float, default=1.0,
                    help="with node agents: an agent silent this long (cut off) loses its node")
-    p.add_argument("--ckpt-every", type=_int, default=None,
+    p.add_argument("--ckpt-every", type=integer, default=None,
                    help="durable checkpoint every K steps (default 50, 10 with --chaos)")
-    p.add_argument("--metrics-port", type=_int, default=None,
+    p.add_argument("--metrics-port", type=integer, default=None,
                    help="serve ETTR and fault metrics for Prometheus on this port (0: any)")
     p.add_argument("--xid-log", default=None,
                    help="kernel-log file to watch for GPU XID lines")
@@ -210,7 +165,7 @@ def _job_args(p: argparse.ArgumentParser, *, steps: int, out: str) -> None:
     p.add_argument("--ladder", default=None, metavar="SPEC",
                    help="ladder policy overrides: rung attempts and budgets, e.g. "
                         "'retry=1,rollback=0,time_budget=600'")
-    p.add_argument("--sdc-every", type=_int, default=None,
+    p.add_argument("--sdc-every", type=integer, default=None,
                    help="bitwise check of redundant hosts every K steps (0: off; default: "
                         "--ckpt-every when a bit flip is scheduled)")
     p.add_argument("--out", default=out, help="journal, checkpoints, figure")
@@ -262,18 +217,18 @@ def _nodes(groups: int, redundancy: int, nodes: int) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="unbroken", description="Keep LLM pretraining running through failures.")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    p = Parser(prog="unbroken", description="Keep LLM pretraining running through failures.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     th = sub.add_parser("theory", help="closed forms for SPARe and replication")
     _scenario_args(th, None)
-    th.add_argument("--redundancy", type=_positive_int, required=True)
-    th.add_argument("--mc-trials", type=_nonneg_int, default=8,
+    th.add_argument("--redundancy", type=positive_int, required=True)
+    th.add_argument("--mc-trials", type=nonneg_int, default=8,
                     help="Monte-Carlo runs of the real controller for the overhead excess")
-    th.add_argument("--budget", type=_duration, default=10.0,
+    th.add_argument("--budget", type=duration, default=10.0,
                     help="wall time for that Monte-Carlo (10s); the closed forms are instant, "
                          "a Monte-Carlo cut short says how far it got")
-    th.add_argument("--nodes", type=_positive_int, metavar="K",
+    th.add_argument("--nodes", type=positive_int, metavar="K",
                     help=_NODES_HELP)
     th.add_argument("--json", action="store_true")
 
@@ -282,29 +237,29 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--strategy", choices=("ckpt", "rep", "spare", "ladder"), required=True,
                      help="ladder: the recovery ladder (core.ladder) through a fault mix; "
                           "--redundancy is SPARe's r for masking (default 1: no masking)")
-    sim.add_argument("--redundancy", type=_positive_int)
-    sim.add_argument("--seeds", type=_positive_int, default=1, help="number of seeds")
-    sim.add_argument("--seed", type=_nonneg_int, default=0, help="first seed")
+    sim.add_argument("--redundancy", type=positive_int)
+    sim.add_argument("--seeds", type=positive_int, default=1, help="number of seeds")
+    sim.add_argument("--seed", type=nonneg_int, default=0, help="first seed")
     sim.add_argument("--ckpt-every", type=_ckpt_every, default=None,
                      help="checkpoint every K steps, or 'auto' (from T_c*, the default)")
-    sim.add_argument("--budget", type=_duration, default=120.0,
+    sim.add_argument("--budget", type=duration, default=120.0,
                      help="wall time for all seeds together (2m); a seed that runs out stops "
                           "with its TTT as a lower bound and says so")
     sim.add_argument("--json", action="store_true")
 
     pl = sub.add_parser("plan", help="best redundancy and checkpoint interval per strategy")
     _scenario_args(pl, 600)
-    pl.add_argument("--seeds", type=_positive_int, default=5)
-    pl.add_argument("--seed", type=_nonneg_int, default=0)
-    pl.add_argument("--r-max", type=_positive_int, default=20)
-    pl.add_argument("--jobs", type=_positive_int, help="worker processes (default: all cores)")
+    pl.add_argument("--seeds", type=positive_int, default=5)
+    pl.add_argument("--seed", type=nonneg_int, default=0)
+    pl.add_argument("--r-max", type=positive_int, default=20)
+    pl.add_argument("--jobs", type=positive_int, help="worker processes (default: all cores)")
     pl.add_argument("--png", default="out/plan.png", help="where to write the figure")
     pl.add_argument("--ladder", action="store_true",
                     help="also report the recovery ladder's ETTR at SPARe's best r")
     pl.add_argument("--from", dest="from_learn", metavar="LEARN.json",
                     help="MTBF (per GPU), restart and checkpoint save measured by 'unbroken "
                          "learn --json'; flags given explicitly win")
-    pl.add_argument("--nodes", type=_positive_int, metavar="K",
+    pl.add_argument("--nodes", type=positive_int, metavar="K",
                     help=_NODES_HELP + " (at SPARe's best r; the fewest nodes for every r)")
     pl.add_argument("--json", action="store_true")
     from unbroken.sync import cli as sync_cli
@@ -318,7 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     ru.add_argument("--trainer-args", default="{}", metavar="JSON",
                     help="the factory's keyword arguments (model hyperparameters), a JSON "
                          "object")
-    ru.add_argument("--shard-size", type=_int, default=8,
+    ru.add_argument("--shard-size", type=integer, default=8,
                     help="samples per shard type per step (each group's micro-batch)")
     _job_args(ru, steps=200, out="out/run")
     ru.add_argument("--fresh", action="store_true",
@@ -354,21 +309,21 @@ def _learn_args(le: argparse.ArgumentParser) -> None:
     le.add_argument("--journal", metavar="DIR", help="an unbroken run directory (journal)")
     le.add_argument("--from", dest="t_from", metavar="T", help="start (ISO time or epoch s)")
     le.add_argument("--to", dest="t_to", metavar="T", help="end (ISO time or epoch s)")
-    le.add_argument("--fp-budget", type=_number(float, lambda v: v >= 0, "a number >= 0"),
+    le.add_argument("--fp-budget", type=number(float, lambda v: v >= 0, "a number >= 0"),
                     default=1.0, help="false alarms per day the detector may raise (1.0)")
     le.add_argument("--detector", metavar="SPEC",
                     help="fixed detector instead of calibrating: 'z=5,persist=3,families=2'")
     le.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
     le.add_argument("--json", action="store_true")
-    acts = le.add_subparsers(dest="action", parser_class=_Parser)
+    acts = le.add_subparsers(dest="action", parser_class=Parser)
     sy = acts.add_parser("synth", help="write a synthetic cluster (metrics, kern.log, sacct, "
                                        "truth.json)")
-    sy.add_argument("--seed", type=_nonneg_int, default=0)
+    sy.add_argument("--seed", type=nonneg_int, default=0)
     sy.add_argument("--out", required=True, metavar="DIR")
-    sy.add_argument("--nodes", type=_positive_int, default=63)
-    sy.add_argument("--days", type=_positive_float, default=3.0)
-    sy.add_argument("--gpus", type=_positive_int, default=2, help="GPUs per node (2)")
-    sy.add_argument("--failures", type=_nonneg_int, default=10)
+    sy.add_argument("--nodes", type=positive_int, default=63)
+    sy.add_argument("--days", type=positive_float, default=3.0)
+    sy.add_argument("--gpus", type=positive_int, default=2, help="GPUs per node (2)")
+    sy.add_argument("--failures", type=nonneg_int, default=10)
     sy.add_argument("--json", action="store_true")
     ru = acts.add_parser("rules", help="the calibrated detector and the memory/thermal rules "
                                        "as Prometheus alerting and recording rules (YAML)")
@@ -376,13 +331,6 @@ def _learn_args(le: argparse.ArgumentParser) -> None:
                     help="take the calibrated detector from a 'learn --json' result")
     ru.add_argument("--out", metavar="FILE", help="write here instead of stdout")
     ru.add_argument("--json", action="store_true")
-
-
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
 
 
 def cmd_theory(a: argparse.Namespace) -> dict:
