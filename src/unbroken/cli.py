@@ -19,7 +19,7 @@ import sys
 import time
 
 from unbroken.cliargs import (Parser, UsageError, duration, duration0, finite_float, fraction,
-                              integer, nonneg_int, number, positive_float, positive_int)
+                              integer, nonneg_int, positive_float, positive_int)
 from unbroken.protocol import ExitCode
 
 
@@ -291,46 +291,13 @@ def build_parser() -> argparse.ArgumentParser:
     le = sub.add_parser("learn", help="operations analytics over a cluster's metrics and "
                                       "history (precursors, checkpoint I/O, exclusions, "
                                       "retry chains, numbers for plan)")
-    _learn_args(le)
+    from unbroken.learn import cli as learn_cli
+
+    learn_cli.add_args(le)
     sy = sub.add_parser("sync", help="straggler-tolerant sync modes (STAR): train and evaluate "
                                      "the straggler predictor and the ML mode selector")
     sync_cli.add_args(sy)
     return p
-
-
-def _learn_args(le: argparse.ArgumentParser) -> None:
-    src = le.add_mutually_exclusive_group()
-    src.add_argument("--prometheus", metavar="URL", help="a Prometheus server (query_range)")
-    src.add_argument("--openmetrics", nargs="+", metavar="FILE",
-                     help="OpenMetrics text files with timestamps (plain or gzip)")
-    le.add_argument("--kernel-log", nargs="+", metavar="FILE", default=[],
-                    help="kernel logs with XID lines (syslog or dmesg --time-format iso)")
-    le.add_argument("--sacct", metavar="FILE", help="sacct --parsable2 output")
-    le.add_argument("--journal", metavar="DIR", help="an unbroken run directory (journal)")
-    le.add_argument("--from", dest="t_from", metavar="T", help="start (ISO time or epoch s)")
-    le.add_argument("--to", dest="t_to", metavar="T", help="end (ISO time or epoch s)")
-    le.add_argument("--fp-budget", type=number(float, lambda v: v >= 0, "a number >= 0"),
-                    default=1.0, help="false alarms per day the detector may raise (1.0)")
-    le.add_argument("--detector", metavar="SPEC",
-                    help="fixed detector instead of calibrating: 'z=5,persist=3,families=2'")
-    le.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
-    le.add_argument("--json", action="store_true")
-    acts = le.add_subparsers(dest="action", parser_class=Parser)
-    sy = acts.add_parser("synth", help="write a synthetic cluster (metrics, kern.log, sacct, "
-                                       "truth.json)")
-    sy.add_argument("--seed", type=nonneg_int, default=0)
-    sy.add_argument("--out", required=True, metavar="DIR")
-    sy.add_argument("--nodes", type=positive_int, default=63)
-    sy.add_argument("--days", type=positive_float, default=3.0)
-    sy.add_argument("--gpus", type=positive_int, default=2, help="GPUs per node (2)")
-    sy.add_argument("--failures", type=nonneg_int, default=10)
-    sy.add_argument("--json", action="store_true")
-    ru = acts.add_parser("rules", help="the calibrated detector and the memory/thermal rules "
-                                       "as Prometheus alerting and recording rules (YAML)")
-    ru.add_argument("--from-learn", metavar="LEARN.json",
-                    help="take the calibrated detector from a 'learn --json' result")
-    ru.add_argument("--out", metavar="FILE", help="write here instead of stdout")
-    ru.add_argument("--json", action="store_true")
 
 
 def cmd_theory(a: argparse.Namespace) -> dict:
