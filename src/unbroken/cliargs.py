@@ -1,9 +1,9 @@
 """What every face's command line shares: the parser, the argument types, the usage error.
 
-``unbroken.cli``, ``learn.cli`` and ``sync.cli`` build their commands' flags with these types;
-a UsageError is bad input found after parsing, which ``unbroken.cli`` turns into exit 2. Kept
-to the standard library and ``core.units`` so that building the whole parser (``unbroken
---help``) stays cheap.
+``unbroken.cli`` and the faces' CLI modules (``sim.cli``, ``learn.cli``, ``sync.cli``) build
+their commands' flags with these types; a UsageError is bad input found after parsing, which
+``unbroken.cli`` turns into exit 2. Kept to the standard library and ``core.units`` so that
+building the whole parser (``unbroken --help``) stays cheap.
 
 A bad value is one line naming it (``expected a positive integer, got 'x'``), exit 2.
 """
