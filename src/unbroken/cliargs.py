@@ -1,9 +1,9 @@
-"""What every face's command line shares: the parser, the argument types, the usage error.
+"""What every face's command line shares: the parser, the argument types, the two errors.
 
-``unbroken.cli`` and the faces' CLI modules (``sim.cli``, ``learn.cli``, ``sync.cli``) build
-their commands' flags with these types; a UsageError is bad input found after parsing, which
-``unbroken.cli`` turns into exit 2. Kept to the standard library and ``core.units`` so that
-building the whole parser (``unbroken --help``) stays cheap.
+Each face's CLI module (``sim.cli``, ``supervise.cli``, ``learn.cli``, ``sync.cli``) builds its
+commands' flags with these types and raises these errors; ``unbroken.cli`` turns them into the
+documented exit codes. Kept to the standard library and ``core.units`` so that building the
+whole parser (``unbroken --help``) stays cheap.
 
 A bad value is one line naming it (``expected a positive integer, got 'x'``), exit 2.
 """
@@ -16,13 +16,21 @@ import sys
 from unbroken.core.units import parse_duration
 from unbroken.protocol import ExitCode
 
-__all__ = ["UsageError", "Parser", "number", "integer", "positive_int",
+__all__ = ["UsageError", "Stopped", "Parser", "number", "integer", "positive_int",
            "nonneg_int", "nonneg_float", "fraction", "positive_float", "finite_float",
            "duration", "duration0"]
 
 
 class UsageError(Exception):
     """Bad input found after parsing (a conflict, a value out of range)."""
+
+
+class Stopped(Exception):
+    """The run ended on purpose with a documented exit code (protocol.ExitCode)."""
+
+    def __init__(self, message: str | None, code: int, report: dict | None) -> None:
+        super().__init__(message or f"exit {code}")
+        self.code, self.report = code, report
 
 
 class Parser(argparse.ArgumentParser):

@@ -1,7 +1,7 @@
 """The supervisor side of a job: what to run (``spec``), where its files live (``outdir``), the
 supervisor that launches and restarts it (``supervisor``), one attempt's loop that watches and
 repairs it (``attempt``, reading the journals through ``tail``), how a run ends (``outcome``),
-and the fire-drill faults it writes itself (``drill``)."""
+the fire-drill faults it writes itself (``drill``), and the train face's commands (``cli``)."""
 
 from unbroken.supervise.outcome import RunError, RunResult
 from unbroken.supervise.spec import FTConfig, JobSpec, TrainerError
