@@ -1,15 +1,54 @@
-"""What ``unbroken learn`` does with its parsed flags; ``unbroken.cli`` only parses and prints.
+"""The learn face's command, ``unbroken learn`` (and its ``synth`` and ``rules`` actions).
 
-``run(a)`` returns plain data (what ``--json`` prints); ``show(console, a, data)`` is the
-terminal view. Bad input raises a ValueError subclass whose message names the bad value (the
-command prints it on one line and exits 2).
+``add_args(parser)`` adds its flags, ``run(a)`` returns plain data (what ``--json`` prints),
+``show(console, a, data)`` is the terminal view; ``unbroken.cli`` wires them. Bad input raises
+a ValueError subclass whose message names the bad value (the command prints it on one line and
+exits 2).
 """
 
 from __future__ import annotations
 
 import argparse
 
-__all__ = ["run", "show"]
+from unbroken.cliargs import Parser, nonneg_int, number, positive_float, positive_int
+
+__all__ = ["add_args", "run", "show"]
+
+
+def add_args(le: argparse.ArgumentParser) -> None:
+    src = le.add_mutually_exclusive_group()
+    src.add_argument("--prometheus", metavar="URL", help="a Prometheus server (query_range)")
+    src.add_argument("--openmetrics", nargs="+", metavar="FILE",
+                     help="OpenMetrics text files with timestamps (plain or gzip)")
+    le.add_argument("--kernel-log", nargs="+", metavar="FILE", default=[],
+                    help="kernel logs with XID lines (syslog or dmesg --time-format iso)")
+    le.add_argument("--sacct", metavar="FILE", help="sacct --parsable2 output")
+    le.add_argument("--journal", metavar="DIR", help="an unbroken run directory (journal)")
+    le.add_argument("--from", dest="t_from", metavar="T", help="start (ISO time or epoch s)")
+    le.add_argument("--to", dest="t_to", metavar="T", help="end (ISO time or epoch s)")
+    # inf is accepted (no limit on false alarms), unlike cliargs.nonneg_float
+    le.add_argument("--fp-budget", type=number(float, lambda v: v >= 0, "a number >= 0"),
+                    default=1.0, help="false alarms per day the detector may raise (1.0)")
+    le.add_argument("--detector", metavar="SPEC",
+                    help="fixed detector instead of calibrating: 'z=5,persist=3,families=2'")
+    le.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
+    le.add_argument("--json", action="store_true")
+    acts = le.add_subparsers(dest="action", parser_class=Parser)
+    sy = acts.add_parser("synth", help="write a synthetic cluster (metrics, kern.log, sacct, "
+                                       "truth.json)")
+    sy.add_argument("--seed", type=nonneg_int, default=0)
+    sy.add_argument("--out", required=True, metavar="DIR")
+    sy.add_argument("--nodes", type=positive_int, default=63)
+    sy.add_argument("--days", type=positive_float, default=3.0)
+    sy.add_argument("--gpus", type=positive_int, default=2, help="GPUs per node (2)")
+    sy.add_argument("--failures", type=nonneg_int, default=10)
+    sy.add_argument("--json", action="store_true")
+    ru = acts.add_parser("rules", help="the calibrated detector and the memory/thermal rules "
+                                       "as Prometheus alerting and recording rules (YAML)")
+    ru.add_argument("--from-learn", metavar="LEARN.json",
+                    help="take the calibrated detector from a 'learn --json' result")
+    ru.add_argument("--out", metavar="FILE", help="write here instead of stdout")
+    ru.add_argument("--json", action="store_true")
 
 
 def run(a: argparse.Namespace) -> dict:

@@ -10,28 +10,10 @@ from __future__ import annotations
 
 import argparse
 
+from unbroken.cliargs import nonneg_float, positive_int
+
 __all__ = ["add_args", "add_plan_args", "run", "show", "plan", "show_plan",
            "load_predictor", "load_selector"]
-
-
-def _pos_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        v = 0
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return v
-
-
-def _nonneg_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        v = -1.0
-    if not 0 <= v < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return v
 
 
 def add_args(sp: argparse.ArgumentParser) -> None:
@@ -40,10 +22,10 @@ def add_args(sp: argparse.ArgumentParser) -> None:
     tp = acts.add_parser("train-predictor", help="train the LSTM straggler predictor")
     tp.add_argument("--journals", nargs="+", default=[], metavar="DIR",
                     help="run directories holding group-U.jsonl journals")
-    tp.add_argument("--synthetic", type=_pos_int, default=0, metavar="N",
+    tp.add_argument("--synthetic", type=positive_int, default=0, metavar="N",
                     help="also train on N synthetic runs (bursty, persistent, rotating)")
     tp.add_argument("--out", required=True, help="model file to write")
-    tp.add_argument("--epochs", type=_pos_int, default=20)
+    tp.add_argument("--epochs", type=positive_int, default=20)
     tp.add_argument("--seed", type=int, default=0)
     tp.add_argument("--json", action="store_true")
     ep = acts.add_parser("eval-predictor", help="the predictor against last-value: MAE, "
@@ -51,26 +33,26 @@ def add_args(sp: argparse.ArgumentParser) -> None:
     ep.add_argument("--model", required=True)
     src = ep.add_mutually_exclusive_group(required=True)
     src.add_argument("--journals", nargs="+", metavar="DIR")
-    src.add_argument("--synthetic", type=_pos_int, metavar="N",
+    src.add_argument("--synthetic", type=positive_int, metavar="N",
                      help="N held-out synthetic runs (seeded apart from training's)")
     ep.add_argument("--seed", type=int, default=1)
     ep.add_argument("--json", action="store_true")
     ts = acts.add_parser("train-selector", help="train the ML mode selector on simulated "
                                                 "profiles labelled by the heuristic")
     ts.add_argument("--out", required=True)
-    ts.add_argument("--groups", type=_pos_int, default=8)
-    ts.add_argument("--examples", type=_pos_int, default=2000)
-    ts.add_argument("--held-out", type=_pos_int, default=300,
+    ts.add_argument("--groups", type=positive_int, default=8)
+    ts.add_argument("--examples", type=positive_int, default=2000)
+    ts.add_argument("--held-out", type=positive_int, default=300,
                     help="held-out profiles to compare with the heuristic on")
     ts.add_argument("--seed", type=int, default=0)
     ts.add_argument("--runtime", action="store_true",
                     help="label as the runtime's auto decides (its cost model and modes): "
                          "the selector for run --sync auto --selector FILE")
-    ts.add_argument("--shard-batch", type=_pos_int, default=None, metavar="B",
+    ts.add_argument("--shard-batch", type=positive_int, default=None, metavar="B",
                     help="with --runtime: the job's samples per group per step (default 8)")
-    ts.add_argument("--redundancy", type=_pos_int, default=None, metavar="R",
+    ts.add_argument("--redundancy", type=positive_int, default=None, metavar="R",
                     help="with --runtime: the job's SPARe redundancy (default 2)")
-    ts.add_argument("--cores", type=_pos_int, default=None, metavar="C",
+    ts.add_argument("--cores", type=positive_int, default=None, metavar="C",
                     help="with --runtime: the CPU cores the job's groups share on one machine "
                          "(a run sets it when its groups outnumber the machine's cores; "
                          "default: a device per group)")
@@ -83,15 +65,15 @@ def add_plan_args(pl: argparse.ArgumentParser) -> None:
     g.add_argument("--stragglers", metavar="SPEC",
                    help="plan sync modes instead: persistent:G@F, bursty:SEED, rotating:P or a "
                         "CSV file step,group,slowdown")
-    g.add_argument("--noise-scale", type=_nonneg_float, metavar="PHI",
+    g.add_argument("--noise-scale", type=nonneg_float, metavar="PHI",
                    help="gradient noise scale in samples (default: the global batch, N x B)")
-    g.add_argument("--shard-batch", type=_pos_int, default=8, metavar="B",
+    g.add_argument("--shard-batch", type=positive_int, default=8, metavar="B",
                    help="samples per group per step")
-    g.add_argument("--mask-redundancy", type=_pos_int, default=2, metavar="R",
+    g.add_argument("--mask-redundancy", type=positive_int, default=2, metavar="R",
                    help="SPARe redundancy available to mask (1: no mask)")
-    g.add_argument("--straggler-steps", type=_pos_int, default=300,
+    g.add_argument("--straggler-steps", type=positive_int, default=300,
                    help="steps of the profile to evaluate")
-    g.add_argument("--cores", type=_pos_int, default=None, metavar="C",
+    g.add_argument("--cores", type=positive_int, default=None, metavar="C",
                    help="the CPU cores the groups share on one machine, as a run sets it when "
                         "its groups outnumber them (default: a device per group)")
 
