@@ -46,8 +46,11 @@ class ExitWaiter:
         if not live:
             select.select([], [], [], timeout)
             return
-        own = [p.sentinel for p in live if hasattr(p, "sentinel")]  # unbroken.spawn workers
-        popen = [p for p in live if not hasattr(p, "sentinel")]
+        # unbroken.spawn workers carry a sentinel; a group of ranks (supervise.rankgroup) one
+        # per rank
+        own = [fd for p in live for fd in getattr(p, "sentinels", None) or
+               ([p.sentinel] if hasattr(p, "sentinel") else [])]
+        popen = [p for p in live if not hasattr(p, "sentinel") and not hasattr(p, "sentinels")]
         fds = list(own)
         if popen and self._pidfd:
             try:

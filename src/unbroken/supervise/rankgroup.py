@@ -1,0 +1,102 @@
+"""The R processes of one data-parallel group, seen as one process.
+
+Why one handle for R processes: a group is the unit SPARe masks, the guard evicts and a spare
+replaces, so every part of the launcher and the supervisor that tracks "the group's process"
+(death notices, the hung-member kill, the exit waiter, XID holders) keeps working unchanged
+when a group has several ranks. The contract that makes it a group:
+
+* **One failure fences the group.** The first rank seen to exit with a non-zero status (or a
+  signal) makes :meth:`poll` SIGKILL every other rank at once: a rank left running would block
+  its group's collectives (FSDP's all-gathers) and hold its plane's place in the next
+  generation. The group's status is that first failure's (the lowest rank among those found
+  together), whatever the fenced ranks report after it.
+* **Done means every rank done.** Status 0 once every rank exited 0; None while any runs.
+* ``kill`` / ``send_signal`` go to every rank (a SIGSTOPped rank is killed too).
+
+``pid`` is rank 0's (the group's journal writer); ``pids`` all of them; ``sentinels`` lets
+:class:`unbroken.procwait.ExitWaiter` wake on any rank's exit.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from typing import Any, Sequence
+
+__all__ = ["RankGroup"]
+
+
+class RankGroup:
+    """``procs``: the group's rank processes, rank order (each with the ``Popen`` surface)."""
+
+    def __init__(self, procs: Sequence[Any]) -> None:
+        if not procs:
+            raise ValueError("a group needs at least one rank")
+        self.procs = list(procs)
+        self.returncode: int | None = None
+        self.fenced_at: float | None = None  # wall time the other ranks were killed
+        self.failed_rank: int | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.procs[0].pid
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    @property
+    def sentinels(self) -> list[int]:
+        return [p.sentinel for p in self.procs if hasattr(p, "sentinel")]
+
+    @property
+    def args(self) -> list[str]:
+        return list(getattr(self.procs[0], "args", []))
+
+    def poll(self) -> int | None:
+        if self.returncode is not None:
+            return self.returncode
+        codes = [p.poll() for p in self.procs]
+        bad = [(k, c) for k, c in enumerate(codes) if c not in (None, 0)]
+        if bad:
+            self.failed_rank, code = bad[0]
+            self._fence()
+            self.returncode = code
+        elif all(c == 0 for c in codes):
+            self.returncode = 0
+        return self.returncode
+
+    def _fence(self) -> None:
+        self.fenced_at = time.time()
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+        for p in self.procs:
+            p.wait(timeout=10)
+
+    def wait(self, timeout: float | None = None) -> int:
+        """The group's status once it has one; ``subprocess.TimeoutExpired`` after
+        ``timeout`` s (as ``Popen.wait``)."""
+        from unbroken.procwait import ExitWaiter
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        waiter = ExitWaiter()
+        try:
+            while self.poll() is None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise subprocess.TimeoutExpired(self.args, timeout)
+                waiter.wait([p for p in self.procs if p.poll() is None],
+                            0.5 if left is None else min(0.5, left))
+        finally:
+            waiter.close()
+        return self.returncode
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def send_signal(self, sig: int) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(sig)
