@@ -21,6 +21,8 @@ Exit codes (a worker's and the ``unbroken`` command's; the command adds 1, 2 and
                           stopped after the same committed step, a checkpoint was written
 10    FENCED              a node agent the coordinator declared lost (cut off: its heartbeat
                           went stale): it killed every process it started and left
+11    GROUP_FENCED        a rank of a group of several whose sibling rank went silent: it
+                          declared the group dead and left (the group is replaced whole)
 130   INTERRUPTED         the ``unbroken`` command after Ctrl-C (128 + SIGINT), state saved
 143   TERMINATED          the ``unbroken`` command after SIGTERM (128 + SIGTERM), state saved
 ====  ==================  ==============================================================
@@ -31,7 +33,7 @@ from __future__ import annotations
 import enum
 
 __all__ = ["ExitCode", "SUPERVISOR_HB", "STOP_KEY", "JOIN_COUNT", "CODE_COUNT", "DEAD_EPOCH",
-           "hb_key", "dead_key", "done_key", "error_key", "killed_key", "stopped_key",
+           "plane_ns", "hb_key", "dead_key", "done_key", "error_key", "killed_key", "stopped_key",
            "standby_key", "assign_key", "drill_key", "join_key", "admit_key", "state_key", "wipeout_key",
            "wipeout_failed_key", "code_key", "incident_key", "verdict_key", "replay_key",
            "NODE_EXITS", "node_key", "node_hb_key", "node_fenced_key", "node_order_key",
@@ -52,6 +54,8 @@ class ExitCode(enum.IntEnum):
     JOIN_FAILED = 9  # left out of a generation (a spare's admission broke, or the members
     #                  re-formed without this one): the launcher treats it as lost
     FENCED = 10  # a node agent declared lost by the coordinator (``unbroken.nodes``)
+    GROUP_FENCED = 11  # a rank whose sibling rank (same group) went silent: it declared its
+    #                    group dead and left; the launcher replaces the whole group
     INTERRUPTED = 130
     TERMINATED = 143
 
@@ -85,9 +89,18 @@ CODE_COUNT = "code/count"
 DEAD_EPOCH = "dead/epoch"
 
 
-def hb_key(uid: int) -> str:
-    """A member's heartbeat counter: ftcomm's heartbeat thread bumps it; peers' watchers read it."""
-    return f"hb/{uid}"
+def plane_ns(rank: int) -> str:
+    """The key namespace of a group's rank ``rank``: its communicator (heartbeat, abort flag,
+    rendezvous, process groups, doorbell) talks to rank ``rank`` of the other groups, apart
+    from the other ranks' (``""`` for rank 0: a group of one rank keeps today's keys). Death
+    notices, the supervisor's keys and the control counters are shared by every rank."""
+    return f"p{rank}/" if rank else ""
+
+
+def hb_key(uid: int, ns: str = "") -> str:
+    """A member's heartbeat counter: ftcomm's heartbeat thread bumps it; peers' watchers read
+    it (``ns``: the rank's plane, :func:`plane_ns`)."""
+    return f"{ns}hb/{uid}"
 
 
 def dead_key(uid: int) -> str:

@@ -51,6 +51,7 @@ Known limits (by design of this building block)
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from datetime import timedelta
@@ -59,7 +60,7 @@ from typing import Any
 import torch.distributed as dist
 
 from unbroken.events import Event
-from unbroken.protocol import DEAD_EPOCH, dead_key
+from unbroken.protocol import DEAD_EPOCH, ExitCode, dead_key, hb_key, plane_ns
 from unbroken.core.membership import next_members
 from unbroken.runtime.ftcomm_rendezvous import (  # noqa: F401  (LAZY_INIT_ENV: its home until now)
     LAZY_INIT_ENV,
@@ -125,6 +126,8 @@ class FTComm(OpPath):
         backend: str = "gloo",
         supervisor_staleness: float = 0.0,
         init_timeout: float = 5.0,
+        rank: int = 0,
+        ranks: int = 1,
     ) -> None:
         members = next_members(int(m) for m in members)
         if joining:
@@ -141,6 +144,11 @@ class FTComm(OpPath):
                 timeout=timedelta(seconds=store_timeout),
             )
         self.uid = int(uid)
+        # rank ``rank`` of a group of ``ranks``: this communicator joins rank ``rank`` of the
+        # other groups (its plane, keys in ``protocol.plane_ns(rank)``); the other ranks of the
+        # own group are watched like peers, and one gone silent fences the group
+        self.plane, self.ranks = int(rank), int(ranks)
+        self.ns = plane_ns(self.plane)
         self.backend = backend
         self.store = store
         self.heartbeat_period = float(heartbeat_period)
@@ -191,11 +199,14 @@ class FTComm(OpPath):
             self.uid, store, backend=backend, heartbeat_period=self.heartbeat_period,
             staleness=self.staleness, rendezvous_timeout=self.rendezvous_timeout,
             init_timeout=self.init_timeout, pg_timeout=self.pg_timeout, live=self.live_now,
-            judging_staleness=self._staleness, graveyard=self.graveyard, stop=self._stop)
+            judging_staleness=self._staleness, graveyard=self.graveyard, stop=self._stop,
+            ns=self.ns)
         # the heartbeat thread and the doorbell (its own store client, its own UDP socket)
         self._hb = Heartbeat(self, self.uid, store, period=self.heartbeat_period,
                              staleness=self.staleness,
-                             supervisor_staleness=self.supervisor_staleness, stop=self._stop)
+                             supervisor_staleness=self.supervisor_staleness, stop=self._stop,
+                             ns=self.ns, siblings={j: hb_key(self.uid, plane_ns(j))
+                                                   for j in range(self.ranks) if j != self.plane})
         # its containers, updated in place: ``watched`` is read at every step boundary
         self.watched = self._hb.watched
         self.beats, self.late_beats = self._hb.beats, self._hb.late_beats
@@ -252,7 +263,7 @@ class FTComm(OpPath):
             with self._lock:
                 ring = [m for m in self._members if m != self.uid] if gen == self._gen else []
             try:  # a counter: every member's heartbeat reads it with the peers' counters
-                st.add(abort_key(gen), 1)
+                st.add(abort_key(gen, self.ns), 1)
             except Exception:  # no coordinator: peers will see the gloo error themselves
                 self.store_lost = True
             self._hb.ring(gen, ring)  # and every member's doorbell rings now, not at its next beat
@@ -424,6 +435,19 @@ class FTComm(OpPath):
             self.supervisor_lost = True
             self.journal.append({"event": Event.SUPERVISOR_SILENT, "silent_s": round(silent, 3),
                                  "t": time.time()})
+
+    def _sibling_lost(self, rank: int) -> None:
+        """Rank ``rank`` of this member's group went silent (hung, or dead before anyone
+        posted its death): the group cannot step any more (its collectives wait for that
+        rank), so this rank fences it: a death notice for the group, read by every plane's
+        members at once, then it leaves (exit 11, ``GROUP_FENCED``); the launcher kills the
+        group's other ranks and replaces it whole. From the heartbeat thread: the main thread
+        may be blocked in the group's collective with the silent rank."""
+        try:
+            declare_dead(self.store, self.uid)
+        except Exception:  # no store: the peers find this rank silent as well
+            pass
+        os._exit(int(ExitCode.GROUP_FENCED))
 
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:

@@ -55,21 +55,22 @@ from unbroken.core.membership import (
 __all__ = ["Heartbeat", "abort_key", "gloo_error_key", "bell_key"]
 
 
-def abort_key(gen: int) -> str:
+def abort_key(gen: int, ns: str = "") -> str:
     """Generation ``gen``'s abort counter: bumped by the member that aborts it first, read by
-    every member's heartbeat with the peers' counters."""
-    return f"abort/{gen}"
+    every member's heartbeat with the peers' counters (``ns``: the plane,
+    ``protocol.plane_ns``)."""
+    return f"{ns}abort/{gen}"
 
 
-def gloo_error_key(gen: int) -> str:
+def gloo_error_key(gen: int, ns: str = "") -> str:
     """Set (to the error) when an op of ``gen`` failed in gloo: evidence that a peer *process*
     is gone, which shortens the next rendezvous's wait (``rendezvous_staleness``)."""
-    return f"abort/{gen}/gloo"
+    return f"{ns}abort/{gen}/gloo"
 
 
-def bell_key(uid: int) -> str:
+def bell_key(uid: int, ns: str = "") -> str:
     """The store key of member ``uid``'s doorbell address ("host:port", UDP)."""
-    return f"bell/{uid}"
+    return f"{ns}bell/{uid}"
 
 
 def _own_address(store: Any) -> str:
@@ -115,6 +116,9 @@ class _Owner(Protocol):
     def _supervisor_silent(self, silent: float) -> None:
         """The supervisor's heartbeat has not moved for ``silent`` s."""
 
+    def _sibling_lost(self, rank: int) -> None:
+        """Rank ``rank`` of this member's own group has gone silent."""
+
 
 class Heartbeat:
     """The heartbeat thread and the doorbell of member ``uid`` (both daemon threads, started
@@ -126,9 +130,16 @@ class Heartbeat:
 
     def __init__(self, owner: _Owner, uid: int, store: dist.TCPStore, *, period: float,
                  staleness: float, supervisor_staleness: float,
-                 stop: threading.Event) -> None:
+                 stop: threading.Event, ns: str = "",
+                 siblings: dict[int, str] | None = None) -> None:
         self._owner = owner
         self.uid = uid
+        # the plane's key namespace (``protocol.plane_ns``) and the heartbeat keys of the
+        # other ranks of this member's own group, rank -> key: a silent one is the group's
+        # failure (``_Owner._sibling_lost``), judged like a peer
+        self.ns = ns
+        self.siblings = dict(siblings or {})
+        self._sib_obs: dict[Any, Observation] = {}
         self.period = period
         self.staleness = staleness
         # 0: the supervisor is not watched
@@ -152,7 +163,7 @@ class Heartbeat:
         self.beats: deque[tuple[float, float, float]] = deque(maxlen=100)
         self.late_beats: deque[dict] = deque(maxlen=5)  # _note_late_beat
         self._store = _clone(store)
-        self._store.add(hb_key(uid), 1)  # first beat before anyone can judge us
+        self._store.add(hb_key(uid, ns), 1)  # first beat before anyone can judge us
         self.beats.append((time.monotonic(), 0.0, 0.0))
         self._known: set[str] = set()  # keys the thread has seen exist (multi_get blocks on a
         #                                missing one)
@@ -164,7 +175,7 @@ class Heartbeat:
         self._bell_sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._bell_sock.bind(("", 0))
         self._bells: dict[int, tuple[str, int]] = {}  # member -> its doorbell's address
-        store.set(bell_key(uid), f"{_own_address(store)}:{self._bell_sock.getsockname()[1]}")
+        store.set(bell_key(uid, ns), f"{_own_address(store)}:{self._bell_sock.getsockname()[1]}")
         self._bell = threading.Thread(target=self._doorbell, name=f"ftcomm-bell-{uid}",
                                       daemon=True)
         self._bell.start()
@@ -256,7 +267,7 @@ class Heartbeat:
         for m in members:
             if m == self.uid or m in self._bells:
                 continue
-            key = bell_key(m)
+            key = bell_key(m, self.ns)
             if st.check([key]):
                 host, port = st.get(key).decode().rsplit(":", 1)
                 self._bells[m] = (host, int(port))
@@ -298,7 +309,7 @@ class Heartbeat:
         while not self._stop.wait(self.period):
             try:
                 woke = time.monotonic()
-                st.add(hb_key(me), 1)
+                st.add(hb_key(me, self.ns), 1)
                 beat = time.monotonic()
                 self.beats.append((beat, woke - last, beat - woke))
                 if woke - last > 3 * self.period:
@@ -309,7 +320,9 @@ class Heartbeat:
                     self._learn_bells(st, others)
                 watch = list(self.watched)
                 # the generation's abort counter rides in the same round trip
-                keys = [hb_key(m) for m in others] + [abort_key(gen), DEAD_EPOCH]
+                sibs = list(self.siblings.values())
+                keys = [hb_key(m, self.ns) for m in others] + sibs + \
+                    [abort_key(gen, self.ns), DEAD_EPOCH]
                 if self.supervisor_staleness > 0:
                     keys.append(SUPERVISOR_HB)
                 keys += watch
@@ -326,7 +339,8 @@ class Heartbeat:
                     del vals[-len(watch):]
                 if self.supervisor_staleness > 0:
                     sup = vals.pop()
-                counters = dict(zip(others, vals[:-2]))
+                counters = dict(zip(others, vals[:len(others)]))
+                sib_counters = dict(zip(self.siblings, vals[len(others):-2]))
                 flagged, epoch = vals[-2], vals[-1]
                 dead: set[int] = set()
                 if epoch != self._dead_epoch:
@@ -345,6 +359,13 @@ class Heartbeat:
                     self._watch_supervisor(sup, now, prev)
                 live = self._judge(members, obs, now, owner._staleness(), all_dead - {me},
                                    beats)
+                if sib_counters:
+                    self._sib_obs = observe(self._sib_obs, sib_counters, now, beats)
+                    quiet = set(self.siblings) - set(self._judge(
+                        list(self.siblings), self._sib_obs, now, owner._staleness(), set(),
+                        beats))
+                    if quiet:
+                        owner._sibling_lost(min(quiet))
                 lost = [m for m in members if m not in live and m != me]
                 if lost and not owner._check_abort(gen):
                     why = "declared dead" if set(lost) & all_dead else "stale heartbeat"

@@ -198,7 +198,7 @@ class OpPath:
     def _abandon(self, gen: int, work: Any, buf: Any, error: str | None) -> None:
         if error is not None:
             try:  # evidence that a peer *process* is gone (its sockets closed)
-                self.store.set(gloo_error_key(gen), error)
+                self.store.set(gloo_error_key(gen, self.ns), error)
             except Exception:
                 self.store_lost = True
             self._set_abort(gen, error)

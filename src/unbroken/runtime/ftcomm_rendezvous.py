@@ -71,7 +71,7 @@ class Rendezvous:
                  staleness: float, rendezvous_timeout: float, init_timeout: float,
                  pg_timeout: float, live: Callable[..., list[int]],
                  judging_staleness: Callable[[], float], graveyard: list,
-                 stop: threading.Event) -> None:
+                 stop: threading.Event, ns: str = "") -> None:
         self.uid = uid
         self.store = store
         self.backend = backend
@@ -84,6 +84,7 @@ class Rendezvous:
         self._staleness = judging_staleness
         self._graveyard = graveyard
         self._stop = stop
+        self.ns = ns  # the plane's key namespace (protocol.plane_ns)
         self.pg: Any = None  # the generation's process group (init_pg)
         # what this member tells the others in the next rendezvous (offer()), and what every
         # member of the last one told: (generation, {uid: report}); None: not all of them did
@@ -103,11 +104,11 @@ class Rendezvous:
         first, else wait for the leader's list. Returns (members, whether this one led)."""
         st = self.store
         try:  # my place, then who I am and what I expect in one key (two round trips)
-            n = st.add(f"rdzv/{gen}/count", 1)
+            n = st.add(f"{self.ns}rdzv/{gen}/count", 1)
         except Exception as exc:
             raise StoreLostError(f"gen {gen}: the coordinator's store is gone") from exc
         report = self._take_offer()
-        st.set(f"rdzv/{gen}/joined/{n}", json.dumps([self.uid, [int(u) for u in expect],
+        st.set(f"{self.ns}rdzv/{gen}/joined/{n}", json.dumps([self.uid, [int(u) for u in expect],
                                                      report]))
         if n == 1:
             return self._lead(gen, t_start + self.rendezvous_timeout), True
@@ -121,23 +122,23 @@ class Rendezvous:
         expected: set[int] = set()
         reports: dict[int, Any] = {}
         while True:
-            count = st.add(f"rdzv/{gen}/count", 0)
+            count = st.add(f"{self.ns}rdzv/{gen}/count", 0)
             if count > len(joined):
                 # one round trip for everyone who joined since the last look, not two per
                 # member: at 32 members on 2 cores every trip waits for the store's turn.
                 # Blocks on a key not yet set, as get did: a joiner sets it just after
                 # it counts itself
-                for v in st.multi_get([f"rdzv/{gen}/joined/{i}"
+                for v in st.multi_get([f"{self.ns}rdzv/{gen}/joined/{i}"
                                        for i in range(len(joined) + 1, count + 1)]):
                     u, exp, r = json.loads(v)
                     joined.append(int(u))
                     expected.update(int(x) for x in exp)
                     if r is not None:
                         reports[int(u)] = r
-            peer_died = st.check([gloo_error_key(old)])
+            peer_died = st.check([gloo_error_key(old, self.ns)])
             live = self._live(rendezvous_staleness(
                 self._staleness(), self.heartbeat_period, peer_died))
-            came = [u for u in sorted(expected) if st.check([f"rdzv/{gen}/joiner/{u}"])]
+            came = [u for u in sorted(expected) if st.check([f"{self.ns}rdzv/{gen}/joiner/{u}"])]
             gone = [u for u in sorted(expected)
                     if u not in came and st.check([dead_key(u)])]
             if rendezvous_ready(joined, live, expected, came + gone) \
@@ -147,10 +148,10 @@ class Rendezvous:
         # whoever joined is alive, even if a starved heartbeat made it look stale
         new = next_members(joined + came)
         for u in came:  # a joiner's offer is its registration's value (join())
-            r = json.loads(st.get(f"rdzv/{gen}/joiner/{u}"))
+            r = json.loads(st.get(f"{self.ns}rdzv/{gen}/joiner/{u}"))
             if r is not None:
                 reports[u] = r
-        st.set(f"rdzv/{gen}/members", json.dumps(
+        st.set(f"{self.ns}rdzv/{gen}/members", json.dumps(
             {"members": new, "reports": {str(u): r for u, r in reports.items()}}))
         self._keep_reports(gen, new, reports)
         return new
@@ -158,12 +159,12 @@ class Rendezvous:
     # ------------------------------------------------------------------ joiner's side
     def join(self, gen: int, timeout: float | None = None) -> list[int]:
         """Register as a joiner of ``gen`` (with this member's offer) and wait for the list."""
-        self.store.set(f"rdzv/{gen}/joiner/{self.uid}", json.dumps(self._take_offer()))
+        self.store.set(f"{self.ns}rdzv/{gen}/joiner/{self.uid}", json.dumps(self._take_offer()))
         return self.member_list(gen, timeout)
 
     def member_list(self, gen: int, timeout: float | None = None) -> list[int]:
         """Wait for the leader's member list of ``gen``; it must include this worker."""
-        key = f"rdzv/{gen}/members"
+        key = f"{self.ns}rdzv/{gen}/members"
         wait_s = timeout or (self.rendezvous_timeout + self.staleness + 5.0)
         try:
             self.store.wait([key], timedelta(seconds=wait_s))
@@ -206,7 +207,7 @@ class Rendezvous:
         # grew fastest with N (bench/recovery_scaling.py). Read when the group is created;
         # TORCH_GLOO_LAZY_INIT=0 in the environment restores the full mesh.
         os.environ.setdefault(LAZY_INIT_ENV, "1")
-        self.pg = new_backend(self.backend, dist.PrefixStore(f"pg/{gen}", self.store),
+        self.pg = new_backend(self.backend, dist.PrefixStore(f"{self.ns}pg/{gen}", self.store),
                               members.index(self.uid), len(members),
                               timedelta(seconds=self.init_timeout if short else self.pg_timeout))
         if short:
@@ -225,8 +226,8 @@ class Rendezvous:
         A client of the group's own would need a connection per re-form, and 32 members
         connecting at once waited 5 s for the store to answer (torch 2.13's TCPStore)."""
         st, me = self.store, self.uid
-        st.set(f"rdzv/{gen}/built/{me}", "1")
-        keys = [f"rdzv/{gen}/built/{u}" for u in new if u != me]
+        st.set(f"{self.ns}rdzv/{gen}/built/{me}", "1")
+        keys = [f"{self.ns}rdzv/{gen}/built/{u}" for u in new if u != me]
         deadline = time.monotonic() + self.init_timeout
         while keys and not st.check(keys):
             # the heartbeat thread's judgement of the old members (death notices included);
@@ -236,7 +237,7 @@ class Rendezvous:
                 raise RuntimeError(f"dead or silent before its first op: {sorted(lost)}")
             if time.monotonic() > deadline:
                 missing = [u for u in new if u != me and
-                           not st.check([f"rdzv/{gen}/built/{u}"])]
+                           not st.check([f"{self.ns}rdzv/{gen}/built/{u}"])]
                 raise RuntimeError(f"no process group within {self.init_timeout:.1f}s: "
                                    f"{missing}")
             self._stop.wait(0.002)
