@@ -33,7 +33,7 @@ from __future__ import annotations
 import enum
 
 __all__ = ["ExitCode", "SUPERVISOR_HB", "STOP_KEY", "JOIN_COUNT", "CODE_COUNT", "DEAD_EPOCH",
-           "plane_ns", "hb_key", "dead_key", "done_key", "error_key", "killed_key", "stopped_key",
+           "plane_ns", "group_pg_prefix", "hb_key", "dead_key", "done_key", "error_key", "killed_key", "stopped_key",
            "standby_key", "assign_key", "drill_key", "join_key", "admit_key", "state_key", "wipeout_key",
            "wipeout_failed_key", "code_key", "incident_key", "verdict_key", "replay_key",
            "NODE_EXITS", "node_key", "node_hb_key", "node_fenced_key", "node_order_key",
@@ -95,6 +95,12 @@ def plane_ns(rank: int) -> str:
     from the other ranks' (``""`` for rank 0: a group of one rank keeps today's keys). Death
     notices, the supervisor's keys and the control counters are shared by every rank."""
     return f"p{rank}/" if rank else ""
+
+
+def group_pg_prefix(uid: int) -> str:
+    """The store prefix of group ``uid``'s own process group (its ranks, torch's default group
+    in each of them; a spare group forms its own under its uid)."""
+    return f"grp/{uid}/"
 
 
 def hb_key(uid: int, ns: str = "") -> str:

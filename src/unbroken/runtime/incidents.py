@@ -65,6 +65,11 @@ class Incidents:
                           "t": time.time()})
         return None
 
+    def _posts(self) -> bool:
+        """Whether this member posts the job's incident and replay records: rank 0 of the
+        first plane (every member reads the same values; one writes them)."""
+        return self.comm.rank == 0 and getattr(self.comm, "plane", 0) == 0
+
     def _incident(self, kind: str, detail: dict) -> bool:
         """Journal the incident; with verdicts, carry out the guard's decisions until one lets
         the step go on. True: commit this buffer (log-only); False: recompute the step."""
@@ -73,7 +78,7 @@ class Incidents:
         self.journal({"event": Event.INCIDENT, "kind": kind, "step": self.step, "n": n,
                       "gen": self.comm.generation, "members": self.comm.members,
                       "slot": self.my_slot, **detail, "t": time.time()})
-        if self.verdicts and self.comm.rank == 0:  # one key to wait on (the journal says more)
+        if self.verdicts and self._posts():  # one key to wait on (the journal says more)
             self.comm.store.set(incident_key(self.step, n), json.dumps({"kind": kind, **detail}))
         if not self.verdicts:
             if kind == "code":
@@ -126,7 +131,7 @@ class Incidents:
                  for t, ds in sb.digests(buf.view(len(types), g), types).items()}
         rec = {"ok": bool(ok), "digests": found,
                "uids": {str(self.slot_of[u]): u for u in self.comm.members}}
-        if self.comm.rank == 0:
+        if self._posts():
             self.comm.store.set(replay_key(self.step, n), json.dumps(rec))
         self.journal({"event": Event.REPLAY, "step": self.step, "n": n,
                       "members": self.comm.members, **rec, "t": time.time()})

@@ -75,6 +75,7 @@ from unbroken.runtime import stepbuf as sb
 from unbroken.runtime.admission import Admission, WipeOutError
 from unbroken.runtime.comm import CommLike
 from unbroken.runtime.config import TrainConfig
+from unbroken.runtime.groupsync import GroupSync
 from unbroken.runtime.hooks import NoHooks, StepHooks
 from unbroken.runtime.incidents import GuardStopError, Incidents
 from unbroken.runtime.recovery import Recovery
@@ -116,8 +117,11 @@ class StackedRunner(Recovery, Incidents, Admission):
                  slot: int | None = None, wipeout_wait: float = 60.0,
                  ckpt_dir: str | None = None, ckpt_every: int = 50,
                  trainer: TrainerLike | None = None, verdicts: bool = False,
-                 verdict_wait: float = 60.0) -> None:
+                 verdict_wait: float = 60.0, group: GroupSync | None = None) -> None:
         self.cfg = cfg
+        # a group of several ranks: its ranks agree on every step's outcome and generation
+        # (None: the group is this one process)
+        self.group = group
         # verdicts=True: a bad step check (a step error, a non-finite sum, an SDC mismatch)
         # waits for the guard's ladder decision (store ``verdict/<step>/<n>``); False: the
         # incident is journaled and the step goes on as without a guard (log-only)
@@ -350,8 +354,10 @@ class StackedRunner(Recovery, Incidents, Admission):
                 # the step is computed again, so is it
                 self._prepared = None
                 self.grads.pop(prep[1], None)
+            found = self._step_check(buf) if ok else None
+            if self.group is not None:
+                ok, found = self.group.agree(self, ok, buf, found)
             if ok:
-                found = self._step_check(buf)
                 if found is None or self._incident(*found):
                     self._commit(buf)
                     return

@@ -39,7 +39,8 @@ from datetime import timedelta
 
 from unbroken.events import Event
 from unbroken.spawn import pdeathsig
-from unbroken.protocol import ExitCode, assign_key, node_fenced_key, standby_key, wipeout_failed_key
+from unbroken.protocol import (ExitCode, assign_key, group_pg_prefix, node_fenced_key,
+                               standby_key, wipeout_failed_key)
 from unbroken.runtime.ftcomm_worker import finish, hard_exit, report_error
 
 
@@ -54,6 +55,9 @@ def worker_main(argv: list[str] | None = None) -> None:
                          "config's groups")
     ap.add_argument("--config", required=True, help="TrainConfig as JSON")
     ap.add_argument("--journal", required=True, help="directory for group-<uid>.jsonl")
+    ap.add_argument("--rank", type=int, default=0,
+                    help="this process's rank in its group of the config's ranks_per_group "
+                         "(rank 0 writes the group's journal and reports)")
     ap.add_argument("--standby", action="store_true",
                     help="a warm spare: wait for assign/<uid> = slot, then join")
     ap.add_argument("--plugin", default=None, metavar="MODULE:FUNC",
@@ -83,6 +87,7 @@ def worker_main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
 
     import torch
+    import torch.distributed as dist
 
     from unbroken.runtime.ftcomm import FTComm, RendezvousError, StoreLostError
     from unbroken.runtime.stacked import (
@@ -108,10 +113,15 @@ def worker_main(argv: list[str] | None = None) -> None:
             ap.error(f"WORLD_SIZE {world} != groups {cfg.groups} in --config")
     if a.uid is None:
         ap.error("--uid is required (or --from-env under torchrun)")
+    ranks = cfg.ranks_per_group
+    if not 0 <= a.rank < ranks:
+        ap.error(f"--rank {a.rank} outside [0, {ranks}) (ranks_per_group in --config)")
     os.makedirs(a.journal, exist_ok=True)
     comm = runner = None
     code = 0
-    jf = open(os.path.join(a.journal, f"group-{a.uid}.jsonl"), "a", buffering=1)
+    # rank 0 writes the group's journal (the one the supervisor reads); the others their own
+    name = f"group-{a.uid}.jsonl" if a.rank == 0 else f"rank-{a.uid}.{a.rank}.jsonl"
+    jf = open(os.path.join(a.journal, name), "a", buffering=1)
     jlock = threading.Lock()  # the health agent's thread journals too
 
     def journal(ev: dict) -> None:
@@ -127,10 +137,15 @@ def worker_main(argv: list[str] | None = None) -> None:
         except ValueError as e:  # json's own error is a ValueError too
             ap.error(str(e))
     try:
-        comm = FTComm(a.uid, list(range(cfg.groups)), host=a.host, port=a.port,
+        store = dist.TCPStore(a.host, a.port, is_master=False, wait_for_workers=False,
+                              timeout=timedelta(seconds=60))
+        trainer = group = None
+        if ranks > 1:  # the group's own process group, its mesh, the model sharded over it
+            trainer, group = _group(cfg, a.uid, a.rank, store)
+        comm = FTComm(a.uid, list(range(cfg.groups)), store=store,
                       heartbeat_period=a.heartbeat, staleness=a.staleness,
                       pg_timeout=a.pg_timeout, joining=a.standby, backend=cfg.backend,
-                      supervisor_staleness=a.supervisor_staleness)
+                      supervisor_staleness=a.supervisor_staleness, rank=a.rank, ranks=ranks)
         if cfg.sync == "sync":  # today's runner; the modes' imports (scipy's clustering,
             make_runner = StackedRunner  # ~0.8 s on a loaded machine) are not paid for
         else:
@@ -138,7 +153,8 @@ def worker_main(argv: list[str] | None = None) -> None:
         runner = make_runner(cfg, a.uid, plugin.wrap_comm(comm) if plugin else comm, journal,
                              hooks=plugin.hooks if plugin else None,
                              wipeout_wait=a.wipeout_wait, ckpt_dir=a.ckpt_dir,
-                             ckpt_every=a.ckpt_every, verdicts=a.verdicts)
+                             ckpt_every=a.ckpt_every, verdicts=a.verdicts, trainer=trainer,
+                             group=group)
         if a.resume:
             runner.resume()
         # connected and built: from here the launcher's death reaches us as the store's (or its
@@ -167,6 +183,8 @@ def worker_main(argv: list[str] | None = None) -> None:
         else:
             start_health()
         params = _profiled(runner.run, a.uid)
+        if ranks > 1:  # the whole model's parameters (a collective over the group)
+            params = runner.trainer.full_params()
         finish(comm, a.uid, {"params": params.tolist(), "steps": runner.step,
                              "journal": comm.journal})
     except GuardStopError as exc:
@@ -201,6 +219,23 @@ def worker_main(argv: list[str] | None = None) -> None:
         code = report_error(comm, a.uid)
     jf.close()
     hard_exit(code)
+
+
+def _group(cfg, uid: int, rank: int, store):
+    """Rank ``rank`` of group ``uid``: torch's default process group over the group's ranks
+    (its own store prefix, so a spare group forms its own), the (dp_group, shard) mesh on it,
+    and the trainer sharded over it (``unbroken.runtime.sharding``)."""
+    import torch.distributed as dist
+
+    from unbroken.runtime.groupsync import GroupSync
+    from unbroken.runtime.sharding import ShardedTrainer, group_mesh
+    from unbroken.runtime.trainer import make_trainer
+
+    ranks = cfg.ranks_per_group
+    dist.init_process_group(cfg.backend, store=dist.PrefixStore(group_pg_prefix(uid), store),
+                            rank=rank, world_size=ranks)
+    return (ShardedTrainer(make_trainer(cfg), cfg.shard, group_mesh(ranks, cfg.device)),
+            GroupSync(rank, ranks))
 
 
 def _fence(store, node: int) -> None:

@@ -16,6 +16,7 @@ from datetime import timedelta
 
 from unbroken.protocol import assign_key, drill_key
 from unbroken.runtime.ftcomm_worker import LocalCluster
+from unbroken.supervise.rankgroup import RankGroup
 
 __all__ = ["StackedCluster", "FAULT_PLUGIN"]
 
@@ -50,6 +51,7 @@ class StackedCluster(LocalCluster):
                  pg_timeout: float = 30.0, wipeout_wait: float = 60.0,
                  ckpt_dir: str | None = None, ckpt_every: int = 50, resume: bool = False,
                  store_port: int | None = None, store_process: bool = False,
+                 fault_rank: dict[int, int] | None = None,
                  supervisor_staleness: float = 0.0) -> None:
         import torch.distributed as dist
 
@@ -93,6 +95,7 @@ class StackedCluster(LocalCluster):
                  "stall_at": stall_at or {}, "nan_at": nan_at or {},
                  "flip_from": flip_from or {}}
         self._faults: dict[int, dict] = {}
+        self._fault_rank = dict(fault_rank or {})
         for u in [*self.spares, *range(cfg.groups)]:
             f = {k: True for k, us in flags.items() if u in us}
             f.update({k: m[u] for k, m in steps.items() if u in m})
@@ -108,15 +111,28 @@ class StackedCluster(LocalCluster):
             self.spawn(u, standby=u in self.spares)
 
     def spawn(self, uid: int, *, standby: bool = False, extra: list[str] = ()) -> None:
-        """Start worker ``uid`` (a warm spare with ``standby``). It dies with this launcher
-        while it starts up (:mod:`unbroken.spawn`) and sits in a process group of its own,
-        so a terminal's Ctrl-C reaches the launcher only."""
-        if self._inject:
-            extra = [*extra, "--plugin", FAULT_PLUGIN,
-                     "--plugin-args", json.dumps(self._faults.get(uid, {}))]
-        self._start(uid, "unbroken.runtime.stacked_worker:worker_main",
-                    ["--uid", str(uid), *self._common, *(["--standby"] if standby else []),
-                     *extra])
+        """Start worker ``uid`` (a warm spare with ``standby``): one process, or a group of
+        ``ranks_per_group`` (``procs[uid]`` is then their :class:`RankGroup`). It dies with
+        this launcher while it starts up (:mod:`unbroken.spawn`) and sits in a process group
+        of its own, so a terminal's Ctrl-C reaches the launcher only. A group's faults go to
+        its rank ``fault_rank[uid]`` (0 by default)."""
+        ranks = self.cfg.ranks_per_group
+        procs = []
+        for k in range(ranks):
+            argv = ["--uid", str(uid), *self._common, *(["--standby"] if standby else []),
+                    *extra]
+            if ranks > 1:
+                argv += ["--rank", str(k)]
+            if self._inject:
+                mine = k == self._fault_rank.get(uid, 0)
+                argv += ["--plugin", FAULT_PLUGIN, "--plugin-args",
+                         json.dumps({**(self._faults.get(uid, {}) if mine else {}),
+                                     **({"rank": k} if ranks > 1 else {})})]
+            key = uid if ranks == 1 else f"{uid}.{k}"
+            self._start(key, "unbroken.runtime.stacked_worker:worker_main", argv)
+            procs.append(self.procs.pop(key) if ranks > 1 else self.procs[uid])
+        if ranks > 1:
+            self.procs[uid] = RankGroup(procs)
         self.uids.append(uid)
         if standby and uid not in self.spares:
             self.spares.append(uid)
@@ -128,6 +144,14 @@ class StackedCluster(LocalCluster):
         if drill:
             self.store.set(drill_key(spare), json.dumps([list(f) for f in drill]))
         self.store.set(assign_key(spare), str(slot))
+
+    def stderr(self, uid: int) -> str:
+        """Worker ``uid``'s stderr (every rank's, in rank order, for a group of several)."""
+        if self.cfg.ranks_per_group == 1:
+            return super().stderr(uid)
+        one = super().stderr
+        return "".join(f"--- rank {k}:\n" + one(f"{uid}.{k}")
+                       for k in range(self.cfg.ranks_per_group))
 
     def close(self) -> None:
         super().close()

@@ -319,6 +319,7 @@ class FaultSpec:
     # the slot's scheduled faults, [(kind, step), ...] (core.faults.holder_faults); a spare
     # gets its own with the assignment (``drill/<uid>``)
     drill: list[tuple[str, int]] = field(default_factory=list)
+    rank: int = 0  # this process's rank in its group: a slot's scheduled faults go to rank 0
 
     @classmethod
     def from_args(cls, args: dict) -> FaultSpec:
@@ -359,7 +360,7 @@ class FaultPlugin:
     tells an injected death from a real one; a spare takes its slot's faults when assigned."""
 
     def __init__(self, spec: FaultSpec, uid: int, slowdown: list[float] | None) -> None:
-        self.uid, self.slow_s = uid, spec.slow_s
+        self.uid, self.slow_s, self.rank = uid, spec.slow_s, spec.rank
         self.store: Any = None
         self.faults = build(spec, self._posted, slowdown)
         self.hooks = self.faults.hooks
@@ -373,7 +374,7 @@ class FaultPlugin:
         return self.faults.comm(comm)
 
     def assigned(self, runner: Any) -> None:
-        if self.store.check([drill_key(self.uid)]):  # the slot's next scheduled faults
+        if self.rank == 0 and self.store.check([drill_key(self.uid)]):  # the slot's next scheduled faults
             if self.hooks.load(json.loads(self.store.get(drill_key(self.uid))), self.slow_s):
                 runner.trainer = self.hooks.wrap_trainer(runner, runner.trainer)
 

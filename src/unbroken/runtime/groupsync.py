@@ -1,0 +1,84 @@
+"""The ranks of one group agree on every step's outcome and every generation they enter.
+
+Why: a group of R ranks runs R communicators, one per plane (rank k with rank k of the other
+groups, :mod:`unbroken.runtime.ftcomm`), and each plane's op can end differently: a rank of
+another group that dies breaks its own plane's op while the other planes' ops complete. A
+group whose ranks then disagreed -- one commits, its sibling re-forms -- would apply half an
+optimizer step. So after each step's ops the ranks of a group make one small all-reduce over
+their own process group (torch's default group, which holds exactly them):
+
+* **the outcome**: the step commits on every rank or on none; a rank whose own op completed
+  while a sibling's failed breaks its plane's generation (``comm.fail``), so every plane
+  re-forms and the settle rolls the group forward like any member one commit behind;
+* **the control values**: the join count, code-record count and stop request are read from
+  the store by each plane's rank 0 at its own moment; rank 0's plane (plane 0) is the one
+  every group reads, so the other ranks take its values, and a lost coordinator on any plane
+  stops every rank;
+* **the step check**: a NaN or a mismatch seen in one plane's reduced shard is the group's
+  incident on every rank (the most severe kind found).
+
+After a re-form (:meth:`same_members`) the ranks check that their planes formed the same
+member list; a plane that formed another (a group judged silent on one plane only) is broken
+again until they agree -- the death notice of a group is shared by every plane, so they do.
+
+A sibling that died or hung blocks these collectives; its group is fenced by then (the
+launcher kills a group whose rank exited, and a silent sibling makes the rank that notices it
+declare the group dead: ``FTComm._sibling_lost``), so the block ends with the process.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from unbroken.runtime import stepbuf as sb
+
+__all__ = ["GroupSync", "KINDS"]
+
+#: step-check kinds in order of severity (0: nothing found)
+KINDS = ("", "sdc", "implicit", "code")
+
+
+class GroupSync:
+    """Rank ``rank`` of a group of ``ranks`` (torch's default group is the group's)."""
+
+    def __init__(self, rank: int, ranks: int) -> None:
+        self.rank, self.ranks = rank, ranks
+
+    def agree(self, runner: Any, ok: bool, buf: Any,
+              found: tuple[str, dict] | None) -> tuple[bool, tuple[str, dict] | None]:
+        """The group's outcome of this step's op: (every rank's op completed, the step check's
+        finding). On a rank other than 0, ``buf``'s control cells become plane 0's."""
+        v = torch.zeros(6, dtype=torch.float64)
+        if not ok:
+            v[0] = 1.0
+        else:
+            if self.rank == 0:
+                v[1], v[2], v[3] = float(buf[sb.JOIN]), float(buf[sb.CODE]), float(buf[sb.STOP])
+            v[4] = float(buf[sb.LOST])
+            v[5] = float(KINDS.index(found[0])) if found is not None else 0.0
+        dist.all_reduce(v)
+        if v[0] > 0:
+            if ok:  # my plane committed, a sibling's did not: nobody in my plane may commit
+                runner.comm.fail(f"{int(v[0])} rank(s) of the group failed the step's op")
+            return False, None
+        if self.rank != 0:
+            buf[sb.JOIN], buf[sb.CODE], buf[sb.STOP] = v[1], v[2], v[3]
+        buf[sb.LOST] = v[4]
+        runner._region = None  # the cells it read before are stale now
+        kind = KINDS[int(v[5])] if v[5] > 0 else ""
+        if not kind:
+            return True, None
+        if found is not None and found[0] == kind:
+            return True, found
+        return True, (kind, {"found_by": "another rank of the group"})
+
+    def same_members(self, members: list[int]) -> bool:
+        """Whether every rank's plane formed its new generation with these members (the
+        planes count their generations apart: only the members must match)."""
+        h = float(hash(tuple(members)) & ((1 << 52) - 1))
+        v = torch.tensor([h, -h], dtype=torch.float64)
+        dist.all_reduce(v, op=dist.ReduceOp.MAX)
+        return float(v[0]) == -float(v[1])
