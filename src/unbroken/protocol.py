@@ -156,14 +156,16 @@ def join_key(n: int) -> str:
     return f"join/{n}"
 
 
-def admit_key(uid: int) -> str:
-    """Admission of joiner ``uid`` (``{"gen", "joiners"}``): rank 0 writes it, the joiner waits."""
-    return f"admit/{uid}"
+def admit_key(uid: int, ns: str = "") -> str:
+    """Admission of joiner ``uid`` (``{"gen", "joiners"}``): rank 0 writes it, the joiner waits
+    (``ns``: the plane whose generation it names, :func:`plane_ns`)."""
+    return f"{ns}admit/{uid}"
 
 
-def state_key(gen: int, src: int) -> str:
-    """State-copy metadata of generation ``gen`` from slot ``src``: donor writes, joiners read."""
-    return f"state/{gen}/{src}"
+def state_key(gen: int, src: int, ns: str = "") -> str:
+    """State-copy metadata of generation ``gen`` from slot ``src``: donor writes, joiners read
+    (``ns``: the plane, each carries its own shard of the state)."""
+    return f"{ns}state/{gen}/{src}"
 
 
 def wipeout_key(uid: int) -> str:

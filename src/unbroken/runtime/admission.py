@@ -36,6 +36,12 @@ class Admission:
     """The admission half of the runner (mixed into ``StackedRunner``; uses its state)."""
 
     @property
+    def _ns(self) -> str:
+        """The plane's key namespace (``protocol.plane_ns``): a group of several ranks admits
+        a joining group plane by plane, each rank copying its own shard of the state."""
+        return getattr(self.comm, "ns", "")
+
+    @property
     def snap(self):
         """The buffer a state copy goes through (sender: captured when sent; joiner: received,
         verified, installed), allocated once at the first copy."""
@@ -97,7 +103,7 @@ class Admission:
         gen = self.comm.generation + 1
         joiners = [r["uid"] for r in new]
         for r in new:
-            st.set(admit_key(r["uid"]), json.dumps({"gen": gen, "joiners": joiners}))
+            st.set(admit_key(r["uid"], self._ns), json.dumps({"gen": gen, "joiners": joiners}))
         self._offer(planned=True)
         members = self.comm.reform(expect=joiners, planned=True)
         self._recover(members, planned=True, restart=restart)
@@ -120,7 +126,7 @@ class Admission:
             if self.uid == src:
                 self.snap.capture(self.trainer.state_tensors(), self._meta())
                 info = {"meta": self.snap.meta, "digest": self.snap.digest()}
-                self.comm.store.set(state_key(gen, src), json.dumps(info))
+                self.comm.store.set(state_key(gen, src, self._ns), json.dumps(info))
                 payload = self.hooks.state_payload(
                     self, self.snap.payload().to(self.dev, copy=True))
             elif self.uid in joiners or send is None:
@@ -135,7 +141,7 @@ class Admission:
                 return False
             good = 1.0
             if self.uid in joiners:
-                info = json.loads(self.comm.store.get(state_key(gen, src)))
+                info = json.loads(self.comm.store.get(state_key(gen, src, self._ns)))
                 try:
                     self.snap.receive(payload.cpu(), info["meta"], info["digest"])
                 except SnapshotError as exc:
@@ -165,10 +171,11 @@ class Admission:
         stacks show the same frames as its peers' and stack aggregation compares like with
         like)."""
         st = self.comm.store
-        n = st.add(JOIN_COUNT, 1)
-        st.set(join_key(n), json.dumps({"uid": self.uid, "slot": slot}))
-        st.wait([admit_key(self.uid)], timedelta(seconds=timeout))
-        admit = json.loads(st.get(admit_key(self.uid)))
+        if getattr(self.comm, "plane", 0) == 0:  # one join record for a group of ranks
+            n = st.add(JOIN_COUNT, 1)
+            st.set(join_key(n), json.dumps({"uid": self.uid, "slot": slot}))
+        st.wait([admit_key(self.uid, self._ns)], timedelta(seconds=timeout))
+        admit = json.loads(st.get(admit_key(self.uid, self._ns)))
         self.slot_of[self.uid] = slot
         self.needs_state = True
         self._offer(planned=False)

@@ -8,8 +8,9 @@ when a group has several ranks. The contract that makes it a group:
 * **One failure fences the group.** The first rank seen to exit with a non-zero status (or a
   signal) makes :meth:`poll` SIGKILL every other rank at once: a rank left running would block
   its group's collectives (FSDP's all-gathers) and hold its plane's place in the next
-  generation. The group's status is that first failure's (the lowest rank among those found
-  together), whatever the fenced ranks report after it.
+  generation. The group's status is that first failure's, whatever the fenced ranks report
+  after it; among failures found together, a rank killed by a signal (the fault) before one
+  that exited on its own (a rank that noticed it), then the lowest rank.
 * **Done means every rank done.** Status 0 once every rank exited 0; None while any runs.
 * ``kill`` / ``send_signal`` go to every rank (a SIGSTOPped rank is killed too).
 
@@ -60,7 +61,7 @@ class RankGroup:
         codes = [p.poll() for p in self.procs]
         bad = [(k, c) for k, c in enumerate(codes) if c not in (None, 0)]
         if bad:
-            self.failed_rank, code = bad[0]
+            self.failed_rank, code = min(bad, key=lambda kc: (kc[1] >= 0, kc[0]))
             self._fence()
             self.returncode = code
         elif all(c == 0 for c in codes):
