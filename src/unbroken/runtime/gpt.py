@@ -189,8 +189,16 @@ class GPTTrainer(ParamTrainer):
         w = self.corpus[self.offsets[idx][:, None] + self.span].long().to(self.device)
         return w[:, :-1], w[:, 1:]
 
-    def grad(self, step: int, shard_type: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    def loss(self, step: int, shard_type: int, part: tuple[int, int] = (0, 1)) -> torch.Tensor:
+        """Mean next-byte cross-entropy over part ``part[0]`` of ``part[1]`` equal parts of
+        the shard's windows (a rank's share under FSDP; the whole shard by default). No
+        tensor-parallel plan: the attention's fused qkv projection does not split by heads."""
         x, y = self.batch(step, shard_type)
+        k, n = part
+        size = x.shape[0] // n
+        x, y = x[k * size:(k + 1) * size], y[k * size:(k + 1) * size]
         logits = self.model(x)
-        loss = F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1))
-        return self._flat_grad(loss, shard_type, out)
+        return F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1))
+
+    def grad(self, step: int, shard_type: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        return self._flat_grad(self.loss(step, shard_type), shard_type, out)

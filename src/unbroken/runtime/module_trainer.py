@@ -28,7 +28,7 @@ import torch
 from torch.utils.data import default_collate
 
 from unbroken.core.shards import DataPlan
-from unbroken.runtime.trainer import ParamTrainer
+from unbroken.runtime.trainer import ParamTrainer, share
 
 __all__ = ["ModuleTrainer"]
 
@@ -47,8 +47,8 @@ class ModuleTrainer(ParamTrainer):
     def __init__(self, cfg: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  dataset: Sequence, loss_fn: Callable[[Any, Any], torch.Tensor], *,
                  collate: Callable[[list], Any] = default_collate,
-                 forward: Callable[[torch.nn.Module, Any], tuple[Any, Any]] | None = None
-                 ) -> None:
+                 forward: Callable[[torch.nn.Module, Any], tuple[Any, Any]] | None = None,
+                 tp_plan: dict | Callable[[], dict] | None = None) -> None:
         if not isinstance(optimizer, _EAGER):
             raise ValueError(f"optimizer {type(optimizer).__name__}: its state is created "
                              f"lazily; supported: SGD, Adam, AdamW")
@@ -59,6 +59,9 @@ class ModuleTrainer(ParamTrainer):
         self.loss_fn = loss_fn
         self.collate = collate
         self.forward = forward or (lambda m, b: (m(b[0]), b[1]))
+        # ``--shard tp``: torch's parallelize_module plan for the model (module name ->
+        # ColwiseParallel() / RowwiseParallel() ...), or a function returning it
+        self.tp_plan = tp_plan
         self.data = DataPlan(len(dataset), cfg.groups, cfg.shard_size, cfg.seed)
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
         self.numel = sum(p.numel() for p in self.params)
@@ -74,8 +77,14 @@ class ModuleTrainer(ParamTrainer):
             return {k: self._to(v) for k, v in batch.items()}
         return batch
 
-    def grad(self, step: int, shard_type: int, out: torch.Tensor | None = None) -> torch.Tensor:
-        batch = self._to(self.collate([self.dataset[i]
-                                       for i in self.data.shard(step, shard_type)]))
+    def loss(self, step: int, shard_type: int, part: tuple[int, int] = (0, 1)) -> torch.Tensor:
+        """``loss_fn`` over part ``part[0]`` of ``part[1]`` equal parts of the shard's samples
+        (a rank's share when the group shards the model with FSDP; the whole shard by
+        default)."""
+        batch = self._to(self.collate([self.dataset[i] for i in
+                                       share(self.data.shard(step, shard_type), part)]))
         pred, target = self.forward(self.model, batch)
-        return self._flat_grad(self.loss_fn(pred, target), shard_type, out)
+        return self.loss_fn(pred, target)
+
+    def grad(self, step: int, shard_type: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        return self._flat_grad(self.loss(step, shard_type), shard_type, out)

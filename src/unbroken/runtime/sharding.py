@@ -30,7 +30,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["SHARD_MODES", "ShardingError", "group_mesh", "ShardedTrainer", "local"]
+__all__ = ["SHARD_MODES", "ShardingError", "check_sharding", "group_mesh", "ShardedTrainer",
+           "local"]
 
 #: how a group's ranks share the model: ``none`` (R = 1 only), FSDP2, tensor parallelism
 SHARD_MODES = ("none", "fsdp", "tp")
@@ -38,6 +39,33 @@ SHARD_MODES = ("none", "fsdp", "tp")
 
 class ShardingError(ValueError):
     """A model that cannot be sharded as asked; the message names the value."""
+
+
+def check_sharding(inner: Any, how: str, ranks: int) -> Any:
+    """Whether ``inner`` (a built trainer) can be sharded ``how`` over ``ranks`` ranks, before
+    any process group exists; returns the tensor-parallel plan for ``tp`` (None for fsdp).
+    ShardingError (one line naming the value) when it cannot."""
+    if how not in ("fsdp", "tp"):
+        raise ShardingError(f"--shard {how!r}: expected fsdp or tp")
+    plan = None
+    if how == "tp":
+        plan = getattr(inner, "tp_plan", None)
+        if callable(plan):
+            plan = plan()
+        if not plan:
+            model = getattr(inner, "model", inner)
+            raise ShardingError(f"--shard tp: model {type(model).__name__} has no tensor "
+                                f"parallel plan (give the trainer a tp_plan)")
+    for name in ("model", "opt", "loss"):
+        if not hasattr(inner, name):
+            raise ShardingError(f"--shard {how}: trainer {type(inner).__name__} has no "
+                                f"{name!r} (a sharded group needs the model, its optimizer "
+                                f"and loss(step, shard_type, part))")
+    if how == "fsdp" and inner.cfg.shard_size % ranks:
+        raise ShardingError(f"--shard-size {inner.cfg.shard_size} is not divisible by "
+                            f"--ranks-per-group {ranks} (fsdp splits each shard of samples "
+                            f"evenly over the group's ranks)")
+    return plan
 
 
 def group_mesh(ranks: int, device: str = "cpu") -> Any:
@@ -80,29 +108,18 @@ class ShardedTrainer:
     """
 
     def __init__(self, inner: Any, how: str, mesh: Any) -> None:
-        if how not in ("fsdp", "tp"):
-            raise ShardingError(f"--shard {how!r}: expected fsdp or tp")
         self.inner, self.how, self.cfg = inner, how, inner.cfg
         self.mesh = mesh["shard"]
         self.ranks = self.mesh.size()
         self.rank = self.mesh.get_local_rank()
         model = inner.model
         old = list(model.parameters())
+        plan = check_sharding(inner, how, self.ranks)
         if how == "fsdp":
             from torch.distributed.fsdp import fully_shard
 
-            if self.cfg.shard_size % self.ranks:
-                raise ShardingError(f"--shard-size {self.cfg.shard_size} is not divisible by "
-                                    f"--ranks-per-group {self.ranks} (fsdp splits each shard "
-                                    f"of samples evenly over the group's ranks)")
             fully_shard(model, mesh=self.mesh)
         else:
-            plan = getattr(inner, "tp_plan", None)
-            if callable(plan):
-                plan = plan()
-            if not plan:
-                raise ShardingError(f"--shard tp: model {type(model).__name__} has no tensor "
-                                    f"parallel plan (give the trainer a tp_plan)")
             from torch.distributed.tensor.parallel import parallelize_module
 
             parallelize_module(model, self.mesh, plan)

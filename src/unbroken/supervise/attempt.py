@@ -88,7 +88,8 @@ class Attempt:
         self.drill = LauncherDrill(pending, c.cfg.model, xid_log, self.emit, fired, guard,
                                    kill_node=self._kill_node)
         for u in self.members | set(self.pool):  # XID lines name the pid of any holder
-            holders[c.procs[u].pid] = u
+            for pid in getattr(c.procs[u], "pids", [c.procs[u].pid]):
+                holders[pid] = u
         self.layout = make_layout(self.spec.groups, self.spec.ft.redundancy)
         self.holder = {s: s for s in range(self.spec.groups)}  # slot -> its newest holder
         self.stop_code: tuple[int, str] | None = None  # a StopJob carried out
@@ -394,7 +395,9 @@ class Attempt:
 
     def _spawn(self) -> None:
         self.c.spawn(self.next_uid, standby=True)
-        self.holders[self.c.procs[self.next_uid].pid] = self.next_uid
+        p = self.c.procs[self.next_uid]
+        for pid in getattr(p, "pids", [p.pid]):
+            self.holders[pid] = self.next_uid
         self.pool.append(self.next_uid)
         self.next_uid += 1
 
@@ -414,10 +417,14 @@ class Attempt:
                 continue
             if rc is None or u in self.handled:
                 continue
-            if c.store.check([error_key(u)]):
+            lost = rc < 0 or rc in (ExitCode.JOIN_FAILED, ExitCode.GROUP_FENCED)
+            if lost and self.stop_posted is None:
+                # killed by a signal, a spare whose admission broke, or a group of ranks that
+                # fenced itself (a silent rank); the error its other ranks may have posted
+                # (a collective broken by the lost rank) is a consequence, not the cause
+                self._lost(u, "exit")
+            elif c.store.check([error_key(u)]):
                 raise RunError(f"group {u} failed:\n{c.store.get(error_key(u)).decode()}")
-            if (rc < 0 or rc == ExitCode.JOIN_FAILED) and self.stop_posted is None:
-                self._lost(u, "exit")  # killed by a signal, or a spare whose admission broke
             elif rc == ExitCode.WIPEOUT and self.stop_posted is None:
                 # the survivors of a wipe-out waited for replacements in vain
                 self._job_lost(f"group {u} got no replacement for a wipe-out in time (exit 4)")

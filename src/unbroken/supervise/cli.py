@@ -128,6 +128,15 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                         "object")
     p.add_argument("--shard-size", type=integer, default=8,
                    help="samples per shard type per step (each group's micro-batch)")
+    p.add_argument("--ranks-per-group", type=integer, default=1, metavar="R",
+                   help="processes in one data-parallel group, the model sharded over them "
+                        "by --shard (1: a group is one process); any rank's failure is its "
+                        "whole group's")
+    p.add_argument("--shard", default="none", metavar="fsdp|tp|none",
+                   help="how a group's ranks share the model: fsdp (torch's FSDP2), tp "
+                        "(torch's tensor parallelism, the trainer's tp_plan) or none (R = 1)")
+    p.add_argument("--max-procs", type=integer, default=128, metavar="N",
+                   help="worker processes this launcher may start: groups x ranks (128)")
     _job_args(p, steps=200, out="out/run")
     p.add_argument("--fresh", action="store_true",
                    help="start over in an --out that holds a run (it is moved aside, kept)")
@@ -174,7 +183,8 @@ def cmd_run(a: argparse.Namespace) -> dict:
         raise UsageError(f"--trainer-args {a.trainer_args!r}: expected a JSON object (the "
                          f"factory's keyword arguments)")
     spec = JobSpec(trainer=a.trainer, trainer_args=args, shard_size=a.shard_size,
-                   fresh=a.fresh, **_job_kwargs(a))
+                   fresh=a.fresh, ranks_per_group=a.ranks_per_group, shard=a.shard,
+                   max_procs=a.max_procs, **_job_kwargs(a))
     sup = Supervisor(spec)
     sup.check()  # bad input (the trainer included): one line before any process starts
     _node_warning(spec)

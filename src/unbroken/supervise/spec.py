@@ -25,9 +25,8 @@ from unbroken.core.faults import (NEED_ACT, NODE_KINDS, REMOVING, Fault, chaos_f
                                   soak_faults)
 from unbroken.core.placement import check as check_placement
 
-__all__ = ["JobSpec", "FTConfig", "TrainerError", "check", "node_warning", "spares_for",
-           "train_config",
-           "load_trainer"]
+__all__ = ["JobSpec", "FTConfig", "TrainerError", "check", "check_ranks", "check_sharding_of",
+           "node_warning", "spares_for", "train_config", "load_trainer"]
 
 #: what a trainer must offer (``runtime.trainer.TrainerLike``)
 _TRAINER_API = ("grad", "apply", "flat_params", "state_tensors", "numel")
@@ -144,6 +143,9 @@ class JobSpec:
     listen: int = 0               # with nodes: the directory's port the agents are given
     sync: str = "sync"            # the sync mode (unbroken.core.sync.parse_mode)
     selector: str | None = None   # auto's chooser: an ML selector model file (None: heuristic)
+    ranks_per_group: int = 1      # processes in one group (the model sharded over them)
+    shard: str = "none"           # how: "fsdp" (FSDP2), "tp" (tensor parallelism), "none"
+    max_procs: int = 128          # worker processes this launcher may start (spares included)
     ft: FTConfig = field(default_factory=FTConfig)
 
     def fault_list(self) -> list[Fault]:
@@ -179,6 +181,7 @@ def check(spec: JobSpec) -> list[Fault]:
     check_placement(spec.groups, ft.redundancy)
     if spec.steps < 2:
         raise ValueError(f"--steps {spec.steps}: need at least 2 steps")
+    check_ranks(spec)
     if spec.shard_size < 1:
         raise ValueError(f"--shard-size {spec.shard_size}: must be at least 1")
     if spec.chaos is not None and (spec.chaos < 0 or spec.faults is not None):
@@ -221,6 +224,42 @@ def check(spec: JobSpec) -> list[Fault]:
         raise TrainerError(f"--trainer-args {json.dumps(spec.trainer_args)}: expected a JSON "
                            f"object (the factory's keyword arguments)")
     return spec.fault_list()
+
+
+def check_ranks(spec: JobSpec) -> None:
+    """``--ranks-per-group`` / ``--shard`` / ``--max-procs``: a group of R ranks shards its
+    model with fsdp or tp (R = 1: none), and the groups' processes fit the launcher's limit;
+    ValueError (one line). Whether the model itself can be sharded so is checked when the
+    trainer is built (``check_sharding``)."""
+    from unbroken.runtime.sharding import SHARD_MODES
+
+    r = spec.ranks_per_group
+    if r < 1:
+        raise ValueError(f"--ranks-per-group {r}: must be at least 1")
+    if spec.shard not in SHARD_MODES:
+        raise ValueError(f"--shard {spec.shard!r}: expected one of {', '.join(SHARD_MODES)}")
+    if r > 1 and spec.shard == "none":
+        raise ValueError(f"--ranks-per-group {r}: needs --shard fsdp or tp (how the group's "
+                         f"ranks share the model)")
+    if r == 1 and spec.shard != "none":
+        raise ValueError(f"--shard {spec.shard}: needs --ranks-per-group of at least 2")
+    if spec.max_procs < 1:
+        raise ValueError(f"--max-procs {spec.max_procs}: must be at least 1")
+    if spec.groups * r > spec.max_procs:
+        raise ValueError(f"--groups {spec.groups} x --ranks-per-group {r} = {spec.groups * r} "
+                         f"worker processes: more than --max-procs {spec.max_procs}")
+    if r > 1 and (spec.local_nodes or spec.nodes):
+        raise ValueError(f"--ranks-per-group {r} with node agents: not built yet (groups of "
+                         f"several ranks run on this machine's launcher)")
+
+
+def check_sharding_of(spec: JobSpec, trainer) -> None:
+    """The built trainer can be sharded as asked (``runtime.sharding.check_sharding``:
+    ShardingError, a ValueError, names the value); nothing for R = 1."""
+    if spec.ranks_per_group > 1:
+        from unbroken.runtime.sharding import check_sharding
+
+        check_sharding(trainer, spec.shard, spec.ranks_per_group)
 
 
 def node_warning(spec: JobSpec) -> str | None:
@@ -341,7 +380,8 @@ def train_config(spec: JobSpec, sdc_every: int = 0):
                        stragglers=normalize_spec(spec.stragglers), sync=spec.sync,
                        selector=None if spec.selector is None
                        else str(Path(spec.selector).resolve()),
-                       host_cores=_host_cores(spec))
+                       host_cores=_host_cores(spec), ranks_per_group=spec.ranks_per_group,
+                       shard=spec.shard)
 
 
 def _host_cores(spec: JobSpec) -> int:

@@ -52,7 +52,8 @@ from unbroken.supervise.launch import make_cluster
 from unbroken.supervise.nodes import job_nodes
 from unbroken.supervise.outcome import Ended, Restart, RunError, RunResult
 from unbroken.supervise.outdir import prepare, read_journal, repair_journals
-from unbroken.supervise.spec import JobSpec, check, load_trainer, spares_for, train_config
+from unbroken.supervise.spec import (JobSpec, check, check_sharding_of, load_trainer, spares_for,
+                                     train_config)
 
 __all__ = ["Supervisor", "RunResult", "RunError"]
 
@@ -73,7 +74,7 @@ class Supervisor:
         faults = check(self.spec)
         cfg = train_config(self.spec, self.spec.sdc_interval(faults))
         spawn.warm()  # the workers' fork server imports torch while the trainer is built here
-        load_trainer(cfg)
+        check_sharding_of(self.spec, load_trainer(cfg))
         return faults, cfg
 
     def run(self) -> RunResult:
