@@ -4,7 +4,9 @@ The in-memory :mod:`~unbroken.runtime.snapshot` covers the loss of some groups; 
 the loss of all of them (or of every copy of a snapshot). A checkpoint is a directory::
 
     <directory>/step-00000123/
-        .metadata, __0_0.distcp   torch.distributed.checkpoint (DCP) output, keys "t0", "t1", ...
+        .metadata, __0_0.distcp   torch.distributed.checkpoint (DCP) output: the state by name
+                                  ("model.<param>", "optim.<param>.<buffer>"), or "t0", "t1",
+                                  ... for a trainer that lists its state without names
         meta.json                 the caller's meta (JSON)
         manifest.json             sha256 + size of every file above, the tensor layout, the
                                   step, and a sha256 of the manifest body itself
@@ -30,6 +32,13 @@ orders all of that, and staging is ours too so the staging buffers can be reused
 ``no_dist=True`` keeps DCP off any process group (each group's state is a full replica, so
 a save needs no coordination), also when ``torch.distributed`` is initialised.
 
+A group of several ranks (its model sharded by FSDP2 or tensor parallelism) saves together:
+every rank passes its DTensors and the group's checkpoint process group, DCP writes each
+rank's shards with their place in the whole tensor (``__<rank>_0.distcp``) and rank 0 (the
+*coordinator*) writes the metadata, the manifest and makes the rename. Because the state is
+named and DCP records each shard's place, a checkpoint loads into any layout: a group of two
+ranks' into one rank, or into groups of two again at another number of groups.
+
 Back-pressure: at most one save is in flight. A ``save_async`` issued while the previous one
 is still writing blocks until it finishes, so host memory stays bounded at one staged copy.
 
@@ -54,7 +63,7 @@ import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -87,13 +96,32 @@ def _canonical(obj: object) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
-def _layout(tensors: Sequence[torch.Tensor]) -> list[list]:
+def _layout(tensors: Sequence[torch.Tensor] | Mapping[str, torch.Tensor]) -> list | dict:
+    """Every tensor's (whole) shape and dtype: a list for listed state, by name for named."""
+    if isinstance(tensors, Mapping):
+        return {k: [list(t.shape), str(t.dtype)] for k, t in tensors.items()}
     return [[list(t.shape), str(t.dtype)] for t in tensors]
 
 
-def _write_state(state: dict[str, torch.Tensor], path: Path) -> None:
-    """The DCP write (a module-level seam so tests can hold a save mid-flight)."""
-    dcp.save(state, storage_writer=FileSystemWriter(path, sync_files=True), no_dist=True)
+def _keyed(state: Sequence[torch.Tensor] | Mapping[str, torch.Tensor]) -> dict:
+    return dict(state) if isinstance(state, Mapping) else {f"t{i}": t for i, t in enumerate(state)}
+
+
+def _write_state(state: dict[str, torch.Tensor], path: Path, group: Any = None) -> None:
+    """The DCP write (a module-level seam so tests can hold a save mid-flight); ``group``: the
+    process group of ranks that save together (None: this process alone)."""
+    dcp.save(state, storage_writer=FileSystemWriter(path, sync_files=True),
+             process_group=group, no_dist=group is None)
+
+
+def _like(t: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    """``local`` as ``t`` is: the same DTensor placement when ``t`` is a DTensor."""
+    if not hasattr(t, "_local_tensor"):
+        return local
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(local, t.device_mesh, t.placements, shape=t.shape,
+                              stride=t.stride(), run_check=False)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -161,10 +189,17 @@ class CheckpointStore:
         self._fs_lock = threading.Lock()  # pruning vs. scanning the directory
 
     # -- writing ------------------------------------------------------------------------------
-    def save_async(self, step: int, tensors: Sequence[torch.Tensor], meta: dict) -> Future:
-        """Stage a copy of ``tensors`` now, write it in the background. The returned future
-        resolves to the checkpoint's path; its error (if any) is also raised by
-        :meth:`wait`. Blocks only while a previous save is still writing."""
+    def save_async(self, step: int, tensors: Sequence[torch.Tensor] | Mapping[str, torch.Tensor],
+                   meta: dict, *, group: Any = None, coordinator: bool = True,
+                   tag: int | None = None) -> Future:
+        """Stage a copy of ``tensors`` (a list, or the state by name) now, write it in the
+        background. The returned future resolves to the checkpoint's path; its error (if any)
+        is also raised by :meth:`wait`. Blocks only while a previous save is still writing.
+
+        A group of ranks saving together: every rank calls it with the group's ``group``
+        (a process group of their own: the save runs on a background thread), the same
+        ``tag`` (the coordinator's pid, naming the shared temporary directory) and
+        ``coordinator`` True on rank 0 only."""
         if not isinstance(step, int) or step < 0:
             raise ValueError(f"step must be a non-negative int, got {step!r}")
         try:
@@ -175,29 +210,47 @@ class CheckpointStore:
             wait_futures([self._inflight])  # back-pressure; its error stays for wait()
         self._pending = [f for f in self._pending if not f.done() or f.exception()]
         staged = self._stage(tensors)
-        fut = self._pool.submit(self._write, step, staged, meta_json)
+        fut = self._pool.submit(self._write, step, staged, meta_json, group, coordinator,
+                                os.getpid() if tag is None else tag)
         self._inflight = fut
         self._pending.append(fut)
         return fut
 
-    def _stage(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def _stage(self, tensors: Sequence[torch.Tensor] | Mapping[str, torch.Tensor]
+               ) -> list[torch.Tensor] | dict[str, torch.Tensor]:
         # The writer of the previous save is done (back-pressure), so its buffers are free.
-        if self._staged is None or _layout(self._staged) != _layout(tensors):
-            self._staged = [torch.empty(t.shape, dtype=t.dtype) for t in tensors]
+        keyed = _keyed(tensors)
+        local = {k: (t._local_tensor if hasattr(t, "_local_tensor") else t)
+                 for k, t in keyed.items()}
+        if self._staged is None or _layout(self._staged) != _layout(local):
+            self._staged = {k: torch.empty(t.shape, dtype=t.dtype) for k, t in local.items()}
         with torch.no_grad():
-            for s, t in zip(self._staged, tensors):
-                s.copy_(t)
-        return self._staged
+            for k, t in local.items():
+                self._staged[k].copy_(t)
+        staged = {k: _like(keyed[k], self._staged[k]) for k in keyed}
+        return staged if isinstance(tensors, Mapping) else list(staged.values())
 
-    def _write(self, step: int, staged: list[torch.Tensor], meta_json: str) -> str:
+    def _write(self, step: int, staged: list[torch.Tensor] | dict[str, torch.Tensor],
+               meta_json: str, group: Any = None, coordinator: bool = True,
+               tag: int | None = None) -> str:
         name = f"step-{step:08d}"
         final = self.directory / name
-        tmp = self.directory / f"{name}.tmp-{os.getpid()}"
+        tmp = self.directory / f"{name}.tmp-{os.getpid() if tag is None else tag}"
         try:
-            if tmp.exists():
-                shutil.rmtree(tmp)
-            tmp.mkdir()
-            _write_state({f"t{i}": t for i, t in enumerate(staged)}, tmp)
+            if coordinator:
+                if tmp.exists():
+                    shutil.rmtree(tmp)
+                tmp.mkdir()
+            if group is not None:  # the others write into the directory the coordinator made
+                import torch.distributed as dist
+
+                dist.barrier(group=group)
+            if group is None:
+                _write_state(_keyed(staged), tmp)
+            else:
+                _write_state(_keyed(staged), tmp, group)
+            if not coordinator:
+                return str(final)
             write_synced(tmp / _META, meta_json)
             files = {}
             for f in sorted(p for p in tmp.rglob("*") if p.is_file()):
@@ -223,7 +276,8 @@ class CheckpointStore:
                 self._prune()
             return str(final)
         except BaseException as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
+            if coordinator:
+                shutil.rmtree(tmp, ignore_errors=True)
             self._log(f"checkpoint save of step {step} to {final} failed: "
                       f"{type(exc).__name__}: {exc}")
             raise
@@ -282,11 +336,14 @@ class CheckpointStore:
                 return step, str(path)
         return None
 
-    def load(self, template: Sequence[torch.Tensor], path: str | os.PathLike | None = None
-             ) -> tuple[list[torch.Tensor], dict]:
+    def load(self, template: Sequence[torch.Tensor] | Mapping[str, torch.Tensor],
+             path: str | os.PathLike | None = None, group: Any = None
+             ) -> tuple[list[torch.Tensor] | dict[str, torch.Tensor], dict]:
         """Verify, then read a checkpoint (``path``, or :meth:`latest`) into fresh tensors
-        shaped like ``template`` (same dtypes and devices). Returns ``(tensors, meta)``;
-        raises :class:`CheckpointError` (one line) if it is corrupt or does not match."""
+        shaped like ``template`` (same dtypes and devices; the state by name: DTensors are
+        filled with this rank's shards, whatever layout wrote them, every rank of ``group``
+        reading together). Returns ``(tensors, meta)``; raises :class:`CheckpointError`
+        (one line) if it is corrupt or does not match."""
         if path is None:
             found = self.latest()
             if found is None:
@@ -299,18 +356,25 @@ class CheckpointStore:
             raise CheckpointError(f"checkpoint {path} is corrupt: {why}") from None
         want, got = body["tensors"], _layout(template)
         if want != got:
-            if len(want) != len(got):
+            if isinstance(want, dict) != isinstance(got, dict):
+                why = ("stored by name" if isinstance(want, dict) else "stored as a list") + \
+                    ", the template is not"
+            elif isinstance(want, dict):
+                k = sorted(set(want) ^ set(got)) or [k for k in want if want[k] != got[k]]
+                why = (f"{k[0]} stored as {want.get(k[0])}, template has {got.get(k[0])}")
+            elif len(want) != len(got):
                 why = f"{len(want)} tensors stored, template has {len(got)}"
             else:
                 i = next(i for i, (w, g) in enumerate(zip(want, got)) if w != g)
                 why = f"tensor {i} stored as {want[i]}, template has {got[i]}"
             raise CheckpointError(f"checkpoint {path} does not match the template: {why}")
-        out = [torch.empty_like(t) for t in template]
+        keyed = {k: torch.empty_like(t) for k, t in _keyed(template).items()}
         try:
-            dcp.load({f"t{i}": t for i, t in enumerate(out)},
-                     storage_reader=FileSystemReader(path), no_dist=True)
+            dcp.load(keyed, storage_reader=FileSystemReader(path), process_group=group,
+                     no_dist=group is None)
         except Exception as exc:  # verified bytes that DCP still cannot read
             line = str(exc).splitlines()[0] if str(exc) else ""
             raise CheckpointError(f"checkpoint {path} unreadable: {type(exc).__name__}: "
                                   f"{line}") from exc
+        out = keyed if isinstance(template, Mapping) else list(keyed.values())
         return out, json.loads((path / _META).read_text(encoding="utf-8"))

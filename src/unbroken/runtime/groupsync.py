@@ -45,7 +45,17 @@ class GroupSync:
     """Rank ``rank`` of a group of ``ranks`` (torch's default group is the group's)."""
 
     def __init__(self, rank: int, ranks: int) -> None:
+        import os
+
         self.rank, self.ranks = rank, ranks
+        # a process group of the same ranks for the durable checkpoint, which the group saves
+        # together on a background thread while training goes on over the default one
+        self.ckpt_pg = dist.new_group(backend="gloo")
+        # rank 0's pid: names the group's temporary checkpoint directory (a crashed writer's
+        # is removed when that pid is gone)
+        v = torch.tensor([float(os.getpid()) if rank == 0 else 0.0], dtype=torch.float64)
+        dist.all_reduce(v)
+        self.leader_pid = int(v[0])
 
     def agree(self, runner: Any, ok: bool, buf: Any,
               found: tuple[str, dict] | None) -> tuple[bool, tuple[str, dict] | None]:

@@ -153,7 +153,9 @@ class Incidents:
             if time.monotonic() > deadline:
                 raise GuardStopError(f"restore to step {step}: {path} never appeared")
             time.sleep(0.01)
-        self._install(*self.ckpt.load(self.trainer.state_tensors(), path), path=str(path),
+        self._install(*self.ckpt.load(self._ckpt_state(), path,
+                                      **({"group": self.group.ckpt_pg} if self.group else {})),
+                      path=str(path),
                       reason="verdict")
 
     def _apply_code(self, upto: int) -> None:

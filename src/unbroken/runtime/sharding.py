@@ -185,6 +185,14 @@ class ShardedTrainer:
         return torch.cat([(p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
                           .reshape(-1).to(torch.float64) for p in self.params])
 
+    def named_state(self) -> dict[str, torch.Tensor]:
+        """The state by name, as DTensors (the durable checkpoint: torch DCP writes each
+        rank's shards with their place in the whole tensor, so it loads into a group of any
+        number of ranks, one included)."""
+        from unbroken.runtime.trainer import named_state
+
+        return named_state(self.params, self.opt, self.model)
+
     def state_tensors(self) -> list[torch.Tensor]:
         """This rank's shards of the parameters, then of each one's optimizer buffers (created
         eagerly, as :func:`~unbroken.runtime.trainer.optimizer_state_tensors` does)."""

@@ -404,7 +404,7 @@ class StackedRunner(Recovery, Incidents, Admission):
                       "t": time.time()})
         if self.ckpt is not None and self.step % self.ckpt_every == 0 \
                 and self.comm.rank == 0 and self.step < self.cfg.steps:
-            self.ckpt.save_async(self.step, tr.state_tensors(), self._meta())
+            self.ckpt.save_async(self.step, self._ckpt_state(), self._meta(), **self._ckpt_kw())
         if int(rest[sb.CODE]) > self.code_applied:  # a hot update, at the same boundary for all
             self._apply_code(int(rest[sb.CODE]))
         if rest[sb.LOST] > 0:
@@ -435,7 +435,8 @@ class StackedRunner(Recovery, Incidents, Admission):
         (the state is a replica on every member). Blocks until it is on disk."""
         if self.ckpt is None or self.comm.rank != 0:
             return None
-        fut = self.ckpt.save_async(self.step, self.trainer.state_tensors(), self._meta())
+        fut = self.ckpt.save_async(self.step, self._ckpt_state(), self._meta(),
+                                   **self._ckpt_kw())
         self.ckpt.wait()
         return fut.result()
 
@@ -448,14 +449,33 @@ class StackedRunner(Recovery, Incidents, Admission):
         if found is None:  # nothing durable yet: start over, and say so (the ledger rolls back)
             self.journal({"event": Event.RESTORE, "step": 0, "source": "none", "t": time.time()})
             return None
-        self._install(*self.ckpt.load(self.trainer.state_tensors(), found[1]), path=found[1])
+        self._install(*self.ckpt.load(self._ckpt_state(), found[1],
+                                      **({"group": self.group.ckpt_pg} if self.group else {})),
+                      path=found[1])
         return self.step
 
-    def _install(self, tensors: list[torch.Tensor], meta: dict, path: str,
-                 reason: str | None = None) -> None:
+    def _ckpt_state(self) -> list[torch.Tensor] | dict[str, torch.Tensor]:
+        """What a durable checkpoint holds: the state by name when the trainer names it (a
+        checkpoint that loads into any number of ranks a group), else its list."""
+        named = getattr(self.trainer, "named_state", None)
+        return named() if named is not None else self.trainer.state_tensors()
+
+    def _ckpt_kw(self) -> dict:
+        """A group of several ranks saves together: its checkpoint process group, rank 0 the
+        coordinator, the directory named after rank 0's pid."""
+        g = self.group
+        return {} if g is None else {"group": g.ckpt_pg, "coordinator": g.rank == 0,
+                                     "tag": g.leader_pid}
+
+    def _install(self, tensors: list[torch.Tensor] | dict[str, torch.Tensor], meta: dict,
+                 path: str, reason: str | None = None) -> None:
         """Make a loaded checkpoint the committed state (and its code version the running
         one), then journal the roll-back: commits of steps >= its step no longer count."""
-        copy_state(self.trainer.state_tensors(), tensors)
+        if isinstance(tensors, dict):
+            own = self._ckpt_state()
+            copy_state([own[k] for k in tensors], list(tensors.values()))
+        else:
+            copy_state(self.trainer.state_tensors(), tensors)
         self.step = int(meta["step"])
         self.grads_step = -1
         if int(meta.get("code", 0)) > self.code_applied:

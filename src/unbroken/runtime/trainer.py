@@ -21,7 +21,7 @@ import torch
 from unbroken.runtime.config import TrainConfig
 
 __all__ = ["TrainerLike", "ParamTrainer", "BUILTIN", "make_trainer", "grad_into", "copy_state",
-           "apply_sum", "flat", "optimizer_state_tensors", "reference_run", "share"]
+           "apply_sum", "flat", "optimizer_state_tensors", "named_state", "reference_run", "share"]
 
 #: the built-in trainers' factories (``"package.module:factory"``, imported on first use)
 BUILTIN = {"mlp": "unbroken.runtime.mlp:MLPTrainer", "gpt": "unbroken.runtime.gpt:GPTTrainer"}
@@ -129,6 +129,30 @@ class ParamTrainer:
 
     def state_tensors(self) -> list[torch.Tensor]:
         return optimizer_state_tensors(self.params, self.opt)
+
+    def named_state(self) -> dict[str, torch.Tensor]:
+        """The state by name (the durable checkpoint's keys): a checkpoint written by a group
+        of any number of ranks loads into any other (``runtime.sharding``)."""
+        return named_state(self.params, self.opt, getattr(self, "model", None))
+
+
+def named_state(params: list[torch.Tensor], opt: torch.optim.Optimizer,
+                model: torch.nn.Module | None = None) -> dict[str, torch.Tensor]:
+    """``model.<name>`` for each parameter (its name in ``model``; ``p<i>`` without one), then
+    ``optim.<name>.<buffer>`` for its optimizer buffers (created eagerly, as
+    :func:`optimizer_state_tensors` does). The names do not depend on how the parameters are
+    sharded: FSDP2 and tensor parallelism keep a module's parameter names."""
+    optimizer_state_tensors(params, opt)
+    names = {id(p): n for n, p in model.named_parameters()} if model is not None else {}
+    out: dict[str, torch.Tensor] = {}
+    keyed = [(names.get(id(p), f"p{i}"), p) for i, p in enumerate(params)]
+    for n, p in keyed:
+        out[f"model.{n}"] = p
+    for n, p in keyed:
+        for buf, v in sorted(opt.state[p].items()):
+            if isinstance(v, torch.Tensor):
+                out[f"optim.{n}.{buf}"] = v
+    return out
 
 
 def apply_sum(params: list[torch.Tensor], opt: torch.optim.Optimizer, total: torch.Tensor,
