@@ -342,3 +342,22 @@ def test_simulate_says_failures_cost_time_at_a_long_allreduce(cli):
     free = json.loads(cli(*base, "--mtbf", "100000d").stdout)["ttt_over_t0"]
     short = json.loads(cli(*base, "--paper-shortcut").stdout)["ttt_over_t0"]
     assert with_f > free > short
+
+
+def test_plan_and_simulate_charge_a_rank_failure_to_its_group(cli):
+    # R ranks a group, Weibull k = 0.78: the first of R fresh ranks fails early, so a group of
+    # 8 ranks fails more often than a group of one at the same system MTBF; the simulator
+    # draws every rank and charges the first failure to the group (slower to train), and the
+    # closed forms follow it
+    sim = ("simulate", "--strategy", "spare", "--groups", "100", "--gpus", "1600",
+           "--redundancy", "5", "--steps", "800", "--seeds", "2", "--json")
+    one = json.loads(cli(*sim).stdout)
+    eight = json.loads(cli(*sim, "--ranks-per-group", "8").stdout)
+    assert eight["ttt_over_t0"] > one["ttt_over_t0"], (one["ttt_over_t0"], eight["ttt_over_t0"])
+    th = ("theory", "--groups", "100", "--gpus", "1600", "--redundancy", "5", "--mc-trials",
+          "0", "--json")
+    assert json.loads(cli(*th, "--ranks-per-group", "8").stdout)["ttt_over_t0"] > \
+        json.loads(cli(*th).stdout)["ttt_over_t0"]
+    p = cli(*th, "--ranks-per-group", "20")
+    assert p.returncode == 2 and p.stderr.startswith("unbroken: error: --ranks-per-group: "
+                                                      "ranks_per_group 20 x groups 100"), p.stderr

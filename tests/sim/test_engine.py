@@ -112,3 +112,20 @@ def test_bad_configurations_are_named():
         Scenario(groups=600, gpus=10)
     with pytest.raises(ScenarioError, match="'gamma'"):
         dataclasses.replace(PAPER, fail_dist="gamma")
+
+
+def test_the_simulator_charges_the_first_rank_failure_to_the_group():
+    # a group's failure intervals are the minima of its ranks' draws: their mean is the
+    # scenario's group MTBF (R^(1 - 1/k) of R = 1's for Weibull), and R = 1 draws exactly the
+    # intervals it drew before ranks existed
+    import numpy as np
+
+    from unbroken.sim.engine import _Draws
+
+    for r in (1, 4):
+        sc = Scenario(groups=50, gpus=1000, ranks_per_group=r)
+        iv = _Draws(sc, 3).intervals(40_000)
+        assert abs(iv.mean() / sc.group_mtbf - 1) < 0.03, (r, iv.mean(), sc.group_mtbf)
+    base = _Draws(Scenario(groups=50, gpus=1000), 3).intervals(5)
+    legacy = np.random.default_rng(np.random.SeedSequence(3).spawn(2)[0]).weibull(0.78, 5)
+    assert np.array_equal(base, legacy * Scenario(groups=50, gpus=1000).weibull_scale)

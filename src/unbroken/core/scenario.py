@@ -67,9 +67,14 @@ class Scenario:
     # whose writer failed). That can make failures *speed training up* when T_a is large, so it
     # is off by default; on, the simulator reproduces the authors' accounting (sim/engine.py).
     paper_shortcut: bool = False
+    # ranks (processes) in one group, the model sharded over them. A rank's failure is its
+    # whole group's: a group's next failure is the first of its R ranks' (each a renewal
+    # process of mean ``rank_mtbf``), and ``mtbf`` is the system's with every rank fresh
+    ranks_per_group: int = 1
 
     def __post_init__(self) -> None:
-        ints = {"groups": self.groups, "gpus": self.gpus, "steps": self.steps}
+        ints = {"groups": self.groups, "gpus": self.gpus, "steps": self.steps,
+                "ranks_per_group": self.ranks_per_group}
         for name, v in ints.items():
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ScenarioError(f"{name} must be a positive integer, got {v!r}")
@@ -90,6 +95,11 @@ class Scenario:
         if self.gpus < self.groups:
             raise ScenarioError(f"gpus {self.gpus} is fewer than groups {self.groups}: "
                                 "each group needs at least one GPU")
+        if self.gpus < self.groups * self.ranks_per_group:
+            raise ScenarioError(f"ranks_per_group {self.ranks_per_group} x groups "
+                                f"{self.groups} = {self.groups * self.ranks_per_group} ranks, "
+                                f"more than gpus {self.gpus}: each rank needs at least one "
+                                f"GPU")
 
     @property
     def allreduce(self) -> float:
@@ -97,14 +107,37 @@ class Scenario:
         return self.groups / 100.0 if self.t_allreduce is None else self.t_allreduce
 
     @property
+    def rank_mtbf(self) -> float:
+        """Mean time between failures of one rank: the system MTBF times N x R."""
+        return self.mtbf * self.groups * self.ranks_per_group
+
+    @property
+    def rank_weibull_scale(self) -> float:
+        """Weibull lambda of one rank's failure intervals."""
+        return self.rank_mtbf / math.gamma(1.0 + 1.0 / self.weibull_shape)
+
+    @property
     def group_mtbf(self) -> float:
-        """Mean time between failures of one group: the system MTBF times N."""
-        return self.mtbf * self.groups
+        """Mean time between failures of one group: the first of its R fresh ranks'. The
+        system MTBF times N for one rank a group, or exponential failures; with Weibull
+        failures of shape k, x R^(1 - 1/k) (the first of R Weibull draws is Weibull with
+        lambda / R^(1/k): fresh ranks with k < 1 fail early, so a group of more ranks fails
+        more than R times as often as one)."""
+        if self.fail_dist == "exponential" or self.ranks_per_group == 1:
+            return self.mtbf * self.groups
+        return self.weibull_scale * math.gamma(1.0 + 1.0 / self.weibull_shape)
+
+    @property
+    def system_mtbf(self) -> float:
+        """Mean time between failures of the whole job, as the closed forms use it: a group's
+        over N (``mtbf`` itself for one rank a group)."""
+        return self.mtbf if self.ranks_per_group == 1 else self.group_mtbf / self.groups
 
     @property
     def weibull_scale(self) -> float:
-        """Weibull lambda giving the per-group mean: 155,937 s at N = 600, k = 0.78."""
-        return self.group_mtbf / math.gamma(1.0 + 1.0 / self.weibull_shape)
+        """Weibull lambda of one group's intervals (the first of its ranks'): 155,937 s at
+        N = 600, k = 0.78, R = 1."""
+        return self.rank_weibull_scale * self.ranks_per_group ** (-1.0 / self.weibull_shape)
 
     @property
     def t0(self) -> float:

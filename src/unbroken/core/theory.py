@@ -388,11 +388,11 @@ def epoch_costs(sc: Scenario, redundancy: int, step: float, strategy: str = "spa
     """
     n = sc.groups
     if strategy == "ckpt":
-        return Costs(sc.mtbf, restart_expected(sc), 0.0)
+        return Costs(sc.system_mtbf, restart_expected(sc), 0.0)
     sets = None if strategy == "spare" else n / redundancy
-    t_fail = time_to_wipeout(n, redundancy, sc.mtbf, sets)
+    t_fail = time_to_wipeout(n, redundancy, sc.system_mtbf, sets)
     masked = max(0.0, float(np.sum(survival(n, redundancy, np.arange(n), sets))) - 1.0)
-    rho = step / sc.mtbf
+    rho = step / sc.system_mtbf
     rounds = masked * (-math.expm1(-rho) / rho if rho > 0 else 1.0)
     reorders = min(rounds, nonfixed_decisions(n, redundancy)) if strategy == "spare" else 0.0
     half = sc.allreduce_fail_scale * sc.allreduce
@@ -444,7 +444,7 @@ def masking_efficiency(c: Costs) -> float:
 def _finish(sc: Scenario, r: int, m: float, lb: float, ov: float, step: float,
             strategy: str, step_paper: float | None = None) -> StrategyTheory:
     base = sc.t_compute + sc.allreduce
-    t_fail = m * sc.mtbf
+    t_fail = m * sc.system_mtbf
     a_paper = best_availability(sc.t_save, t_fail, sc.t_restart)
     step_paper = step if step_paper is None else step_paper
     j_paper = step_paper / (base * a_paper) if a_paper > 0 else math.inf
@@ -507,12 +507,12 @@ def caveats(sc: Scenario, th: StrategyTheory) -> list[str]:
     """Why an answer may mean little, one line each (empty when the closed forms apply)."""
     out = []
     step = sc.t_compute + sc.allreduce
-    if sc.mtbf < step:
-        out.append(f"the system MTBF ({sc.mtbf:g} s) is shorter than one failure-free step "
+    if sc.system_mtbf < step:
+        out.append(f"the system MTBF ({sc.system_mtbf:g} s) is shorter than one failure-free step "
                    f"({step:g} s): nearly every step sees failures, which these closed forms "
                    "(failures one at a time between steps) do not model; simulate instead")
     if not math.isfinite(th.restart_s):
-        out.append(f"a restart never ends: with a system MTBF of {sc.mtbf:g} s some group "
+        out.append(f"a restart never ends: with a system MTBF of {sc.system_mtbf:g} s some group "
                    f"fails within every T_r = {sc.t_restart:g} s window")
     if not math.isfinite(th.ttt_over_t0) or th.ttt_over_t0 > 100:
         out.append(f"TTT/T0 = {th.ttt_over_t0:.3g} at r = {th.redundancy}: training does not "

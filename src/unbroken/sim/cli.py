@@ -39,6 +39,9 @@ def _scenario_args(p: argparse.ArgumentParser, groups_default: int | None) -> No
     g.add_argument("--groups", type=positive_int, default=groups_default,
                    required=groups_default is None, help="data-parallel groups N")
     g.add_argument("--gpus", type=positive_int, default=600_000, help="total GPUs")
+    g.add_argument("--ranks-per-group", type=positive_int, default=1, metavar="R",
+                   help="ranks (processes) in one group, the model sharded over them: a "
+                        "rank's failure is its whole group's (1)")
     g.add_argument("--mtbf", type=duration, help="system MTBF (default 5m)")
     g.add_argument("--gpu-mtbf", type=duration,
                    help="MTBF of one GPU instead of --mtbf (system MTBF = this / gpus)")
@@ -74,11 +77,13 @@ def _scenario(a: argparse.Namespace):
                        t_restart=3600.0 if a.restart is None else a.restart,
                        t_save=60.0 if a.ckpt_save is None else a.ckpt_save, jitter=a.jitter,
                        fail_dist=a.fail, paper_shortcut=a.paper_shortcut,
+                       ranks_per_group=a.ranks_per_group,
                        weibull_shape=a.weibull_shape if a.weibull_shape is not None else 0.78)
 
 
 #: Scenario fields as the flags that set them, for error lines that name what the user typed.
 _FLAGS = {"groups": "--groups", "gpus": "--gpus", "steps": "--steps",
+          "ranks_per_group": "--ranks-per-group",
           "t_compute": "--step-time", "t_allreduce": "--allreduce", "t_restart": "--restart",
           "t_save": "--ckpt-save", "jitter": "--jitter", "weibull_shape": "--weibull-shape"}
 
@@ -220,8 +225,8 @@ def cmd_theory(a: argparse.Namespace) -> dict:
     out = {"groups": sc.groups, "redundancy": a.redundancy,
            **keys(sp, sp_best.redundancy, theory.r_star_closed_form(sc.groups), sp_sweep),
            "caveats": caveats,
-           "young_s": theory.young(sc.t_save, sp.mu * sc.mtbf),
-           "daly_s": theory.daly(sc.t_save, sp.mu * sc.mtbf, sc.t_restart),
+           "young_s": theory.young(sc.t_save, sp.mu * sc.system_mtbf),
+           "daly_s": theory.daly(sc.t_save, sp.mu * sc.system_mtbf, sc.t_restart),
            "mc_trials": a.mc_trials,
            "mc_trials_done": mc.trials if mc else 0,
            "mc_failures_seen": mc.failures_seen if mc else 0,

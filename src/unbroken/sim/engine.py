@@ -107,10 +107,13 @@ class _Draws:
 
     def _refill_intervals(self) -> None:
         sc = self.sc
+        # a group's interval is the first of its R ranks' (a rank's failure is the group's)
+        r = sc.ranks_per_group
         if sc.fail_dist == "weibull":
-            self._iv = self.rng.weibull(sc.weibull_shape, _CHUNK) * sc.weibull_scale
+            self._iv = self.rng.weibull(sc.weibull_shape, (_CHUNK, r)).min(axis=1) \
+                * sc.rank_weibull_scale
         else:
-            self._iv = self.rng.standard_exponential(_CHUNK) * sc.group_mtbf
+            self._iv = self.rng.standard_exponential((_CHUNK, r)).min(axis=1) * sc.rank_mtbf
         self._iv_i = 0
 
     def interval(self) -> float:

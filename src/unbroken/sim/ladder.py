@@ -146,9 +146,14 @@ class _Run:
     # -- draws and books ---------------------------------------------------------------------
     def interval(self) -> float:
         sc = self.sc
+        # the first of the group's R ranks' failures (a rank's failure is the group's)
+        r = sc.ranks_per_group
         if sc.fail_dist == "weibull":
-            return float(self.rng.weibull(sc.weibull_shape)) * sc.weibull_scale
-        return float(self.rng.exponential(sc.group_mtbf))
+            draws = self.rng.weibull(sc.weibull_shape, r) if r > 1 else \
+                [self.rng.weibull(sc.weibull_shape)]
+            return float(min(draws)) * sc.rank_weibull_scale
+        return float(min(self.rng.exponential(sc.rank_mtbf, r)) if r > 1
+                     else self.rng.exponential(sc.group_mtbf))
 
     def pick(self, items: list, p: np.ndarray):
         return items[int(self.rng.choice(len(items), p=p))]
