@@ -138,6 +138,11 @@ class Rendezvous:
             peer_died = st.check([gloo_error_key(old, self.ns)])
             live = self._live(rendezvous_staleness(
                 self._staleness(), self.heartbeat_period, peer_died))
+            # a member still missing that a death notice names is not waited for: the
+            # heartbeat thread learns of the notice only at its next read, up to a period on.
+            # Read as a counter: the heartbeat's own reads create the key at 0 (check would
+            # say it exists)
+            live = [u for u in live if u in joined or st.add(dead_key(u), 0) == 0]
             came = [u for u in sorted(expected) if st.check([f"{self.ns}rdzv/{gen}/joiner/{u}"])]
             gone = [u for u in sorted(expected)
                     if u not in came and st.check([dead_key(u)])]

@@ -21,21 +21,34 @@ After a re-form (:meth:`same_members`) the ranks check that their planes formed 
 member list; a plane that formed another (a group judged silent on one plane only) is broken
 again until they agree -- the death notice of a group is shared by every plane, so they do.
 
-A sibling that died or hung blocks these collectives; its group is fenced by then (the
-launcher kills a group whose rank exited, and a silent sibling makes the rank that notices it
-declare the group dead: ``FTComm._sibling_lost``), so the block ends with the process.
+A sibling that died breaks these collectives (and FSDP's, inside the step) with a gloo error
+at once: the rank that sees it declares its group dead -- one death notice, which every plane's
+members read, so all of them drop the group in the same re-form -- and leaves (exit 11,
+``GROUP_FENCED``); the launcher kills what is left of the group. A sibling that hung blocks
+them instead, until the rank's heartbeat finds it silent and does the same
+(``FTComm._sibling_lost``).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from unbroken.protocol import ExitCode
 from unbroken.runtime import stepbuf as sb
 
-__all__ = ["GroupSync", "KINDS"]
+__all__ = ["GroupSync", "KINDS", "is_group_error"]
+
+
+def is_group_error(exc: BaseException) -> bool:
+    """A collective of the group broken by a rank that is gone (gloo's or NCCL's transport
+    error), not the model's own error."""
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and (
+        "gloo" in text or "Connection closed by peer" in text or "NCCL" in text)
 
 #: step-check kinds in order of severity (0: nothing found)
 KINDS = ("", "sdc", "implicit", "code")
@@ -45,8 +58,6 @@ class GroupSync:
     """Rank ``rank`` of a group of ``ranks`` (torch's default group is the group's)."""
 
     def __init__(self, rank: int, ranks: int) -> None:
-        import os
-
         self.rank, self.ranks = rank, ranks
         # a process group of the same ranks for the durable checkpoint, which the group saves
         # together on a background thread while training goes on over the default one
@@ -69,7 +80,7 @@ class GroupSync:
                 v[1], v[2], v[3] = float(buf[sb.JOIN]), float(buf[sb.CODE]), float(buf[sb.STOP])
             v[4] = float(buf[sb.LOST])
             v[5] = float(KINDS.index(found[0])) if found is not None else 0.0
-        dist.all_reduce(v)
+        self._all_reduce(runner.comm, v)
         if v[0] > 0:
             if ok:  # my plane committed, a sibling's did not: nobody in my plane may commit
                 runner.comm.fail(f"{int(v[0])} rank(s) of the group failed the step's op")
@@ -85,10 +96,27 @@ class GroupSync:
             return True, found
         return True, (kind, {"found_by": "another rank of the group"})
 
-    def same_members(self, members: list[int]) -> bool:
+    def broken(self, comm: Any, exc: BaseException) -> None:
+        """A sibling is gone: declare this group dead (every plane drops it at its next
+        re-form, the same one) and leave; the launcher fences the rest of the group."""
+        from unbroken.runtime.ftcomm import declare_dead
+
+        try:
+            declare_dead(comm.store, comm.uid)
+        except Exception:  # no store: the peers find the group silent instead
+            pass
+        os._exit(int(ExitCode.GROUP_FENCED))
+
+    def _all_reduce(self, comm: Any, v: torch.Tensor, op: Any = None) -> None:
+        try:
+            dist.all_reduce(v) if op is None else dist.all_reduce(v, op=op)
+        except RuntimeError as exc:
+            self.broken(comm, exc)
+
+    def same_members(self, comm: Any, members: list[int]) -> bool:
         """Whether every rank's plane formed its new generation with these members (the
         planes count their generations apart: only the members must match)."""
         h = float(hash(tuple(members)) & ((1 << 52) - 1))
         v = torch.tensor([h, -h], dtype=torch.float64)
-        dist.all_reduce(v, op=dist.ReduceOp.MAX)
+        self._all_reduce(comm, v, dist.ReduceOp.MAX)
         return float(v[0]) == -float(v[1])

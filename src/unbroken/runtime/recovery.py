@@ -39,7 +39,7 @@ class Recovery:
             if members is None:
                 self._offer(planned=False)
                 members = self.comm.reform()
-            if self.group is not None and not self.group.same_members(members):
+            if self.group is not None and not self.group.same_members(self.comm, members):
                 # the group's planes formed different generations: break this one too
                 self.comm.fail("the group's ranks formed different generations")
             elif self._settle(members, planned=planned, restart=restart):

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["SHARD_MODES", "ShardingError", "check_sharding", "group_mesh", "ShardedTrainer",
+           "rebuilt_optimizer",
            "local"]
 
 #: how a group's ranks share the model: ``none`` (R = 1 only), FSDP2, tensor parallelism
@@ -83,7 +84,7 @@ def local(t: torch.Tensor) -> torch.Tensor:
     return t._local_tensor if hasattr(t, "_local_tensor") else t
 
 
-def _rebuilt_optimizer(opt: torch.optim.Optimizer, old: list[torch.Tensor],
+def rebuilt_optimizer(opt: torch.optim.Optimizer, old: list[torch.Tensor],
                        new: list[torch.Tensor]) -> torch.optim.Optimizer:
     """The same optimizer class, hyperparameters and parameter groups over the sharded
     parameters (sharding replaces a module's parameters, which the user's optimizer held)."""
@@ -96,7 +97,12 @@ def _rebuilt_optimizer(opt: torch.optim.Optimizer, old: list[torch.Tensor],
                                 f"that are not parameters of the model: cannot shard it")
         groups.append({**{k: v for k, v in g.items() if k != "params"},
                        "params": [new[pos[id(p)]] for p in g["params"]]})
-    return type(opt)(groups, **opt.defaults)
+    # the constructor's own keywords only: ``defaults`` can hold derived ones (AdamW's
+    # ``decoupled_weight_decay``); every group carries its settings anyway
+    import inspect
+
+    takes = inspect.signature(type(opt).__init__).parameters
+    return type(opt)(groups, **{k: v for k, v in opt.defaults.items() if k in takes})
 
 
 class ShardedTrainer:
@@ -127,7 +133,7 @@ class ShardedTrainer:
         if len(self.params) != len(old):
             raise ShardingError(f"sharding changed the number of parameters ({len(old)} -> "
                                 f"{len(self.params)})")
-        self.opt = _rebuilt_optimizer(inner.opt, old, self.params)
+        self.opt = rebuilt_optimizer(inner.opt, old, self.params)
         inner.opt = self.opt
         self.numel = sum(local(p).numel() for p in self.params)
         self.last_loss: dict[int, float] = {}

@@ -75,7 +75,7 @@ from unbroken.runtime import stepbuf as sb
 from unbroken.runtime.admission import Admission, WipeOutError
 from unbroken.runtime.comm import CommLike
 from unbroken.runtime.config import TrainConfig
-from unbroken.runtime.groupsync import GroupSync
+from unbroken.runtime.groupsync import GroupSync, is_group_error
 from unbroken.runtime.hooks import NoHooks, StepHooks
 from unbroken.runtime.incidents import GuardStopError, Incidents
 from unbroken.runtime.recovery import Recovery
@@ -254,6 +254,9 @@ class StackedRunner(Recovery, Incidents, Admission):
 
     def _step_failed(self, exc: BaseException) -> None:
         import traceback
+
+        if self.group is not None and is_group_error(exc):  # a sibling rank is gone, not a
+            self.group.broken(self.comm, exc)               # bug: the group is fenced
 
         self.step_error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         self.journal({"event": Event.STEP_ERROR, "step": self.step, "version": self.version,
