@@ -19,6 +19,10 @@ def run(a: argparse.Namespace) -> dict:
         from unbroken.learn.rules import rules_command
 
         return rules_command(a)
+    if a.action == "fit":
+        from unbroken.learn.fit import fit_command
+
+        return fit_command(a)
     from unbroken.learn.analyze import analyze_command
 
     return analyze_command(a)
@@ -28,11 +32,12 @@ def _synth(a: argparse.Namespace) -> dict:
     from unbroken.learn.synth import SynthSpec, generate, write
 
     spec = SynthSpec(seed=a.seed, nodes=a.nodes, days=a.days, gpus=a.gpus,
-                     failures=a.failures, before=min(2, a.failures))
+                     failures=a.failures, before=min(a.early, a.failures), silent=a.silent,
+                     shapes=a.shapes)
     s = generate(spec)
     paths = write(s, a.out)
     return {"action": "synth", "seed": a.seed, "nodes": a.nodes, "days": a.days,
-            "gpus": a.gpus, "failures": len(s.truth["failures"]),
+            "gpus": a.gpus, "failures": len(s.truth["failures"]), "shapes": a.shapes,
             "scrapes": len(s.frame.t), "files": paths}
 
 
@@ -43,6 +48,12 @@ def show(con, a: argparse.Namespace, data: dict) -> None:
                   f"{data['seed']}", highlight=False)
         for role, path in data["files"].items():
             con.print(f"  {role:<11} {path}", highlight=False)
+        return
+    if data.get("action") == "fit":
+        con.print(f"detector written to {data['out']} (sha256 {data['sha256'][:12]}...), "
+                  f"fitted on {data['clusters']} synthetic clusters "
+                  f"({', '.join(data['families'])}): {data['reason']}; rules: "
+                  f"{data['rules_reason']}", highlight=False)
         return
     if data.get("action") == "rules":
         from unbroken.learn.rules import show_rules

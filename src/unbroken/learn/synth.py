@@ -97,7 +97,7 @@ class SynthSpec:
         if not self.days > 0:
             raise ValueError(f"--days {self.days}: expected a positive number")
         if not 0 <= self.before <= self.failures:
-            raise ValueError(f"before {self.before}: expected 0..failures ({self.failures})")
+            raise ValueError(f"--early {self.before}: expected 0..--failures ({self.failures})")
         if not 0 <= self.silent <= self.failures - self.before:
             raise ValueError(f"--silent {self.silent}: expected 0..failures - early "
                              f"({self.failures - self.before})")
