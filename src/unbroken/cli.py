@@ -381,7 +381,7 @@ def _learn_args(le: argparse.ArgumentParser) -> None:
     fi.add_argument("--out", required=True, metavar="FILE")
     fi.add_argument("--families", default="report,step,drift,oscillation,burst,single",
                     help="precursor families to fit on (all)")
-    fi.add_argument("--seeds", default="1000-1002", help="seeds per family: A-B or a,b,c")
+    fi.add_argument("--seeds", default="1000-1003", help="seeds per family: A-B or a,b,c")
     fi.add_argument("--nodes", type=_positive_int, default=24)
     fi.add_argument("--days", type=_positive_float, default=2.0)
     fi.add_argument("--gpus", type=_positive_int, default=8)
@@ -391,7 +391,7 @@ def _learn_args(le: argparse.ArgumentParser) -> None:
     fi.add_argument("--fp-budget", type=_number(float, lambda v: v >= 0, "a number >= 0"),
                     default=1.0, help="false alarms per day (1.0)")
     fi.add_argument("--margin", type=_number(float, lambda v: 0 < v <= 1, "a number in (0, 1]"),
-                    default=0.8, help="fit to this share of the budget (0.8)")
+                    default=0.75, help="fit to this share of the budget (0.75)")
     fi.add_argument("--json", action="store_true")
     ru = acts.add_parser("rules", help="the calibrated detector and the memory/thermal rules "
                                        "as Prometheus alerting and recording rules (YAML)")

@@ -49,7 +49,7 @@ def test_fit_takes_the_most_early_warnings_within_the_budget():
     pol, rows, why = fit_detector(cases, FAM, budget_per_day=2.0, margin=1.0,
                                   levels=(1e-2, 1e-3, 1e-4, 0.0), pairs=(0.5, 1.0),
                                   min_h_scrapes=0.0)
-    assert len(rows) == 2 * 4 * 2
+    assert len(rows) == 2 * 4 * 3 * 2                 # (k, cap) x level x stretch x pair
     ok = [r for r in rows if r.fa_per_day_mean <= 2.0]
     best = max(r.early for r in ok)
     assert best >= 1 and "early precursors warned" in why
@@ -75,3 +75,16 @@ def test_bad_budget_and_no_clusters():
     with pytest.raises(ValueError, match="no fitting clusters"):
         fit_detector({}, FAM, budget_per_day=1.0)
     assert ChangePolicy().check()
+
+
+def test_false_alarms_are_counted_on_clusters_the_thresholds_did_not_see():
+    """At level 0 the threshold is the healthy maximum: scored on its own clusters it would
+    never fire. Two-fold, the cluster with the taller healthy spike fires against the other's
+    threshold, and the fit says so."""
+    a, b = _case(0, 0, precursor=0.0), _case(1, 0, precursor=0.0)
+    a.evidence["a"][4, 100:110] = 50.0
+    b.evidence["a"][4, 100:110] = 20.0
+    _, rows, _ = fit_detector({(1.0, 6.0): [a, b]}, FAM, budget_per_day=1.0, levels=(0.0,),
+                              pairs=(1.0,), min_h_scrapes=0.0)
+    assert rows[0].fa_per_day_max == pytest.approx(1.0)     # one alarm in one day, on a
+    assert rows[0].fa_per_day_mean == pytest.approx(0.5)    # not on b

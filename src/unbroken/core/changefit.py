@@ -11,11 +11,14 @@ of that signal's evidence (``core.changepoint``'s CUSUM, per node) over the fitt
 *healthy* node-time (every failing node masked from an hour before its precursor to two hours
 after its XID) — so every signal is allowed the same rate of healthy exceedances, whatever
 its units, noise or shape — floored at ``min_h_scrapes`` full-strength scrapes. Then one grid
-over (k, cap) x level x pair: each setting's alerts are scored against the fitting clusters'
-failures (``core.precursors.score``), and the setting kept is the one with the most failures
-warned before their XID, then the most detected, then the fewest false alarms, among those
-whose mean false alarms per day stay within ``margin`` x the budget (the margin is the room
-left for a cluster that is noisier than the fitting ones). Four numbers fitted on many
+over (k, cap) x level x stretch x pair: each setting's alerts are scored against the fitting clusters'
+failures (``core.precursors.score``) — two-fold: thresholds taken from half the clusters,
+scored on the other half, and back, because on the clusters its quantiles came from a
+threshold sits above the healthy tail by construction — and the setting kept is the one with
+the most failures warned before their XID, then the most detected, then the fewest false
+alarms, among those whose mean false alarms per day stay within ``margin`` x the budget (the
+margin is the room left for a cluster noisier than the fitting ones). The thresholds written
+are then the quantiles over all the fitting clusters. Five numbers fitted on many
 clusters cannot learn one family's shape; the held-out bench checks that they did not.
 
 Pure: arrays in, a policy and plain rows out.
@@ -31,9 +34,10 @@ import numpy as np
 from unbroken.core.changepoint import ChangePolicy, combine
 from unbroken.core.precursors import Failure, score
 
-__all__ = ["FitCase", "FitRow", "thresholds_at", "fit_detector", "LEVELS", "PAIRS"]
+__all__ = ["FitCase", "FitRow", "thresholds_at", "fit_detector", "LEVELS", "STRETCH", "PAIRS"]
 
-LEVELS = (3e-4, 1e-4, 5e-5, 2e-5, 1e-5, 5e-6, 2e-6)
+LEVELS = (1e-4, 3e-5, 1e-5, 3e-6, 0.0)
+STRETCH = (1.0, 1.3, 1.7)      # beyond the healthy maximum (level 0) when even it is noisy
 PAIRS = (0.5, 0.7, 1.0)
 
 
@@ -52,6 +56,7 @@ class FitRow:
     k: float
     cap: float
     level: float
+    stretch: float
     pair: float
     fa_per_day_mean: float
     fa_per_day_max: float
@@ -66,7 +71,8 @@ def thresholds_at(cases: Sequence[FitCase], level: float, min_h: float) -> dict[
     names = sorted({s for c in cases for s in c.evidence})
     out = {}
     for s in names:
-        vals = np.concatenate([c.evidence[s][c.null].ravel() for c in cases if s in c.evidence])
+        vals = np.concatenate([c.evidence[s][c.null].astype(np.float64).ravel()
+                               for c in cases if s in c.evidence])
         q = float(np.quantile(vals, 1.0 - level)) if len(vals) else 0.0
         # a hair above the quantile: the largest healthy values come in ties (a saturated
         # burst), and evidence kept at lower precision must not sit a rounding above them
@@ -74,11 +80,19 @@ def thresholds_at(cases: Sequence[FitCase], level: float, min_h: float) -> dict[
     return out
 
 
+def _folds(n: int) -> list[tuple[list[int], list[int]]]:
+    """Two halves (even and odd clusters), each fitted on the other; one cluster: itself."""
+    if n < 2:
+        return [(list(range(n)), list(range(n)))]
+    a, b = list(range(0, n, 2)), list(range(1, n, 2))
+    return [(b, a), (a, b)]
+
+
 def fit_detector(cases: Mapping[tuple[float, float], Sequence[FitCase]],
                  family_of: Mapping[str, str], budget_per_day: float,
                  base: ChangePolicy = ChangePolicy(), levels: Sequence[float] = LEVELS,
                  pairs: Sequence[float] = PAIRS, margin: float = 0.8,
-                 min_h_scrapes: float = 3.0) -> tuple[ChangePolicy, list[FitRow], str]:
+                 min_h_scrapes: float = 3.0, stretches: Sequence[float] = STRETCH) -> tuple[ChangePolicy, list[FitRow], str]:
     """The best setting over ``cases`` (keyed by (k, cap)); see the module docstring.
     Returns the policy (its thresholds filled), every row of the grid, and a reason line."""
     if not budget_per_day >= 0:
@@ -88,37 +102,48 @@ def fit_detector(cases: Mapping[tuple[float, float], Sequence[FitCase]],
     rows: list[FitRow] = []
     pols: list[ChangePolicy] = []
     for (k, cap), cs in sorted(cases.items()):
+        folds = _folds(len(cs))
         for level in levels:
-            th = thresholds_at(cs, level, min_h_scrapes * (cap - k))
-            for pair in pairs:
-                pol = replace(base, k=k, cap=cap, pair=pair, thresholds=th).check()
-                fas, early, det, nf, poss = [], 0, 0, 0, 0
-                for c in cs:
-                    d = combine(c.evidence, family_of, pol)
-                    sc = score(d, c.t, c.failures)
-                    fas.append(sc.false_alarms_per_day)
-                    early += sc.before_xid
-                    det += sc.n_detected
-                    nf += len(c.failures)
-                    poss += c.early_possible
-                rows.append(FitRow(k, cap, level, pair, float(np.mean(fas)), float(np.max(fas)),
-                                   early, det, nf, poss))
-                pols.append(pol)
+            # thresholds from one half of the clusters, scored on the other half (and back):
+            # scored on the clusters they were taken from, the healthy tail would be below
+            # the threshold by construction and the false alarms zero
+            th_fold0 = [thresholds_at([cs[i] for i in fit_i], level, min_h_scrapes * (cap - k))
+                        for fit_i, _ in folds]
+            th_all0 = thresholds_at(cs, level, min_h_scrapes * (cap - k))
+            for m in stretches:
+                th_fold = [{s: h * m for s, h in th.items()} for th in th_fold0]
+                th_all = {s: h * m for s, h in th_all0.items()}
+                for pair in pairs:
+                    fas, early, det, nf, poss = [], 0, 0, 0, 0
+                    for (_, score_i), th in zip(folds, th_fold):
+                        pol = replace(base, k=k, cap=cap, pair=pair, thresholds=th).check()
+                        for i in score_i:
+                            c = cs[i]
+                            sc = score(combine(c.evidence, family_of, pol), c.t, c.failures)
+                            fas.append(sc.false_alarms_per_day)
+                            early += sc.before_xid
+                            det += sc.n_detected
+                            nf += len(c.failures)
+                            poss += c.early_possible
+                    rows.append(FitRow(k, cap, level, m, pair, float(np.mean(fas)),
+                                       float(np.max(fas)), early, det, nf, poss))
+                    pols.append(replace(base, k=k, cap=cap, pair=pair,
+                                        thresholds=th_all).check())
     cap_fa = budget_per_day * margin
     ok = [i for i, r in enumerate(rows) if r.fa_per_day_mean <= cap_fa]
     if ok:
         i = max(ok, key=lambda i: (rows[i].early, rows[i].detected, -rows[i].fa_per_day_mean,
-                                   -rows[i].level))
+                                   -rows[i].level, -rows[i].stretch))
         r = rows[i]
-        why = (f"k {r.k:g}, cap {r.cap:g}, level {r.level:g}, pair {r.pair:g}: "
+        why = (f"k {r.k:g}, cap {r.cap:g}, level {r.level:g} x {r.stretch:g}, pair {r.pair:g}: "
                f"{r.early}/{r.early_possible} early precursors warned before the XID, "
                f"{r.detected}/{r.failures} failures detected, {r.fa_per_day_mean:.2f} false "
                f"alarms/day (max {r.fa_per_day_max:.2f}) on {len(cases[(r.k, r.cap)])} "
-               f"fitting clusters (budget {budget_per_day:g} x margin {margin:g})")
+               f"fitting clusters, two-fold (budget {budget_per_day:g} x margin {margin:g})")
     else:
         i = min(range(len(rows)), key=lambda i: (rows[i].fa_per_day_mean, -rows[i].early))
         r = rows[i]
         why = (f"no setting meets {budget_per_day:g} x {margin:g} false alarms/day on the "
-               f"fitting clusters; quietest: k {r.k:g}, cap {r.cap:g}, level {r.level:g}, "
-               f"pair {r.pair:g} at {r.fa_per_day_mean:.2f}/day")
+               f"fitting clusters; quietest: k {r.k:g}, cap {r.cap:g}, level {r.level:g} x "
+               f"{r.stretch:g}, pair {r.pair:g} at {r.fa_per_day_mean:.2f}/day")
     return pols[i], rows, why

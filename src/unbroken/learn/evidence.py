@@ -57,7 +57,8 @@ def evidences(sig: Signals, live: np.ndarray, base: C.ChangePolicy,
         del z
         for (k, cap) in variants:
             S = C.clipped_cusum(r, k, cap, sig.sides[s])
-            out[(k, cap)][s] = C.node_evidence(S, nd, N).astype(dtype)
+            ev = C.node_evidence(S, nd, N)
+            out[(k, cap)][s] = np.minimum(ev, np.finfo(dtype).max).astype(dtype)
     return out
 
 
