@@ -309,11 +309,14 @@ def generate(spec: SynthSpec = SynthSpec()) -> Synth:
     # cluster state per scrape
     running = np.zeros(T)
     member = np.zeros((N, T), bool)
+    io_member = np.zeros((N, T), bool)    # in the job for any part of the scrape interval
     for a in tl["attempts"]:
         end = a["end"] if a["end"] is not None else tl["t_end"] + dt
         running += _overlap(t, dt, a["start"], end)
         live = (t >= a["start"]) & (t < end)
         member[np.ix_(a["members"], np.flatnonzero(live))] = True
+        part = (t > a["start"]) & (t - dt < end)
+        io_member[np.ix_(a["members"], np.flatnonzero(part))] = True
     running = np.clip(running, 0, 1)
     save_f = np.zeros(T)
     load_f = np.zeros(T)
@@ -332,6 +335,7 @@ def generate(spec: SynthSpec = SynthSpec()) -> Synth:
     busy = np.clip(running - load_f, 0, 1)
     a = member * busy[None, :]                               # (N, T) training activity
     n_mem = np.maximum(member.sum(axis=0), 1)
+    n_io = np.maximum(io_member.sum(axis=0), 1)
     diurnal = 1 + 0.1 * np.sin(2 * np.pi * (t - spec.start) / DAY + rng.uniform(0, 2 * np.pi))
 
     def nodefac(sigma=0.03):
@@ -386,8 +390,9 @@ def generate(spec: SynthSpec = SynthSpec()) -> Synth:
     put(M.INTR, "", np.cumsum(intr_rate * dt, axis=1) + rng.uniform(1e8, 1e9, (N, 1)))
     lam = (2 + 38 * a) * diurnal * nodefac() * fam["processes"]
     put(M.PROCS, "", rng.poisson(lam).astype(float))
-    save_node = save_B[None, :] * member / n_mem        # bytes per scrape per node
-    load_node = load_B[None, :] * member / n_mem
+    # bytes per scrape per node: a save cut short by the job's end still wrote until then
+    save_node = save_B[None, :] * io_member / n_io
+    load_node = load_B[None, :] * io_member / n_io
     pg_rate = (20 + 80 * a) * diurnal * np.exp(_ar1(rng, (N, T), 0.8, 0.25))
     pg_rate = pg_rate * fam["memory"] + 0.02 * save_node / 4096 / dt
     put(M.PGPGOUT, "", np.cumsum(pg_rate * dt, axis=1) + rng.uniform(1e6, 1e7, (N, 1)))
