@@ -41,7 +41,7 @@ from unbroken.learn import names as M
 from unbroken.learn.frame import Frame
 from unbroken.learn.synth_gpu import ar1 as _ar1, gpu_metrics
 from unbroken.learn.synth_logs import PCI, kern_lines, sacct_lines, sacct_rows
-from unbroken.learn.synth_shapes import FAMILIES, Effects, apply_precursor, draw_precursor
+from unbroken.learn.synth_shapes import FAMILIES, Effects, assign_precursors
 
 __all__ = ["SynthSpec", "Synth", "generate", "write", "FAMILIES_OF_TYPE", "FAMILIES",
            "sacct_lines", "TooShort"]
@@ -357,7 +357,7 @@ def generate(spec: SynthSpec = SynthSpec()) -> Synth:
     healthy = np.ones((N, T), bool)
     gone = np.zeros((N, T), bool)        # node not reporting (down for repair)
     fx = Effects(N, G, T)
-    _precursors(spec, t, tl["failures"], fx)
+    assign_precursors(spec.shapes, spec.seed, spec.before, spec.gpus, t, tl["failures"], fx)
     for f in tl["failures"]:
         n, g, x = f["node_index"], f["gpu"], f["xid_time"]
         # the failure type's collapse: from the precursor's onset for the report's shapes,
@@ -451,43 +451,6 @@ def generate(spec: SynthSpec = SynthSpec()) -> Synth:
     )
     return Synth(spec=spec, frame=frame, kern_lines=kern, sacct_rows=sacct, truth=truth,
                  healthy=healthy)
-
-
-def _precursors(spec: SynthSpec, t: np.ndarray, failures: list[dict], fx: Effects) -> None:
-    """The early precursors of a family other than the report's, from their own generator
-    (seeded by the spec's seed: the timeline does not move when the family changes).
-
-    Each precursor goes to a failure with room for it (its XID at least lead + 1 h into the
-    data), longest lead first; without room, to the failure with the most history, the lead
-    shortened (truth.json has the lead used). Silent failures get none; the rest ("late")
-    only show at their XID."""
-    if spec.shapes == "report":
-        for f in failures:
-            f["precursor"] = {"family": "report", "shape": "collapse",
-                              "lead_s": f["precursor_lead_s"]} if f["role"] != "silent" else None
-        return
-    srng = np.random.default_rng([spec.seed, 30])
-    t0 = float(t[0])
-    precs = sorted((draw_precursor(srng, spec.shapes, spec.gpus) for _ in range(spec.before)),
-                   key=lambda p: -p["lead_s"])
-    n_early = sum(f["role"] == "early" for f in failures)
-    silent = sum(f["role"] == "silent" for f in failures)
-    for f in failures:
-        f["role"], f["precursor"] = "late", None
-        f["precursor_onset"], f["precursor_lead_s"] = f["xid_time"], 0.0
-    free = list(srng.permutation(len(failures)))
-    for p in precs[:n_early]:
-        room = [i for i in free if failures[i]["xid_time"] - t0 >= p["lead_s"] + 3600.0]
-        i = room[0] if room else max(free, key=lambda j: failures[j]["xid_time"])
-        f = failures[i]
-        free.remove(i)
-        p["lead_s"] = min(p["lead_s"], f["xid_time"] - t0 - 3600.0)
-        f.update(role="early", precursor=p, precursor_lead_s=p["lead_s"],
-                 precursor_onset=f["xid_time"] - p["lead_s"], gpu=p["gpu"])
-        apply_precursor(fx, p, f["node_index"], t, f["precursor_onset"], f["xid_time"],
-                        f["xid_time"] + 1200.0, srng)
-    for i in free[:silent]:
-        failures[i]["role"] = "silent"
 
 
 # -- writing -------------------------------------------------------------------------------

@@ -33,7 +33,8 @@ import math
 
 import numpy as np
 
-__all__ = ["FAMILIES", "CHANNELS", "Effects", "draw_precursor", "apply_precursor", "envelope"]
+__all__ = ["FAMILIES", "CHANNELS", "Effects", "draw_precursor", "apply_precursor", "envelope",
+           "assign_precursors"]
 
 FAMILIES = ("report", "step", "drift", "oscillation", "burst", "single")
 
@@ -171,3 +172,41 @@ def apply_precursor(fx: Effects, p: dict, n: int, t: np.ndarray, onset: float, x
             row += size * env
         else:
             row += np.round(size * env)
+
+
+def assign_precursors(family: str, seed: int, early: int, gpus: int, t: np.ndarray,
+                      failures: list[dict], fx: Effects) -> None:
+    """The early precursors of a family other than the report's, from their own generator
+    (seeded by the cluster's seed: the timeline does not move when the family changes).
+
+    Each precursor goes to a failure with room for it (its XID at least lead + 1 h into the
+    data), longest lead first; without room, to the failure with the most history, the lead
+    shortened (truth.json has the lead used). Silent failures get none; the rest ("late")
+    only show at their XID."""
+    if family == "report":
+        for f in failures:
+            f["precursor"] = {"family": "report", "shape": "collapse",
+                              "lead_s": f["precursor_lead_s"]} if f["role"] != "silent" else None
+        return
+    srng = np.random.default_rng([seed, 30])
+    t0 = float(t[0])
+    precs = sorted((draw_precursor(srng, family, gpus) for _ in range(early)),
+                   key=lambda p: -p["lead_s"])
+    n_early = sum(f["role"] == "early" for f in failures)
+    silent = sum(f["role"] == "silent" for f in failures)
+    for f in failures:
+        f["role"], f["precursor"] = "late", None
+        f["precursor_onset"], f["precursor_lead_s"] = f["xid_time"], 0.0
+    free = list(srng.permutation(len(failures)))
+    for p in precs[:n_early]:
+        room = [i for i in free if failures[i]["xid_time"] - t0 >= p["lead_s"] + 3600.0]
+        i = room[0] if room else max(free, key=lambda j: failures[j]["xid_time"])
+        f = failures[i]
+        free.remove(i)
+        p["lead_s"] = min(p["lead_s"], f["xid_time"] - t0 - 3600.0)
+        f.update(role="early", precursor=p, precursor_lead_s=p["lead_s"],
+                 precursor_onset=f["xid_time"] - p["lead_s"], gpu=p["gpu"])
+        apply_precursor(fx, p, f["node_index"], t, f["precursor_onset"], f["xid_time"],
+                        f["xid_time"] + 1200.0, srng)
+    for i in free[:silent]:
+        failures[i]["role"] = "silent"
