@@ -8,12 +8,17 @@ Phases, each in a fresh process so that its peak memory (max RSS) is its own:
   align, the six analyses with the detector calibrated on the input);
 * ``server``: the same from Prometheus over HTTP (the TSDB backfilled with promtool first; the
   backfill's time is reported apart, it is the operator's one-off);
-* ``detector``: the detector alone on the aligned signals (peer statistics, the calibration
-  grid, the detection), against the baseline a user would write — a Python loop over scrapes
-  and nodes with numpy percentiles per (scrape, node) — timed on 120 scrapes and extrapolated.
+* ``detector``: the change detector alone on the aligned signals (peer z, each unit's own
+  baseline, the CUSUM, the combination), against the baseline a user would write — a Python
+  loop over scrapes and nodes with numpy percentiles per (scrape, node) — timed on 120 scrapes
+  and extrapolated;
+* ``fit`` (with ``--fit``): ``learn fit`` at this bench's scale (nodes, GPUs, days; every family,
+  one seed each, seeds 1000+), then ``fitted``: the ``file`` phase again with that detector
+  instead of the shipped one (fitted on 24-node clusters: false alarms per day grow with the
+  number of nodes).
 
 Prints one JSON object. Never asserted in tests.
-Usage: python bench/learn.py [--seed S] [--nodes 63] [--days 3] [--no-server]
+Usage: python bench/learn.py [--seed S] [--nodes 63] [--days 3] [--no-server] [--fit]
 """
 
 from __future__ import annotations
@@ -51,17 +56,26 @@ def _phase(args: argparse.Namespace) -> dict:
         s = generate(SynthSpec(seed=args.seed, nodes=args.nodes, days=args.days))
         write(s, d)
         out["samples"] = int(sum((v == v).sum() for v in s.frame.series.values()))
-    elif args.phase in ("file", "server"):
+    elif args.phase in ("file", "server", "fitted"):
         from unbroken.learn.analyze import analyze_command
         ns = argparse.Namespace(
             prometheus=args.url if args.phase == "server" else None,
-            openmetrics=[str(d / "metrics.om.gz")] if args.phase == "file" else None,
+            openmetrics=[str(d / "metrics.om.gz")] if args.phase != "server" else None,
             kernel_log=[str(d / "kern.log")], sacct=str(d / "sacct.txt"), journal=None,
-            t_from=None, t_to=None, fp_budget=1.0, detector=None, html=None)
+            t_from=None, t_to=None, html=None,
+            detector=str(d / "detector.json") if args.phase == "fitted" else None)
         r = analyze_command(ns)
         out.update(detected=r["detected"], failures=len(r["failures"]),
                    before_xid=r["before_xid"], false_alarms_per_day=r["false_alarms_per_day"],
-                   scrapes=int(round(r["days"] * 86400 / r["scrape_s"])), nodes=r["nodes"])
+                   scrapes=int(round(r["days"] * 86400 / r["scrape_s"])), nodes=r["nodes"],
+                   detector=r["detector"]["reason"])
+    elif args.phase == "fit":
+        from unbroken.learn.fit import fit_command
+        r = fit_command(argparse.Namespace(
+            out=str(d / "detector.json"), families="report,step,drift,oscillation,burst,single",
+            seeds="1000", nodes=args.nodes, days=args.days, gpus=2, failures=10, early=3,
+            silent=2, fp_budget=1.0, margin=0.8))
+        out.update(reason=r["reason"], clusters=r["clusters"])
     elif args.phase == "detector":
         out.update(_detector(d))
     out["wall_s"] = time.perf_counter() - t0
@@ -72,7 +86,9 @@ def _phase(args: argparse.Namespace) -> dict:
 def _detector(d: Path) -> dict:
     import numpy as np
 
-    from unbroken.core import precursors as P
+    from unbroken.core import changepoint as C
+    from unbroken.learn.detector import default_detector
+    from unbroken.learn.evidence import evidences
     from unbroken.learn.openmetrics import read_openmetrics
     from unbroken.learn.sacct import membership, read_sacct
     from unbroken.learn.signals import build_signals
@@ -81,14 +97,12 @@ def _detector(d: Path) -> dict:
     jobs, _ = read_sacct(str(d / "sacct.txt"))
     sig = build_signals(frame)
     live = sig.present & membership(jobs, frame.nodes, frame.t)
+    pol = default_detector().policy
     t0 = time.perf_counter()
-    base = P.DetectorPolicy()
-    stats = {k: P.peer_stats(v, live, base, sig.floor[k]) for k, v in sig.values.items()}
+    ev = evidences(sig, live, pol, [(pol.k, pol.cap)])[(pol.k, pol.cap)]
     t1 = time.perf_counter()
-    pol, grid, _ = P.calibrate(stats, sig.family, frame.t, 1.0, base)
+    C.combine(ev, sig.family, pol)
     t2 = time.perf_counter()
-    P.detect(stats, sig.family, pol)
-    t3 = time.perf_counter()
     # the baseline: a loop over scrapes and nodes, numpy percentiles of each node's peers
     x = np.where(live, sig.values["interrupts"], np.nan)
     N, T = x.shape
@@ -105,11 +119,11 @@ def _detector(d: Path) -> dict:
                 mad = np.median(np.abs(peers - med))
                 _ = (col[n] < lo or col[n] > hi) and abs(col[n] - med) > 4 * max(mad, 1e-9)
     loop_per_scrape = (time.perf_counter() - tb) / k
-    n_sig = len(sig.values)
-    return {"signals": n_sig, "nodes": N, "scrapes": T, "peer_stats_s": t1 - t0,
-            "calibration_s": t2 - t1, "calibration_grid": len(grid), "detect_s": t3 - t2,
-            "loop_baseline_peer_stats_s": loop_per_scrape * T * n_sig,
-            "speedup_peer_stats": loop_per_scrape * T * n_sig / (t1 - t0)}
+    units = sum(v.shape[0] for v in sig.values.values())
+    return {"signals": len(sig.values), "units": units, "nodes": N, "scrapes": T,
+            "evidence_s": t1 - t0, "combine_s": t2 - t1,
+            "loop_baseline_peer_stats_s": loop_per_scrape * T * units / N,
+            "speedup_evidence": loop_per_scrape * T * units / N / (t1 - t0)}
 
 
 def _run_phase(phase: str, args, url: str | None = None) -> dict:
@@ -168,6 +182,7 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=63)
     ap.add_argument("--days", type=float, default=3.0)
     ap.add_argument("--no-server", action="store_true")
+    ap.add_argument("--fit", action="store_true")
     args = ap.parse_args()
     if args.phase:
         print(json.dumps(_phase(args)))
@@ -179,6 +194,9 @@ def main() -> None:
         res["metrics_gz_mb"] = os.path.getsize(Path(tmp) / "metrics.om.gz") / 1e6
         res["file"] = _run_phase("file", args)
         res["detector"] = _run_phase("detector", args)
+        if args.fit:
+            res["fit"] = _run_phase("fit", args)
+            res["fitted"] = _run_phase("fitted", args)
         if args.no_server:
             res["server"] = {"skipped": "--no-server"}
         else:

@@ -17,7 +17,7 @@ from unbroken.learn.synth import sacct_lines
 @pytest.fixture(scope="module")
 def result(small):
     jobs, _ = parse_sacct(sacct_lines(small))
-    data, _ = analyze(Inputs(small.frame, [], jobs), fp_budget=1.0)
+    data, _ = analyze(Inputs(small.frame, [], jobs))
     return data
 
 
@@ -60,7 +60,10 @@ def test_phases_match_the_truth(small, result):
     got = result["checkpoint_phases"]
     for kind, tol in (("save", 15.0), ("load", 20.0)):
         tp = [p for p in truth if p["kind"] == kind and p["end"] - p["start"] > 30]
-        gp = [p for p in got if p["kind"] == kind]
+        short = [p for p in truth if p["kind"] == kind and p["end"] - p["start"] <= 30]
+        # a save cut to under a scrape by the job's end shows, but its edges are not exact
+        gp = [p for p in got if p["kind"] == kind and not any(
+            abs(p["start"] - q["start"]) < 60 and abs(p["end"] - q["end"]) < 60 for q in short)]
         assert len(gp) == len(tp)
         for a, b in zip(tp, gp):
             assert abs(a["start"] - b["start"]) <= tol

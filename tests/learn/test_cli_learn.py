@@ -94,6 +94,49 @@ def test_bad_input_exits_2_with_one_line(cli, synth_dir, tmp_path):
     (tmp_path / "x.json").write_text("{}")
     _one_line_exit_2(cli("plan", "--from", str(tmp_path / "x.json")), "planner")
     _one_line_exit_2(cli("learn", "synth", "--out", str(tmp_path), "--nodes", "3"), "--nodes")
+    _one_line_exit_2(cli("learn", "synth", "--out", str(tmp_path), "--shapes", "zigzag"),
+                     "--shapes zigzag")
+    _one_line_exit_2(cli("learn", "fit", "--out", str(tmp_path / "d.json"), "--seeds", "9-3"),
+                     "--seeds")
+    _one_line_exit_2(cli("learn", "fit", "--out", str(tmp_path / "d.json"), "--families",
+                         "step,zigzag"), "--families")
+
+
+def test_synth_days_too_short_says_how_many_are_enough(cli, tmp_path):
+    """The issue's case: --nodes 32 --days 2. One line naming --days, the bound it gives is
+    above 2 and is enough."""
+    p = cli("learn", "synth", "--out", str(tmp_path / "a"), "--nodes", "32", "--days", "2",
+            timeout=120)
+    _one_line_exit_2(p, "--days 2:", "too short", "need at least")
+    need = float(p.stderr.split("need at least ")[1].split()[0])
+    assert need > 2.0
+    q = cli("learn", "synth", "--out", str(tmp_path / "b"), "--nodes", "32", "--days",
+            str(need), "--gpus", "1", "--json", timeout=240)
+    assert q.returncode == 0, q.stderr
+    assert json.loads(q.stdout)["failures"] == 10
+
+
+def test_fit_then_score_with_the_file(cli, synth_dir, tmp_path):
+    """learn fit writes a checksummed file from other clusters; learn --detector FILE scores
+    with exactly its thresholds; an edited file is refused on one line."""
+    out = tmp_path / "det.json"
+    p = cli("learn", "fit", "--out", str(out), "--families", "step,burst", "--seeds", "3000",
+            "--nodes", "8", "--gpus", "2", "--failures", "3", "--early", "1", "--silent", "1",
+            "--json", timeout=240)
+    assert p.returncode == 0, p.stderr
+    fitted = json.loads(p.stdout)
+    saved = json.loads(out.read_text())
+    assert saved["sha256"] == fitted["sha256"]
+    assert [c[0] for c in saved["fitted_on"]["clusters"]] == ["step", "burst"]
+    q = _learn(cli, synth_dir, "--detector", str(out), "--json")
+    assert q.returncode == 0, q.stderr
+    d = json.loads(q.stdout)
+    assert d["detector"]["sha256"] == fitted["sha256"]
+    assert d["detector"]["policy"]["thresholds"] == saved["policy"]["thresholds"]
+    saved["policy"]["k"] = 0.5
+    (tmp_path / "edited.json").write_text(json.dumps(saved))
+    _one_line_exit_2(_learn(cli, synth_dir, "--detector", str(tmp_path / "edited.json")),
+                     "edited.json", "checksum mismatch")
 
 
 def test_malformed_lines_warn_with_line_numbers_and_the_rest_is_read(cli, synth_dir,

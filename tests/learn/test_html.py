@@ -23,7 +23,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or \
 @pytest.fixture(scope="module")
 def report(small, tmp_path_factory):
     jobs, _ = parse_sacct(sacct_lines(small))
-    data, ctx = analyze(Inputs(small.frame, [], jobs), fp_budget=1.0)
+    data, ctx = analyze(Inputs(small.frame, [], jobs))
     path = tmp_path_factory.mktemp("html") / "report.html"
     write_html(path, data, ctx)
     return path, data

@@ -1,5 +1,7 @@
-"""The peer-relative detector: its statistics against brute force, and its score against the
-synthetic truth on seeds it was not calibrated on, and on data from another generator."""
+"""The peer-band detector (``core.precursors``, what ``learn rules`` writes as PromQL): its
+statistics against brute force, persistence, families, peers, and its calibration on data from
+another generator. The analysis's change detector is tested in tests/core/test_changepoint.py
+and tests/learn/test_heldout.py."""
 
 from __future__ import annotations
 
@@ -7,13 +9,6 @@ import numpy as np
 import pytest
 
 from unbroken.core import precursors as P
-from unbroken.learn.analyze import Inputs, analyze
-from unbroken.learn.sacct import membership, parse_sacct
-from unbroken.learn.signals import build_signals
-from unbroken.learn.synth import SynthSpec, generate, sacct_lines
-
-TUNING_SEED = 100          # the only seed calibration has seen
-UNTUNED = (31, 32)     # never used while the synth and the detector were written
 
 
 def test_leave_one_out_band_matches_brute_force():
@@ -71,66 +66,6 @@ def test_alert_needs_persistence_two_families_and_three_peers():
     sig, fam, live = _two_family_collapse(live_nodes=3)         # a node and 2 peers
     st = {k: P.peer_stats(v, live, pol) for k, v in sig.items()}
     assert not P.detect(st, fam, pol).alert.any()
-
-
-def _prep(s, mask_failures=False):
-    sig = build_signals(s.frame)
-    jobs, _ = parse_sacct(sacct_lines(s))
-    live = membership(jobs, s.frame.nodes, s.frame.t) & sig.present
-    if mask_failures:
-        live &= s.healthy
-    base = P.DetectorPolicy()
-    return sig, {k: P.peer_stats(v, live, base, sig.floor[k]) for k, v in sig.values.items()}
-
-
-@pytest.fixture(scope="module")
-def tuned():
-    s = generate(SynthSpec(seed=TUNING_SEED, failures=0, before=0, other_failures=4, days=7))
-    sig, st = _prep(s)
-    pol, rows, why = P.calibrate(st, sig.family, s.frame.t, budget_per_day=1.0)
-    assert min(r.false_alarms_per_day for r in rows) <= 1.0 < max(
-        r.false_alarms_per_day for r in rows)     # the budget actually selects
-    return pol
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("seed", UNTUNED)
-def test_untuned_seeds_meet_the_reports_bar(tuned, seed):
-    s = generate(SynthSpec(seed=seed))
-    sig, st = _prep(s)
-    det = P.detect(st, sig.family, tuned)
-    idx = {n: i for i, n in enumerate(s.frame.nodes)}
-    truth = s.truth["failures"]
-    sc = P.score(det, s.frame.t, [P.Failure(idx[f["node"]], f["xid_time"]) for f in truth])
-    assert sc.n_detected == 10
-    assert sc.before_xid >= 2
-    # the ones found early are the ones whose precursor started early
-    early = {i for i, f in enumerate(truth) if f["precursor_lead_s"] > 300}
-    assert {i for i, x in enumerate(sc.lead_s) if x > 0} == early
-    assert sc.false_alarms_per_day <= 1.5
-    for f, fired in zip(truth, sc.fired):         # the signals that fired are the shape's
-        fams = {sig.family[x] for x in fired}
-        assert set(f["families"]) <= fams
-
-
-def test_analyze_end_to_end_in_memory():
-    """The whole learn analysis on the 63-node cluster: the XIDs it scores are the truth's."""
-    import tempfile
-    from pathlib import Path
-    from unbroken.learn.kernlog import read_kernel_logs
-
-    s = generate(SynthSpec(seed=34))
-    with tempfile.TemporaryDirectory() as d:
-        p = Path(d) / "kern.log"
-        p.write_text("\n".join(s.kern_lines) + "\n")
-        xids, w = read_kernel_logs([str(p)])
-    assert not w
-    jobs, _ = parse_sacct(sacct_lines(s))
-    data, _ = analyze(Inputs(s.frame, xids, jobs), fp_budget=1.0)
-    got = sorted((f["node"], round(f["xid_time"])) for f in data["failures"])
-    assert got == sorted((f["node"], round(f["xid_time"])) for f in s.truth["failures"])
-    assert data["detected"] == 10 and data["before_xid"] >= 2
-    assert data["false_alarms_per_day"] <= 1.0 + 1e-9      # in-sample: within the budget
 
 
 def _other_generator(seed, nodes=20, T=5760, failures=()):

@@ -37,7 +37,7 @@ import numpy as np
 
 __all__ = ["DetectorPolicy", "Detection", "PeerStats", "peer_stats", "run_lengths", "detect",
            "episodes", "Failure", "Score", "score", "calibrate", "CalibrationRow",
-           "DetectorError"]
+           "DetectorError", "Peers", "robust_peers"]
 
 
 class DetectorError(ValueError):
@@ -110,12 +110,27 @@ def _loo_quantile(srt: np.ndarray, rank: np.ndarray, n: np.ndarray, q: float) ->
         return a + frac * (b - a)
 
 
-def peer_stats(x: np.ndarray, live: np.ndarray, policy: DetectorPolicy,
-               floor: float = 0.0) -> PeerStats:
-    """Robust z and band membership of every node against its peers, at every scrape.
+@dataclass
+class Peers:
+    """One signal's live values sorted per scrape, and what every detector reads from them."""
+    xt: np.ndarray          # (T, N) values, NaN where not live
+    ok: np.ndarray          # (T, N) live
+    n: np.ndarray           # (T,) live count
+    srt: np.ndarray         # (T, N) sorted, non-live last (inf)
+    rank: np.ndarray        # (T, N) each node's position in srt
+    med: np.ndarray         # (T, N) median of each node's peers (leave-one-out)
+    med_all: np.ndarray     # (T,) median of all live
+    scale: np.ndarray       # (T,) max(1.4826 MAD, rel_floor |median|, floor); NaN if 0
 
-    Work is done scrape-major ((T, N), contiguous along the nodes) with one sort and one
-    argsort per signal; the leave-one-out quantiles are read from the sorted array."""
+    def quantile(self, q: float) -> np.ndarray:
+        """(T, N) quantile q of each node's peers."""
+        return _loo_quantile(self.srt, self.rank, self.n, q)
+
+
+def robust_peers(x: np.ndarray, live: np.ndarray, rel_floor: float, floor: float = 0.0
+                 ) -> Peers:
+    """Sort each scrape's live values once (scrape-major, contiguous along the nodes), read the
+    leave-one-out median and the robust scale from the sorted array."""
     xt = np.where(live, np.asarray(x, float), np.nan).T.copy()       # (T, N)
     ok = np.isfinite(xt)
     n = ok.sum(axis=1)
@@ -124,21 +139,32 @@ def peer_stats(x: np.ndarray, live: np.ndarray, policy: DetectorPolicy,
     srt = np.take_along_axis(filled, order, axis=1)
     rank = np.empty_like(order)
     np.put_along_axis(rank, order, np.broadcast_to(np.arange(xt.shape[1]), xt.shape), axis=1)
-    lo_q, hi_q = policy.band[0] / 100.0, policy.band[1] / 100.0
-    p_lo = _loo_quantile(srt, rank, n, lo_q)
-    p_hi = _loo_quantile(srt, rank, n, hi_q)
     med = _loo_quantile(srt, rank, n, 0.5)
     med_all = _quantile(srt, n, 0.5)
     dev = np.sort(np.where(ok, np.abs(xt - med_all[:, None]), np.inf), axis=1)
     mad = 1.4826 * _quantile(dev, n, 0.5)
     with np.errstate(all="ignore"):
-        scale = np.fmax(np.fmax(mad, policy.rel_floor * np.abs(med_all)), floor)
+        scale = np.fmax(np.fmax(mad, rel_floor * np.abs(med_all)), floor)
         scale = np.where(scale > 0, scale, np.nan)
-        z = np.where(ok, (xt - med) / scale[:, None], np.nan)
+    return Peers(xt, ok, n, srt, rank, med, med_all, scale)
+
+
+def peer_stats(x: np.ndarray, live: np.ndarray, policy: DetectorPolicy,
+               floor: float = 0.0) -> PeerStats:
+    """Robust z and band membership of every node against its peers, at every scrape.
+
+    Work is done scrape-major ((T, N), contiguous along the nodes) with one sort and one
+    argsort per signal; the leave-one-out quantiles are read from the sorted array."""
+    pr = robust_peers(x, live, policy.rel_floor, floor)
+    xt, ok, n = pr.xt, pr.ok, pr.n
+    lo_q, hi_q = policy.band[0] / 100.0, policy.band[1] / 100.0
+    p_lo, p_hi = pr.quantile(lo_q), pr.quantile(hi_q)
+    with np.errstate(all="ignore"):
+        z = np.where(ok, (xt - pr.med) / pr.scale[:, None], np.nan)
         outside = ok & ((xt < p_lo) | (xt > p_hi))
     outside[n < policy.min_peers + 1, :] = False
-    return PeerStats(z=z.T, outside=outside.T, lo=_quantile(srt, n, lo_q),
-                     hi=_quantile(srt, n, hi_q), median=med_all)
+    return PeerStats(z=z.T, outside=outside.T, lo=_quantile(pr.srt, n, lo_q),
+                     hi=_quantile(pr.srt, n, hi_q), median=pr.med_all)
 
 
 def run_lengths(flag: np.ndarray) -> np.ndarray:

@@ -4,9 +4,10 @@ The analyses are ``core``'s (precursors, memrules, ckpt_io, history, measured); 
 only wires inputs to them:
 
 1. precursors — signals (``learn.signals``) against session peers (``learn.sacct``
-   membership), the detector calibrated on this input's healthy part (every failing node's
-   hour around its XID masked out) to ``--fp-budget`` false alarms per day, or fixed with
-   ``--detector``; scored against the XIDs (kernel log, else DCGM's XID gauge);
+   membership), the peer-relative change detector (``core.changepoint``) with thresholds
+   fitted on *other* clusters (``--detector FILE`` from ``learn fit``, else the file shipped
+   with the package) — never on this input; scored against the XIDs (kernel log, else DCGM's
+   XID gauge);
 2. memory and thermal rules (``core.memrules``);
 3. checkpoint phases and the I/O diagnosis (``core.ckpt_io``) from cluster-wide NFS rates;
 4. exclusions: sacct's ``exclude=`` notes and the journal's evictions, else the XIDs whose
@@ -23,15 +24,18 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from unbroken.core import changepoint as C
 from unbroken.core import ckpt_io, history, measured, memrules
 from unbroken.core import precursors as P
 from unbroken.core.xid import EVICT_AT_ONCE, action_for
 from unbroken.learn import names as M
+from unbroken.learn.detector import Detector, default_detector, read_detector
+from unbroken.learn.evidence import live_mask
 from unbroken.learn.frame import Frame
 from unbroken.learn.kernlog import XidRecord
-from unbroken.learn.signals import Signals, build_signals, rate
+from unbroken.learn.signals import BAND_SIGNALS, Signals, build_signals, rate
 
-__all__ = ["Inputs", "Context", "analyze", "analyze_command", "parse_time", "parse_detector"]
+__all__ = ["Inputs", "Context", "analyze", "analyze_command", "parse_time"]
 
 XID_MERGE_S = 1800.0      # XIDs of one node this close are one failure
 
@@ -52,8 +56,8 @@ class Context:
     frame: Frame
     signals: Signals
     live: np.ndarray
-    stats: dict
-    detection: P.Detection
+    evidence: dict            # signal -> (N, T) CUSUM of the node's worst unit
+    detection: C.ChangeDetection
     cluster: dict
 
 
@@ -72,24 +76,6 @@ def parse_time(text: str | None, flag: str) -> float | None:
     if t.tzinfo is None:
         t = t.replace(tzinfo=dt.timezone.utc)
     return t.timestamp()
-
-
-def parse_detector(spec: str) -> P.DetectorPolicy:
-    kw = {}
-    for part in spec.split(","):
-        k, eq, v = part.partition("=")
-        k = k.strip()
-        if not eq or k not in ("z", "persist", "families", "min_peers"):
-            raise ValueError(f"--detector {spec!r}: expected z=NUM,persist=N,families=N"
-                             f"[,min_peers=N], got {part!r}")
-        try:
-            kw[k] = float(v) if k == "z" else int(v)
-        except ValueError:
-            raise ValueError(f"--detector {spec!r}: {k}={v!r} is not a number") from None
-    try:
-        return P.DetectorPolicy(**kw).check()
-    except P.DetectorError as e:
-        raise ValueError(f"--detector {spec!r}: {e}") from None
 
 
 def _failures_from_xids(xids: list[XidRecord], nodes: list[str]) -> list[dict]:
@@ -158,8 +144,50 @@ def _gpu_arrays(frame: Frame, name: str):
     return np.stack([frame.series[(name, lab)] for lab in labs], axis=1), labs
 
 
-def analyze(inp: Inputs, fp_budget: float = 1.0,
-            detector: P.DetectorPolicy | None = None) -> tuple[dict, Context]:
+def _precursors(sig: Signals, live: np.ndarray, t: np.ndarray, dt: float, det_file: Detector,
+                failures: list[dict], idx: dict, warnings: list[str]):
+    """1. the change detector (thresholds from the file) on the signals both know; scored."""
+    pol = det_file.policy
+    known = [s for s in sig.values if s in pol.thresholds]
+    if not known:
+        raise ValueError(f"--detector {det_file.source}: none of its signals "
+                         f"({', '.join(sorted(pol.thresholds))}) is in the input")
+    missing = sorted(set(pol.thresholds) - set(sig.values))
+    if missing:
+        warnings.append(f"detector: signals not in the input, left out: {', '.join(missing)}")
+    if abs(dt - det_file.scrape_s) > 0.5:
+        warnings.append(f"detector fitted at {det_file.scrape_s:g} s scrapes, input at {dt:g} s:"
+                        f" its thresholds add up per scrape; refit with 'learn fit' at this "
+                        f"interval for comparable false alarms")
+    meta = det_file.signals
+    det, ev = C.detect_change(
+        {s: sig.values[s] for s in known}, sig.node_of, live,
+        {s: meta.get(s, {}).get("floor", sig.floor[s]) for s in known},
+        {s: meta.get(s, {}).get("sides", sig.sides[s]) for s in known},
+        {s: meta.get(s, {}).get("family", sig.family[s]) for s in known}, pol)
+    scored = [f for f in failures if f["node"] in idx]
+    sc = P.score(det, t, [P.Failure(idx[f["node"]], f["xid_time"]) for f in scored])
+    out = []
+    for f, d, lead, fired in zip(scored, sc.detected, sc.lead_s, sc.fired):
+        out.append({**f, "detected_time": d, "lead_s": lead, "fired": fired,
+                    "detected": d is not None, "before_xid": lead is not None and lead > 0})
+    out += [{**f, "detected_time": None, "lead_s": None, "fired": [], "detected": False,
+             "before_xid": False} for f in failures if f["node"] not in idx]
+    fo = det_file.fitted_on
+    desc = {"kind": "peer-cusum", "source": det_file.source, "sha256": det_file.sha256,
+            "reason": f"fitted out of sample on {len(fo.get('clusters', []))} synthetic "
+                      f"clusters ({', '.join(fo.get('families', []))}): "
+                      f"{fo.get('reason', '?')}",
+            "policy": asdict(pol), "signals_used": known, "signals_missing": missing,
+            "scrape_s": det_file.scrape_s,
+            "fitted_on": {k: v for k, v in fo.items() if k != "grid"},
+            "rules": {**asdict(det_file.rules), "band": list(det_file.rules.band),
+                      "scrape_s": dt, "signals": {k: {"family": f, "floor": fl}
+                                                   for k, (f, fl) in BAND_SIGNALS.items()}}}
+    return det, ev, sc, out, desc
+
+
+def analyze(inp: Inputs, detector: Detector | None = None) -> tuple[dict, Context]:
     frame = inp.frame
     nodes, t = frame.nodes, frame.t
     warnings = list(inp.warnings) + list(frame.warnings)
@@ -168,17 +196,12 @@ def analyze(inp: Inputs, fp_budget: float = 1.0,
     days = (t[-1] - t[0] + frame.dt) / 86400.0
     sig = build_signals(frame)
     if not sig.values:
-        raise ValueError("none of the detector's metrics (node_intr_total, node_procs_running, "
-                         "node_vmstat_pgpgout, NFS GETATTR, DCGM GPU util/temp) is in the input")
-    live = sig.present.copy()
-    if inp.attempts:
-        from unbroken.learn.sacct import membership
-        mem = membership(inp.attempts, nodes, t)
-        if mem.any():
-            live &= mem
-        else:
-            warnings.append("sacct: no job overlaps the metrics' time range; every reporting "
-                            "node is a peer")
+        raise ValueError("none of the detector's metrics (node_exporter interrupts, processes, "
+                         "page-outs, NFS GETATTR, network; DCGM GPU util/power/clock/"
+                         "temperature/memory/ECC/PCIe) is in the input")
+    live, w = live_mask(sig, nodes, t, inp.attempts)
+    if w:
+        warnings.append(w)
     if len(nodes) < 4:
         warnings.append(f"only {len(nodes)} nodes: the detector needs a node and at least 3 "
                         f"live peers; precursor detection skipped")
@@ -188,32 +211,9 @@ def analyze(inp: Inputs, fp_budget: float = 1.0,
     idx = {n: i for i, n in enumerate(nodes)}
 
     # 1. precursors
-    base = detector or P.DetectorPolicy()
-    healthy = live.copy()
-    for f in failures:
-        if f["node"] in idx:
-            healthy[idx[f["node"]], (t >= f["xid_time"] - 3600) & (t <= f["xid_time"] + 3600)] \
-                = False
-    stats = {k: P.peer_stats(v, live, base, sig.floor[k]) for k, v in sig.values.items()}
-    if detector is None:
-        hstats = {k: P.peer_stats(v, healthy, base, sig.floor[k]) for k, v in sig.values.items()}
-        policy, grid, why = P.calibrate(hstats, sig.family, t, fp_budget, base)
-        calibration = {"budget_per_day": fp_budget, "on": "this input, failure hours masked",
-                       "reason": why, "grid": [asdict(r) for r in grid]}
-    else:
-        policy = base
-        calibration = {"budget_per_day": None, "on": "fixed by --detector",
-                       "reason": f"z {policy.z:g}, persist {policy.persist}, "
-                                 f"{policy.families} families (fixed)"}
-    det = P.detect(stats, sig.family, policy)
-    scored = [f for f in failures if f["node"] in idx]
-    sc = P.score(det, t, [P.Failure(idx[f["node"]], f["xid_time"]) for f in scored])
-    fail_out = []
-    for f, d, lead, fired in zip(scored, sc.detected, sc.lead_s, sc.fired):
-        fail_out.append({**f, "detected_time": d, "lead_s": lead, "fired": fired,
-                         "detected": d is not None, "before_xid": lead is not None and lead > 0})
-    fail_out += [{**f, "detected_time": None, "lead_s": None, "fired": [], "detected": False,
-                  "before_xid": False} for f in failures if f["node"] not in idx]
+    det, ev, sc, fail_out, desc = _precursors(sig, live, t, frame.dt,
+                                              detector or default_detector(), failures, idx,
+                                              warnings)
 
     # 2. memory and thermal
     arrs = {k: _gpu_arrays(frame, name)[0] for k, name in (
@@ -265,12 +265,7 @@ def analyze(inp: Inputs, fp_budget: float = 1.0,
         "failures": fail_out, "detected": sc.n_detected, "before_xid": sc.before_xid,
         "false_alarms": [{"node": nodes[n], "start": a, "end": b} for n, a, b in sc.false_alarms],
         "false_alarms_per_day": sc.false_alarms_per_day,
-        "detector": {"z": policy.z, "persist": policy.persist, "families": policy.families,
-                     "min_peers": policy.min_peers, "band": list(policy.band),
-                     "rel_floor": policy.rel_floor, "scrape_s": frame.dt,
-                     "signals": {k: {"family": sig.family[k], "floor": sig.floor[k]}
-                                 for k in sig.values}},
-        "calibration": calibration,
+        "detector": desc,
         "memory_thermal": mem_out,
         "checkpoint_phases": [{"kind": p.kind, "start": p.start, "end": p.end,
                                "duration_s": p.duration, "bytes": p.bytes,
@@ -287,7 +282,7 @@ def analyze(inp: Inputs, fp_budget: float = 1.0,
         "ckpt_save_s": plan["ckpt_save_s"],
         "warnings": warnings,
     }
-    return data, Context(frame, sig, live, stats, det, cl)
+    return data, Context(frame, sig, live, ev, det, cl)
 
 
 def load_inputs(a: argparse.Namespace) -> Inputs:
@@ -327,9 +322,9 @@ def load_inputs(a: argparse.Namespace) -> Inputs:
 
 
 def analyze_command(a: argparse.Namespace) -> dict:
-    detector = parse_detector(a.detector) if a.detector else None
+    detector = read_detector(a.detector) if a.detector else None
     inp = load_inputs(a)
-    data, ctx = analyze(inp, fp_budget=a.fp_budget, detector=detector)
+    data, ctx = analyze(inp, detector=detector)
     if a.html:
         from unbroken.learn.html import write_html
         data["html"] = write_html(a.html, data, ctx)

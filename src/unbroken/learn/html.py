@@ -14,6 +14,7 @@ import html
 import io
 import math
 import os
+import warnings
 from pathlib import Path
 
 import matplotlib
@@ -42,26 +43,43 @@ def _img(b64: str, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{b64}">'
 
 
+def _unit_band(ctx, s: str, f: dict, w):
+    """The peers' P5-P95 band and median of signal ``s`` over the window, and the failing
+    node's unit that strays furthest from the median (its GPU, for a per-GPU signal)."""
+    import numpy as np
+
+    n = ctx.frame.nodes.index(f["node"])
+    nd = ctx.signals.node_of[s]
+    x = np.where(ctx.live[nd][:, w], ctx.signals.values[s][:, w], np.nan)
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        lo, med, hi = np.nanpercentile(x, [5, 50, 95], axis=0)
+        mine = np.flatnonzero(nd == n)
+        far = np.nanmax(np.abs(x[mine] - med), axis=1)
+    u = mine[int(np.nanargmax(far))] if np.isfinite(far).any() else mine[0]
+    lab = ctx.signals.unit[s][u]
+    return lo, med, hi, ctx.signals.values[s][u, w], f["node"] + (f" gpu {lab}" if lab else "")
+
+
 def _failure_figure(ctx, f: dict, signals: list[str]) -> str:
     t = ctx.frame.t
-    n = ctx.frame.nodes.index(f["node"])
     x = f["xid_time"]
     w = (t >= x - 7200) & (t <= x + 3600)
     hours = (t[w] - x) / 3600.0
     fig, axes = plt.subplots(len(signals), 1, figsize=(8, 1.9 * len(signals)), sharex=True,
                              squeeze=False)
     for ax, s in zip(axes[:, 0], signals):
-        st = ctx.stats[s]
-        ax.fill_between(hours, st.lo[w], st.hi[w], color="tab:blue", alpha=0.25,
+        lo, med, hi, mine, label = _unit_band(ctx, s, f, w)
+        ax.fill_between(hours, lo, hi, color="tab:blue", alpha=0.25,
                         label="peers P5-P95", step="mid")
-        ax.plot(hours, st.median[w], color="tab:blue", lw=0.8, label="peers median")
-        ax.plot(hours, ctx.signals.values[s][n, w], color="tab:red", lw=1.2, label=f["node"])
+        ax.plot(hours, med, color="tab:blue", lw=0.8, label="peers median")
+        ax.plot(hours, mine, color="tab:red", lw=1.2, label=label)
         ax.axvline(0, color="k", lw=1, ls="--")
         if f["detected_time"] is not None:
             ax.axvline((f["detected_time"] - x) / 3600.0, color="tab:green", lw=1)
         ax.set_ylabel(s, fontsize=8)
         ax.tick_params(labelsize=7)
-    axes[0, 0].legend(fontsize=7, loc="upper left", ncol=3)
+        ax.legend(fontsize=6, loc="upper left", ncol=3)
     axes[0, 0].set_title(f"{f['node']}: XID {f['xid']} (dashed) and alert (green)", fontsize=9)
     axes[-1, 0].set_xlabel("hours from the XID", fontsize=8)
     return _png(fig)
@@ -117,7 +135,7 @@ def write_html(path: str | os.PathLike, data: dict, ctx) -> str:
                  f"</span> failures detected, <span class='num'>{data['before_xid']}</span> "
                  f"before the XID, <span class='num'>{data['false_alarms_per_day']:.2f}</span>"
                  f" false alarms per day. Detector: "
-                 f"{html.escape(data['calibration']['reason'])}.</p>")
+                 f"{html.escape(data['detector']['reason'])}.</p>")
     parts.append(_table([[f["node"], f["xid"], when(f["xid_time"]), when(f["detected_time"]),
                           _fmt(f["lead_s"]), ", ".join(f["fired"]) or "-"]
                          for f in data["failures"]],

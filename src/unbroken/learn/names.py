@@ -23,6 +23,7 @@ NFS_QUEUE = "node_mountstats_nfs_operations_queue_time_seconds_total"
 NFS_SENT = "node_mountstats_nfs_operations_sent_bytes_total"
 NFS_RECV = "node_mountstats_nfs_operations_received_bytes_total"
 NFS_MAJOR_TIMEOUTS = "node_mountstats_nfs_operations_major_timeouts_total"
+NET_RX = "node_network_receive_bytes_total"   # counter; devices are summed (the job's traffic)
 # dcgm-exporter
 GPU_TEMP = "DCGM_FI_DEV_GPU_TEMP"
 MEM_TEMP = "DCGM_FI_DEV_MEMORY_TEMP"
@@ -34,16 +35,23 @@ REMAP_UNCORR = "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"
 REMAP_CORR = "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"
 REMAP_FAILURE = "DCGM_FI_DEV_ROW_REMAP_FAILURE"
 REMAP_PENDING = "DCGM_FI_DEV_ROW_REMAP_PENDING"
+POWER = "DCGM_FI_DEV_POWER_USAGE"              # gauge: W
+SM_CLOCK = "DCGM_FI_DEV_SM_CLOCK"              # gauge: MHz
+FB_USED = "DCGM_FI_DEV_FB_USED"                # gauge: MiB of GPU memory in use
+ECC_SBE = "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"      # counter: correctable (single-bit) ECC errors
+ECC_DBE = "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"      # counter: uncorrectable (double-bit) ECC errors
+PCIE_REPLAY = "DCGM_FI_DEV_PCIE_REPLAY_COUNTER"  # counter: PCIe link replays
 
 #: metrics whose value only grows (rates are taken per scrape)
 COUNTERS = frozenset({INTR, PGPGOUT, NFS_REQ, NFS_RTT, NFS_QUEUE, NFS_SENT, NFS_RECV,
-                      NFS_MAJOR_TIMEOUTS})
+                      NFS_MAJOR_TIMEOUTS, NET_RX, ECC_SBE, ECC_DBE, PCIE_REPLAY})
 #: per-GPU metrics (the ``gpu`` label is kept)
 GPU_METRICS = frozenset({GPU_TEMP, MEM_TEMP, GPU_UTIL, CLOCK_EVENTS, CLOCK_EVENTS_NEW, XID,
-                         REMAP_UNCORR, REMAP_CORR, REMAP_FAILURE, REMAP_PENDING})
+                         REMAP_UNCORR, REMAP_CORR, REMAP_FAILURE, REMAP_PENDING, POWER,
+                         SM_CLOCK, FB_USED, ECC_SBE, ECC_DBE, PCIE_REPLAY})
 #: per-operation NFS metrics (the ``operation`` label is kept)
 NFS_METRICS = frozenset({NFS_REQ, NFS_RTT, NFS_QUEUE, NFS_SENT, NFS_RECV, NFS_MAJOR_TIMEOUTS})
-ALL = (INTR, PROCS, PGPGOUT, *sorted(NFS_METRICS), *sorted(GPU_METRICS))
+ALL = (INTR, PROCS, PGPGOUT, NET_RX, *sorted(NFS_METRICS), *sorted(GPU_METRICS))
 
 
 def key_label(name: str) -> str:

@@ -29,7 +29,7 @@ def print_summary(con, d: dict) -> None:
               f"({', '.join(d['sources'])})", highlight=False)
     con.print(f"[bold]1. Precursors[/]: {d['detected']}/{n} failures detected, "
               f"{d['before_xid']} before the XID, {d['false_alarms_per_day']:.2f} false alarms"
-              f"/day; detector {d['calibration']['reason']}", highlight=False)
+              f"/day; detector {d['detector']['reason']}", highlight=False)
     tb = Table(show_edge=False, pad_edge=False)
     for c in ("node", "XID", "xid time", "detected", "lead", "signals"):
         tb.add_column(c)

@@ -33,7 +33,7 @@ from unbroken.core.memrules import MemoryThermalPolicy
 from unbroken.core.precursors import DetectorPolicy
 from unbroken.core.xid import EVICT_AT_ONCE, XID_CATALOG
 from unbroken.learn import names as M
-from unbroken.learn.signals import SIGNALS
+from unbroken.learn.signals import BAND_SIGNALS as SIGNALS
 
 __all__ = ["rules_yaml", "rules_command", "show_rules"]
 
@@ -188,6 +188,8 @@ def _policy_from(path: str) -> tuple[DetectorPolicy, float, list[str] | None]:
 
     d = read_learn_json(path, "--from-learn")
     det = d.get("detector") if isinstance(d, dict) else None
+    if isinstance(det, dict) and isinstance(det.get("rules"), dict):
+        det = det["rules"]       # the change detector's file carries the peer-band rules
     if not isinstance(det, dict):
         raise ValueError(f"--from-learn {path}: no 'detector' object (expected 'unbroken "
                          f"learn --json' output)")

@@ -18,8 +18,13 @@ spec gives byte-identical files. ``generate`` returns the data in memory (the te
 without touching disk); ``write`` puts DIR/metrics.om.gz, DIR/kern.log, DIR/sacct.txt and the
 ground truth DIR/truth.json.
 
-Synthetic GPUs: ``gpus`` per node (default 2, not the report's 8) keeps the OpenMetrics file of
-63 nodes x 3 days near 8 M samples; the failure shapes need only one GPU per node.
+Precursor shapes beyond the report's (``--shapes``: steps, drifts, oscillation, error bursts,
+one signal only) and failures without any precursor (``silent``) come from
+``learn.synth_shapes``; the GPU metrics (utilisation, temperature, power, SM clock, memory in
+use, ECC and PCIe counters) from ``learn.synth_gpu``; the logs from ``learn.synth_logs``.
+
+Synthetic GPUs: ``gpus`` per node (default 2, up to the report's 8) keeps the OpenMetrics file
+of 63 nodes x 3 days near 8 M samples; the report's shapes need only one GPU per node.
 """
 
 from __future__ import annotations
@@ -31,19 +36,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-from scipy.signal import lfilter
 
 from unbroken.learn import names as M
 from unbroken.learn.frame import Frame
+from unbroken.learn.synth_gpu import ar1 as _ar1, gpu_metrics
+from unbroken.learn.synth_logs import PCI, kern_lines, sacct_lines, sacct_rows
+from unbroken.learn.synth_shapes import FAMILIES, Effects, assign_precursors
 
-__all__ = ["SynthSpec", "Synth", "generate", "write", "FAMILIES_OF_TYPE"]
+__all__ = ["SynthSpec", "Synth", "generate", "write", "FAMILIES_OF_TYPE", "FAMILIES",
+           "sacct_lines", "TooShort"]
 
 DAY = 86400.0
 #: 2026-11-01T00:00:00Z
 DEFAULT_START = 1_793_491_200
-PCI = ["0000:18:00", "0000:2a:00", "0000:3a:00", "0000:5d:00",
-       "0000:9a:00", "0000:ab:00", "0000:ba:00", "0000:db:00"]
-JOB = "pretrain-llm"
 
 # failure type -> (XID codes, detector families its precursor moves)
 FAILURE_TYPES = {
@@ -55,7 +60,14 @@ FAILURE_TYPES = {
 }
 FAMILIES_OF_TYPE = {k: v[1] for k, v in FAILURE_TYPES.items()}
 _TYPE_MIX = ["nvlink", "nvlink", "nvlink", "bus", "bus", "gsp", "ecc", "ecc", "memory", "memory"]
-_HICCUP_FAMILIES = ("interrupts", "processes", "memory", "nfs", "gpu")
+_HICCUP_FAMILIES = ("interrupts", "processes", "memory", "nfs", "gpu", "net")
+_HICCUP_SIZE = {"interrupts": (0.3, 0.6), "processes": (0.1, 0.4), "memory": (4, 15),
+                "nfs": (3, 8), "gpu": (0.3, 0.7), "net": (0.3, 0.7)}
+LEAD_EARLY_S = 300.0               # a precursor this far ahead of its XID can warn in time
+
+
+class TooShort(ValueError):
+    """--days too short for the failures and their recovery (the message gives the bound)."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +79,8 @@ class SynthSpec:
     dt: float = 30.0
     failures: int = 10
     before: int = 2                    # failures whose precursor starts minutes before the XID
+    silent: int = 0                    # failures with no precursor at all
+    shapes: str = "report"             # the early precursors' family (learn.synth_shapes)
     other_failures: int = 2            # job failures without an XID (NCCL timeouts)
     hiccups_per_node_day: float = 0.15
     start: int = DEFAULT_START
@@ -83,7 +97,12 @@ class SynthSpec:
         if not self.days > 0:
             raise ValueError(f"--days {self.days}: expected a positive number")
         if not 0 <= self.before <= self.failures:
-            raise ValueError(f"before {self.before}: expected 0..failures ({self.failures})")
+            raise ValueError(f"--early {self.before}: expected 0..--failures ({self.failures})")
+        if not 0 <= self.silent <= self.failures - self.before:
+            raise ValueError(f"--silent {self.silent}: expected 0..failures - early "
+                             f"({self.failures - self.before})")
+        if self.shapes not in FAMILIES:
+            raise ValueError(f"--shapes {self.shapes}: expected one of {', '.join(FAMILIES)}")
         if self.failures > self.nodes // 2:
             raise ValueError(f"failures {self.failures}: at most nodes/2 ({self.nodes // 2})")
 
@@ -98,22 +117,24 @@ class Synth:
     healthy: np.ndarray = field(repr=False, default=None)  # (N, T) no precursor, no hiccup
 
 
-def _ar1(rng, shape, phi, sigma):
-    e = rng.standard_normal(shape) * sigma * math.sqrt(1 - phi * phi)
-    return lfilter([1.0], [1.0, -phi], e, axis=-1)
-
-
 def _overlap(t, dt, a, b):
     """Fraction of each scrape interval (t-dt, t] covered by [a, b)."""
     return np.clip(np.minimum(b, t) - np.maximum(a, t - dt), 0.0, dt) / dt
 
 
-def _iso(ts: float) -> str:
-    import datetime as _dt
-    return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
-
-
 # -- the history: failures, retry chains, exclusions, checkpoint phases ---------------------
+
+def need_seconds(chains: list[dict]) -> float:
+    """The shortest span that holds these failures: the first job starts 10 min in, at least
+    an hour of training before each failure and after the last recovery, and every failure's
+    notice, retry chain and manual recovery. ``--days`` at or above it always fits."""
+    rec = 0.0
+    for c in chains:
+        used = c["durations"][:-1] if c["success"] else c["durations"]   # success: at a start
+        rec += c["notice"] + c["intervals"].sum() + used.sum()
+        rec += sum(delay + (0.0 if ok else dur) for delay, dur, ok in c["manual"])
+    return 600.0 + (len(chains) + 1) * 3600.0 + rec
+
 
 def _timeline(spec: SynthSpec, rng: np.random.Generator, node_names: list[str]):
     N = spec.nodes
@@ -131,11 +152,13 @@ def _timeline(spec: SynthSpec, rng: np.random.Generator, node_names: list[str]):
     # the failures with an early precursor: NVLink/GSP-like ones first (the report's gpu071)
     early_rank = sorted(range(spec.failures), key=lambda i: (types[i] not in ("nvlink", "gsp"), i))
     early = set(early_rank[:spec.before])
+    silent = set(early_rank[len(early_rank) - spec.silent:]) if spec.silent else set()
     fail_nodes = list(rng.choice(N, size=spec.failures, replace=False, p=hazard))
 
-    # chains first (their length does not depend on where they are placed)
+    # chains first (their length does not depend on where they are placed), and how long
+    # after each failure the job notices it (the NCCL watchdog: 4-10 min after an XID)
     chains = []
-    for _ in range(n_ev):
+    for e in range(n_ev):
         success = rng.random() < 1.0 / 3.0
         n_auto = int(rng.integers(1, 7)) if success else int(rng.integers(5, 9))
         intervals = 600.0 + 60.0 * rng.gamma(2.0, 0.35, size=n_auto)
@@ -149,15 +172,16 @@ def _timeline(spec: SynthSpec, rng: np.random.Generator, node_names: list[str]):
                                rng.uniform(150.0, 420.0), ok))
                 if ok:
                     break
+        notice = float(rng.uniform(240.0, 600.0)) if kinds[e] == "xid" else 20.0
         chains.append(dict(success=success, intervals=intervals, durations=durations,
-                           manual=manual))
-    rec = [c["intervals"].sum() + c["durations"].sum() +
-           sum(m[0] + m[1] for m in c["manual"]) for c in chains]
+                           manual=manual, notice=notice))
     first_start = t0 + 600.0
-    free = (t_end - first_start - 3600.0) - sum(rec) - (n_ev + 1) * 3600.0
+    need = need_seconds(chains)
+    free = spec.days * DAY - need
     if free < 0:
-        raise ValueError(f"--days {spec.days}: too short for {n_ev} failures and their "
-                         f"recovery (need about {(sum(rec) + (n_ev + 2) * 3600) / DAY:.1f} days)")
+        raise TooShort(f"--days {spec.days:g}: too short for {n_ev} failures and their recovery "
+                       f"at --seed {spec.seed} with {N} nodes: need at least "
+                       f"{math.ceil(need / DAY * 100) / 100:.2f} days")
     gaps = 3600.0 + rng.dirichlet(np.ones(n_ev + 1)) * free
 
     attempts, failures, other, exclusions, chain_truth = [], [], [], [], []
@@ -178,12 +202,15 @@ def _timeline(spec: SynthSpec, rng: np.random.Generator, node_names: list[str]):
             code = int(codes[int(rng.integers(len(codes)))])
             gpu = int(rng.integers(spec.gpus))
             lead = float(rng.uniform(360.0, 900.0) if fi in early else rng.uniform(-30.0, 15.0))
+            role = "early" if fi in early else ("silent" if fi in silent else "late")
+            if role == "silent":
+                lead = 0.0
             if node not in members:   # the failing node must be in the session
                 members.append(node)
                 members.sort()
             failures.append(dict(node=node_names[node], node_index=node, gpu=gpu, xid=code,
                                  xid_time=x, type=typ, precursor_onset=x - lead,
-                                 precursor_lead_s=lead,
+                                 precursor_lead_s=lead, role=role,
                                  families=list(FAILURE_TYPES[typ][1])))
             blame = node
             fi += 1
@@ -192,7 +219,7 @@ def _timeline(spec: SynthSpec, rng: np.random.Generator, node_names: list[str]):
             blame = None
         # the job notices when the collective times out (NCCL watchdog): until then the peers
         # spin in the all-reduce, busy, while the failed node has collapsed
-        end = x + (float(rng.uniform(240.0, 600.0)) if blame is not None else 20.0)
+        end = x + c["notice"]
         attempts.append(dict(start=cur_start, end=end, members=members, kind=cur_kind,
                              state="NODE_FAIL" if blame is not None else "FAILED",
                              blame=blame))
@@ -282,11 +309,14 @@ def generate(spec: SynthSpec = SynthSpec()) -> Synth:
     # cluster state per scrape
     running = np.zeros(T)
     member = np.zeros((N, T), bool)
+    io_member = np.zeros((N, T), bool)    # in the job for any part of the scrape interval
     for a in tl["attempts"]:
         end = a["end"] if a["end"] is not None else tl["t_end"] + dt
         running += _overlap(t, dt, a["start"], end)
         live = (t >= a["start"]) & (t < end)
         member[np.ix_(a["members"], np.flatnonzero(live))] = True
+        part = (t > a["start"]) & (t - dt < end)
+        io_member[np.ix_(a["members"], np.flatnonzero(part))] = True
     running = np.clip(running, 0, 1)
     save_f = np.zeros(T)
     load_f = np.zeros(T)
@@ -304,7 +334,7 @@ def generate(spec: SynthSpec = SynthSpec()) -> Synth:
     save_f, load_f = np.clip(save_f, 0, 1), np.clip(load_f, 0, 1)
     busy = np.clip(running - load_f, 0, 1)
     a = member * busy[None, :]                               # (N, T) training activity
-    n_mem = np.maximum(member.sum(axis=0), 1)
+    n_io = np.maximum(io_member.sum(axis=0), 1)
     diurnal = 1 + 0.1 * np.sin(2 * np.pi * (t - spec.start) / DAY + rng.uniform(0, 2 * np.pi))
 
     def nodefac(sigma=0.03):
@@ -312,7 +342,6 @@ def generate(spec: SynthSpec = SynthSpec()) -> Synth:
 
     # multiplicative deviations: precursors and hiccups, per family
     fam = {f: np.ones((N, T)) for f in _HICCUP_FAMILIES}
-    util_fac = np.ones((N, T))
     hiccups = []
     for n in range(N):
         for _ in range(rng.poisson(spec.hiccups_per_node_day * spec.days)):
@@ -321,20 +350,19 @@ def generate(spec: SynthSpec = SynthSpec()) -> Synth:
             k = int(rng.choice([1, 2, 3], p=[0.55, 0.35, 0.10]))
             fs = [str(x) for x in rng.choice(_HICCUP_FAMILIES, size=k, replace=False)]
             for f in fs:
-                lo_hi = {"interrupts": (0.3, 0.6), "processes": (0.1, 0.4), "memory": (4, 15),
-                         "nfs": (3, 8), "gpu": (0.3, 0.7)}[f]
-                fam[f][n, s:s + d] *= rng.uniform(*lo_hi)
+                fam[f][n, s:s + d] *= rng.uniform(*_HICCUP_SIZE[f])
             hiccups.append(dict(node=node_names[n], time=float(t[min(s, T - 1)]),
                                 scrapes=d, families=fs))
     healthy = np.ones((N, T), bool)
     gone = np.zeros((N, T), bool)        # node not reporting (down for repair)
-    gpu_gone = np.zeros((N, G, T), bool)
-    xid_g = np.zeros((N, G, T))
-    uncorr = np.zeros((N, G, T))
-    pending = np.zeros((N, G, T))
+    fx = Effects(N, G, T)
+    assign_precursors(spec.shapes, spec.seed, spec.before, spec.gpus, t, tl["failures"], fx)
     for f in tl["failures"]:
         n, g, x = f["node_index"], f["gpu"], f["xid_time"]
-        on = (t >= f["precursor_onset"]) & (t < x + 1200.0)
+        # the failure type's collapse: from the precursor's onset for the report's shapes,
+        # from the XID (the failure showing, not a precursor) for every other family
+        onset = f["precursor_onset"] if spec.shapes == "report" else x
+        on = (t >= min(onset, x)) & (t < x + 1200.0)
         typ = f["type"]
         if typ in ("nvlink", "bus"):
             fam["interrupts"][n, on] *= rng.uniform(0.23, 0.33)
@@ -345,25 +373,10 @@ def generate(spec: SynthSpec = SynthSpec()) -> Synth:
         else:
             fam["nfs"][n, on] *= rng.uniform(5, 20)
             fam["memory"][n, on] *= rng.uniform(10, 40)
-        healthy[n, on] = False
-        after = t >= x
-        xid_g[n, g, after & (t < x + 1200.0)] = f["xid"]
-        if typ == "bus":
-            gpu_gone[n, g, after] = True
-        if typ == "memory":   # uncorrectable remaps stepping up in the hours before (gpu122)
-            for k, h in enumerate(sorted(rng.uniform(1, 12, size=3))[::-1]):
-                ts = x - h * 3600.0
-                uncorr[n, g, t >= ts] += 1
-                pending[n, g, (t >= ts) & (t < ts + 600)] = 1
-            f["remap_steps"] = 3
+        healthy[n, (t >= min(f["precursor_onset"], x)) & (t < x + 1200.0)] = False
+        fx.target("gpu_util")[n, g, (t >= x) & (t < x + 1200.0)] *= 0.02   # the GPU stops
     for (n, lo, hi) in tl["down"]:
         gone[n, (t >= lo) & (t < hi)] = True
-    # a replaced GPU comes back clean
-    for f in tl["failures"]:
-        n, g = f["node_index"], f["gpu"]
-        back = t >= f["xid_time"] + 1200.0
-        uncorr[n, g, back] = 0
-        gpu_gone[n, g, back & ~gone[n]] = False
 
     # node_exporter
     series = {}
@@ -376,11 +389,15 @@ def generate(spec: SynthSpec = SynthSpec()) -> Synth:
     put(M.INTR, "", np.cumsum(intr_rate * dt, axis=1) + rng.uniform(1e8, 1e9, (N, 1)))
     lam = (2 + 38 * a) * diurnal * nodefac() * fam["processes"]
     put(M.PROCS, "", rng.poisson(lam).astype(float))
-    save_node = save_B[None, :] * member / n_mem        # bytes per scrape per node
-    load_node = load_B[None, :] * member / n_mem
+    # bytes per scrape per node: a save cut short by the job's end still wrote until then
+    save_node = save_B[None, :] * io_member / n_io
+    load_node = load_B[None, :] * io_member / n_io
     pg_rate = (20 + 80 * a) * diurnal * np.exp(_ar1(rng, (N, T), 0.8, 0.25))
     pg_rate = pg_rate * fam["memory"] + 0.02 * save_node / 4096 / dt
     put(M.PGPGOUT, "", np.cumsum(pg_rate * dt, axis=1) + rng.uniform(1e6, 1e7, (N, 1)))
+    rx = (1e8 + 2.4e10 * a) * nodefac(0.02) * np.exp(_ar1(rng, (N, T), 0.9, 0.04)) \
+        * fam["net"] * fx.mul_of("net_rx") + load_node / dt
+    put(M.NET_RX, "", np.cumsum(rx * dt, axis=1) + rng.uniform(1e12, 1e13, (N, 1)))
 
     def nfs(op, req_rate, lat, queue_share, sent_Bps=None, recv_Bps=None):
         req = req_rate * dt
@@ -406,56 +423,19 @@ def generate(spec: SynthSpec = SynthSpec()) -> Synth:
     nfs("READ", r_req, r_lat, 0.2 + 0.6 * load_f, recv_Bps=r_Bps + r_req * 300)
 
     # dcgm-exporter
-    temp = (38 + 32 * a[:, None, :] * diurnal) + rng.normal(0, 1.5, (N, G, 1)) \
-        + _ar1(rng, (N, G, T), 0.95, 1.2)
-    util = np.clip(97 * a[:, None, :] * fam["gpu"][:, None, :]
-                   + rng.normal(0, 1.5, (N, G, T)) * a[:, None, :], 0, 100)
-    temp = temp * (0.6 + 0.4 * fam["gpu"][:, None, :])
-    clock = np.repeat(np.where(a[:, None, :] > 0.5, 0.0, 1.0), G, axis=1)
-    corr = np.broadcast_to(rng.integers(0, 3, (N, G, 1)).astype(float), (N, G, T)).copy()
-    failing = {f["node_index"] for f in tl["failures"]}
-    quiet = [n for n in rng.permutation(N) if n not in failing]
-    findings = []
-    # gpu124: correctable remaps growing without an XID
-    n = int(quiet[0])
-    for ts in np.sort(rng.uniform(t[0], t[-1], size=int(12 * spec.days))):
-        corr[n, 0, t >= ts] += 1
-    findings.append(dict(node=node_names[n], gpu=0, rule="correctable_remap_growth",
-                         per_day=12.0))
-    # a hot GPU: bouts above 85 C
-    n = int(quiet[1])
-    for ts in rng.uniform(t[0], t[-1] - 3600, size=3):
-        temp[n, 0, (t >= ts) & (t < ts + 480)] = 90 + rng.normal(0, 0.5)
-    findings.append(dict(node=node_names[n], gpu=0, rule="gpu_temp_high"))
-    # a fail-slow GPU: HW thermal slowdown for 20-minute bouts
-    n = int(quiet[2])
-    for ts in rng.uniform(t[0], t[-1] - 3600, size=2):
-        clock[n, 1 % G, (t >= ts) & (t < ts + 1200)] = 0x40
-    findings.append(dict(node=node_names[n], gpu=1 % G, rule="clock_events_slowdown"))
-    for f in tl["failures"]:
-        if f["type"] == "memory":
-            findings.append(dict(node=f["node"], gpu=f["gpu"], rule="uncorrectable_remap"))
-
-    for g in range(G):
-        gl = str(g)
-        for name, arr in ((M.GPU_TEMP, temp), (M.MEM_TEMP, temp + 8), (M.GPU_UTIL, util),
-                          (M.CLOCK_EVENTS, clock), (M.XID, xid_g), (M.REMAP_UNCORR, uncorr),
-                          (M.REMAP_CORR, corr), (M.REMAP_FAILURE, np.zeros((N, G, T))),
-                          (M.REMAP_PENDING, pending)):
-            v = np.array(arr[:, g, :], float)
-            if name in (M.GPU_TEMP, M.MEM_TEMP):
-                v = np.round(v)
-            v[gpu_gone[:, g, :]] = np.nan
-            put(name, gl, v)
+    member_run = member * (running > 0)[None, :]
+    _, findings = gpu_metrics(rng, t, a, member_run, diurnal, fam["gpu"], fx, tl["failures"],
+                              gone, G, put)
+    for fd in findings:
+        fd["node"] = node_names[fd.pop("node_index")]
     for key, v in series.items():
-        if not key[0].startswith("DCGM"):
-            v = np.asarray(v, float)
+        v = np.asarray(v, float)
         v[gone] = np.nan
         series[key] = v
 
     frame = Frame(t=t, nodes=node_names, series=series)
-    kern = _kern_lines(spec, rng, tl, node_names, t)
-    sacct = _sacct_rows(spec, tl, node_names)
+    kern = kern_lines(spec, rng, tl, node_names, t)
+    sacct = sacct_rows(spec, tl, node_names)
     truth = dict(
         spec=asdict(spec), nodes=node_names, start=float(t[0]), end=float(t[-1]), dt=dt,
         failures=[{k: v for k, v in f.items() if k != "node_index"} for f in tl["failures"]],
@@ -470,78 +450,6 @@ def generate(spec: SynthSpec = SynthSpec()) -> Synth:
     )
     return Synth(spec=spec, frame=frame, kern_lines=kern, sacct_rows=sacct, truth=truth,
                  healthy=healthy)
-
-
-def _kern_lines(spec, rng, tl, node_names, t):
-    lines = []
-    boot = {n: float(rng.uniform(1e5, 1e6)) for n in node_names}
-    for f in tl["failures"]:
-        info = {79: "GPU has fallen off the bus.", 94: "Contained: SM (0x1). RST: No, D-RST: No",
-                119: "Timeout after 6s of waiting for RPC response from GPU0 GSP!",
-                145: "RLW_REMAP Nonfatal XC0 i0 Link 07 (0x00000004 0x00000000)",
-                149: "NETIR_LINK_EVT Fatal XC0 i0 Link 12 (0x00000004 0x00000000)"}
-        x = f["xid_time"]
-        up = x - spec.start + boot[f["node"]]
-        lines.append((x, f"{_iso(x)}.{int((x % 1) * 1e6):06d}+00:00 {f['node']} kernel: "
-                         f"[{up:.6f}] NVRM: Xid (PCI:{PCI[f['gpu']]}): {f['xid']}, "
-                         f"pid={int(rng.integers(1000, 99999))}, name=python, {info[f['xid']]}"))
-    for _ in range(int(40 * spec.days)):
-        x = float(rng.uniform(t[0], t[-1]))
-        n = node_names[int(rng.integers(len(node_names)))]
-        msg = str(rng.choice(["mlx5_core 0000:1a:00.0: Port module event: module 0, Cable plugged",
-                              "nfs: server storage01 OK",
-                              "systemd-journald[812]: Data hash table reached maximum size",
-                              "EXT4-fs (nvme0n1p2): mounted filesystem with ordered data mode"]))
-        up = x - spec.start + boot[n]
-        lines.append((x, f"{_iso(x)}.000000+00:00 {n} kernel: [{up:.6f}] {msg}"))
-    lines.sort()
-    return [s for _, s in lines]
-
-
-def hostlist(nodes: list[str]) -> str:
-    """Slurm's compressed host list: gpu001,gpu002,gpu005 -> gpu[001-002,005]."""
-    if not nodes:
-        return "None assigned"
-    prefix = nodes[0].rstrip("0123456789")
-    width = len(nodes[0]) - len(prefix)
-    nums = sorted(int(n[len(prefix):]) for n in nodes)
-    parts, i = [], 0
-    while i < len(nums):
-        j = i
-        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
-            j += 1
-        a, b = f"{nums[i]:0{width}d}", f"{nums[j]:0{width}d}"
-        parts.append(a if i == j else f"{a}-{b}")
-        i = j + 1
-    return f"{prefix}[{','.join(parts)}]"
-
-
-def _sacct_rows(spec, tl, node_names):
-    rows = []
-    restarts = 0
-    for i, a in enumerate(tl["attempts"]):
-        comment = []
-        if a["kind"] in ("auto", "manual"):
-            comment.append(f"retry={a['kind']}")
-        if a["blame"] is not None:
-            comment.append(f"exclude={node_names[a['blame']]}")
-        restarts = restarts + 1 if a["kind"] == "auto" else 0
-        ec = "0:0" if a["state"] in ("RUNNING", "COMPLETED") else "1:0"
-        rows.append(dict(JobID=str(100000 + i), JobName=JOB, State=a["state"], ExitCode=ec,
-                         Submit=_iso(a["start"] - 5), Start=_iso(a["start"]),
-                         End=_iso(a["end"]) if a["end"] is not None else "Unknown",
-                         NodeList=hostlist([node_names[n] for n in a["members"]]),
-                         Restarts=str(restarts), Comment=";".join(comment)))
-    return rows
-
-
-SACCT_FIELDS = ("JobID", "JobName", "State", "ExitCode", "Submit", "Start", "End", "NodeList",
-                "Restarts", "Comment")
-
-
-def sacct_lines(s: Synth) -> list[str]:
-    """The synthetic job history as ``sacct --parsable2`` lines (header first)."""
-    return ["|".join(SACCT_FIELDS)] + ["|".join(r[k] for k in SACCT_FIELDS) for r in s.sacct_rows]
 
 
 # -- writing -------------------------------------------------------------------------------
