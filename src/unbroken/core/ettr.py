@@ -31,11 +31,12 @@ Definitions used here, all derived from the journal:
   straggler whose spare joined in the same re-form --, or the restart). An interval is charged to one fault only, so two
   failures resolved together are not counted twice: the intervals from a fault's answer (its
   replan, restart -- a wipe-out's or a guard's restore -- or the guard's ``resolved``) to the
-  next new step go to the fault answered (a roll-back's -- a restore or a restart -- first, the
-  latest first; then the others, the earliest first), so the restore and the redone steps are
+  next new step go to the fault answered (a roll-back's -- a restore or a restart -- first,
+  then the others, each the earliest answered first), so the restore and the redone steps are
   the cost of the fault that restore answers, not of an earlier one still open, nor of one
-  answered just before it (a replan) whose next step the restore threw away; every other
-  interval goes to the earliest fault whose window holds it. What no fault
+  answered just before it (a replan) whose next step the restore threw away, nor of a restart
+  just after it to the same step; every other interval goes to the earliest fault whose window
+  holds it. What no fault
   window covers (degraded steps after masking, joins, jitter) is ``other_lost_s``.
 * **Breakdown** of a masked fault: ``detect_s = reform_at - t_fault`` (the first replan's reform
   started when a peer's all-reduce failed), ``decide_s = replan.t - reform_at`` (reform + plan),
@@ -373,9 +374,10 @@ def ettr_report(events: list[dict], *, window: int = 20) -> EttrReport:
                                decide, recompute, restart_s, masked, tf - origin, how, rung))
 
     # lost time: each interval to one fault; from a fault's answer to its next new step to that
-    # fault -- the roll-backs first, the latest first (a restore throws away the step an earlier
-    # answer was about to commit: the redone steps are the restore's), then the other answers,
-    # the earliest first --, then the rest of every window to the earliest fault
+    # fault -- the roll-backs first (a restore throws away the step an earlier replan was about
+    # to commit: the redone steps are the restore's), then the other answers, each the earliest
+    # first (a restart to the step a restore already went back to adds its own time only) --,
+    # then the rest of every window to the earliest fault
     claimed: set[int] = set()
     lost = [0.0] * len(costs)
 
@@ -387,10 +389,9 @@ def ettr_report(events: list[dict], *, window: int = 20) -> EttrReport:
                 claimed.add(i)
                 lost[n] += excess[i]
 
-    answered = sorted((-at, n) for n, (_, _, at, back) in enumerate(windows)
-                      if at is not None and back) + \
-        sorted((at, n) for n, (_, _, at, back) in enumerate(windows) if at is not None and not back)
-    for _, n in answered:
+    answered = sorted((not back, at, n) for n, (_, _, at, back) in enumerate(windows)
+                      if at is not None)
+    for *_, n in answered:
         i0, i1, at, _ = windows[n]
         ia = idx_after(at)
         if i0 is not None and ia is not None:
