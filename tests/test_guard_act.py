@@ -71,6 +71,7 @@ def test_sdc_mismatch_replays_then_evicts_the_majority_outlier_and_restores_veri
     commits(g, 25)
     for k in (9, 19):
         g.on_check({"event": "sdc_check", "step": k, "ok": True})
+        g.on_checkpoint({"event": "checkpoint", "step": k + 1, "t": 150.0})
     g.on_incident(incident("sdc", 24, mismatch={"1": {"1": 5, "2": 6},
                                                 "2": {"2": 7, "3": 8}}), 300.0)
     assert g.orders == [PostVerdict("verdict/24/0", {"action": "replay", "types": [1, 2]})]
@@ -92,10 +93,40 @@ def test_an_inconclusive_replay_names_nobody_and_rolls_back():
     g, _ = make()
     commits(g, 15)
     g.on_check({"event": "sdc_check", "step": 9, "ok": True})
+    g.on_checkpoint({"event": "checkpoint", "step": 10, "t": 150.0})
     g.on_replay({"event": "replay", "step": 14, "n": 0, "uids": {"0": 0, "1": 1},
                  "digests": {"1": {"0": 5, "1": 9}}}, 300.0)
     assert not [o for o in g.orders if isinstance(o, Evict)]
     assert g.orders[-1] == PostVerdict("verdict/14/1", {"action": "restore", "step": 10})
+
+
+def test_a_restore_goes_to_a_checkpoint_on_disk_not_to_a_verified_step_never_saved():
+    # the soak beside a busy loop (issue 28; 4 of 14 runs): rank 0, the slow group, was evicted
+    # while it wrote step 20's checkpoint; step 19's check had verified it, the guard ordered a
+    # restore to it, and every member waited for it in vain (exit 6)
+    g, out = make()
+    commits(g, 30)
+    g.on_checkpoint({"event": "restore", "step": 0, "source": "none", "t": 99.0})
+    for k in (9, 19):
+        g.on_check({"event": "sdc_check", "step": k, "ok": True})
+    g.on_checkpoint({"event": "checkpoint", "step": 10, "t": 150.0})
+    g.on_replay({"event": "replay", "step": 29, "n": 0, "uids": {"0": 0, "1": 1},
+                 "digests": {"1": {"0": 5, "1": 9}}}, 300.0)
+    assert g.orders[-1] == PostVerdict("verdict/29/1", {"action": "restore", "step": 10})
+    assert [e["step"] for e in out if e["event"] == "restart"] == [10]
+    # a checkpoint loaded is on disk too (a resumed job's); none known: the seeded start
+    g, _ = make()
+    commits(g, 30)
+    g.on_checkpoint({"event": "restore", "step": 20, "source": "checkpoint", "t": 99.0})
+    g.on_replay({"event": "replay", "step": 29, "n": 0, "uids": {"0": 0, "1": 1},
+                 "digests": {"1": {"0": 5, "1": 9}}}, 300.0)
+    assert g.orders[-1] == PostVerdict("verdict/29/1", {"action": "restore", "step": 20})
+    g, _ = make()
+    commits(g, 30)
+    g.on_check({"event": "sdc_check", "step": 19, "ok": True})
+    g.on_replay({"event": "replay", "step": 29, "n": 0, "uids": {"0": 0, "1": 1},
+                 "digests": {"1": {"0": 5, "1": 9}}}, 300.0)
+    assert g.orders[-1] == PostVerdict("verdict/29/1", {"action": "restore", "step": 0})
 
 
 def test_a_ladder_with_no_rung_left_stops_the_job():

@@ -53,9 +53,13 @@ class Event(enum.StrEnum):
     """step, n, members, ok, digests, uids: a replay's digests (the runner); read by the guard."""
     CODE = "code"
     """step, from, to, model, n: a hot code swap applied (the runner)."""
+    CHECKPOINT = "checkpoint"
+    """step, path: a durable checkpoint renamed into place (its writer, rank 0 of the
+    generation, from the save's thread); read by the supervisor's guard (a roll-back goes
+    only to a checkpoint written or loaded)."""
     RESTORE = "restore"
     """step, source ("none" | "checkpoint"), path, reason: state loaded (the runner); read by the
-    supervisor and the ledger."""
+    supervisor (its guard: a checkpoint on disk) and the ledger."""
     ROLL_FORWARD = "roll_forward"
     """step, from: a step replayed from a peer's buffer during recovery (the runner; view)."""
     RESTART = "restart"

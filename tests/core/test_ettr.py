@@ -280,3 +280,71 @@ def test_a_straggler_replaced_in_an_admission_is_answered_there_not_by_a_later_r
     assert slow.masked and slow.how.startswith("replan at an admission"), slow
     assert slow.detect_s == pytest.approx(t30 - t10, abs=1e-6)
     assert kill.lost_s == pytest.approx(1.0)
+
+
+
+@pytest.mark.parametrize("slow_answer", ["replan before", "wipe-out after"])
+def test_a_restore_and_its_redone_steps_are_the_flips_whatever_answers_the_slow_group_beside(
+        slow_answer):
+    # the soak beside a busy loop (issue 28): a slow group 0 from step 10, a bit flip on group
+    # 5 from step 26 that step 29's SDC check finds; the guard restores checkpoint 20. The
+    # slow group is answered in the same interval (no commit between):
+    # - "replan before": masked by a replan at step 29, before step 29 committed. Its window
+    #   ran to its next new step, 29, committed only after steps 20..28 were redone; answered
+    #   first, it took the restore and the redone steps and the flip was charged 0 s (1 in 14
+    #   runs);
+    # - "wipe-out after": evicted while the members restore; with the flip's group gone too a
+    #   type has no host left, a wipe-out, a restart from memory at the same step 20, a
+    #   roll-back answered after the flip's (3 in 30 runs of a first fix, latest roll-back
+    #   first, charged the flip 0 s)
+    ev = [{"event": "start", "t": T0 - 5.0, "src": "driver",
+           "config": {"groups": 6, "redundancy": 2, "steps": 40}}]
+    every, t = [0, 1, 2, 3, 4, 5], T0
+    for k in range(29):
+        t += 0.15 if k > 10 else 0.1  # group 0 slows every step from 11 on
+        ev += commits(k, t, every)
+        if k == 10:
+            ev.append({"event": "fault", "kind": "slow", "group": 0, "uid": 0, "step": 10,
+                       "at": 10, "t": t - 0.05, "src": "group-0"})
+        if k == 25:
+            ev.append({"event": "fault", "kind": "flip", "group": 5, "uid": 5, "step": 26,
+                       "at": 26, "t": t + 0.01, "src": "group-5"})
+    t28, live = t, [1, 2, 3, 4, 5]
+    if slow_answer == "replan before":
+        for m in live:
+            ev.append({"event": "replan", "step": 29, "gen": 1, "members": live,
+                       "phase": "free", "depth": 2, "reason": "x", "reform_at": t28 + 0.1,
+                       "t": t28 + 0.2 + 0.001 * m, "src": f"group-{m}"})
+    ev.append({"event": "incident", "kind": "sdc", "step": 29, "n": 2, "t": t28 + 0.3})
+    restore = t28 + 0.5
+    ev.append({"event": "restart", "step": 20, "source": "checkpoint", "incident": "sdc",
+               "reason": "sdc: roll back to step 20", "t": restore, "t_ready": restore,
+               "src": "driver"})
+    ev.append({"event": "resolved", "incident": "sdc", "detected_t": t28 + 0.3,
+               "how": "replay named [5]: evict, restore @ step 20", "step": 20, "restart": True,
+               "t": restore, "src": "driver"})
+    if slow_answer == "wipe-out after":
+        for m in (1, 2, 3, 4):
+            ev.append({"event": "wipeout", "step": 20, "gen": 1, "members": [1, 2, 3, 4],
+                       "lost_types": [0], "reason": "x", "t": restore + 0.2 + 0.001 * m,
+                       "src": f"group-{m}"})
+        ev.append({"event": "restart", "step": 20, "source": "memory", "reason": "wipe-out",
+                   "t": restore + 0.2, "t_ready": restore + 0.3, "src": "driver"})
+    t = restore + 0.4
+    for k in range(20, 40):
+        t += 0.1
+        ev += commits(k, t, [1, 2, 3, 4, 6, 7])
+        if k == 29:
+            t29 = t
+    r = ettr_report(ev)
+    slow, flip = r.faults
+    assert r.step_s == pytest.approx(0.1)
+    assert slow.how == ("replan (phase free, depth 2)" if slow_answer == "replan before"
+                        else "restart from memory @ step 20")
+    assert not flip.masked and flip.how.startswith("replay named [5]")
+    # the slow steps 11..28 are the slow group's; from the last commit before the restore
+    # (step 28) to the first new step after it (29) is the flip's: the restore, the redone
+    # steps 20..28 and step 29 beyond its normal time
+    assert slow.lost_s == pytest.approx(18 * 0.05)
+    assert flip.lost_s == pytest.approx(t29 - t28 - 0.1)
+    assert r.other_lost_s == pytest.approx(0.0, abs=1e-9)

@@ -149,3 +149,8 @@ def test_check_schedule_verified_checkpoint_and_restore_target():
     assert verified_checkpoint(19, 10) == 20 and verified_checkpoint(19, 7) is None
     assert restore_target(20, 37, 10) == 20  # the verified one, not the newest
     assert restore_target(None, 37, 10) == 30 and restore_target(0, 8, 10) == 0
+    # with the checkpoints known on disk: the newest of them at or before that step
+    assert restore_target(20, 37, 10, saved={10, 30}) == 10  # 20's writer died mid-save
+    assert restore_target(20, 37, 10, saved={10, 20, 30}) == 20
+    assert restore_target(None, 37, 10, saved={10, 20}) == 20
+    assert restore_target(20, 37, 10, saved=set()) == 0      # the seeded start

@@ -92,17 +92,36 @@ def test_save_async_stages_before_returning(store, monkeypatch):
     assert equal(out, before)
 
 
-def test_background_error_is_reraised_by_wait(store, logged, monkeypatch):
-    def broken(state, path):
-        raise OSError("disk full")
+def disk_full(state, path):
+    raise OSError("disk full")
 
-    monkeypatch.setattr(ckpt, "_write_state", broken)
+
+def test_background_error_is_reraised_by_wait(store, logged, monkeypatch):
+    monkeypatch.setattr(ckpt, "_write_state", disk_full)
     store.save_async(4, state(), {"step": 4})
     with pytest.raises(OSError, match="disk full"):
         store.wait()
     assert any("step 4" in line and "disk full" in line for line in logged)
     assert store.latest() is None
     assert list(store.directory.iterdir()) == []  # the failed .tmp dir was removed
+
+
+def test_on_saved_hears_of_a_checkpoint_once_it_is_in_place_and_never_of_a_failed_one(
+        tmp_path, monkeypatch):
+    # the runner journals these: the guard rolls back only to a checkpoint it heard of
+    heard: list[tuple[int, str, bool]] = []
+    s = CheckpointStore(tmp_path / "ckpt", on_saved=lambda step, path: heard.append(
+        (step, path, Path(path).is_dir())))
+    try:
+        path = s.save_async(10, state(), {"step": 10}).result(timeout=30)
+        assert heard == [(10, path, True)]  # before the future resolved, after the rename
+        monkeypatch.setattr(ckpt, "_write_state", disk_full)
+        s.save_async(20, state(), {"step": 20})
+        with pytest.raises(OSError, match="disk full"):
+            s.wait()
+        assert len(heard) == 1
+    finally:
+        s._pool.shutdown(wait=True)
 
 
 def test_flipped_byte_in_newest_falls_back_to_previous(store, logged):

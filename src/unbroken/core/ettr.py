@@ -31,9 +31,12 @@ Definitions used here, all derived from the journal:
   straggler whose spare joined in the same re-form --, or the restart). An interval is charged to one fault only, so two
   failures resolved together are not counted twice: the intervals from a fault's answer (its
   replan, restart -- a wipe-out's or a guard's restore -- or the guard's ``resolved``) to the
-  next new step go to the fault answered (the earliest answered first), so the restore and the
-  redone steps are the cost of the fault that restore answers, not of an earlier one still
-  open; every other interval goes to the earliest fault whose window holds it. What no fault
+  next new step go to the fault answered (a roll-back's -- a restore or a restart -- first,
+  then the others, each the earliest answered first), so the restore and the redone steps are
+  the cost of the fault that restore answers, not of an earlier one still open, nor of one
+  answered just before it (a replan) whose next step the restore threw away, nor of a restart
+  just after it to the same step; every other interval goes to the earliest fault whose window
+  holds it. What no fault
   window covers (degraded steps after masking, joins, jitter) is ``other_lost_s``.
 * **Breakdown** of a masked fault: ``detect_s = reform_at - t_fault`` (the first replan's reform
   started when a peer's all-reduce failed), ``decide_s = replan.t - reform_at`` (reform + plan),
@@ -257,7 +260,8 @@ def ettr_report(events: list[dict], *, window: int = 20) -> EttrReport:
     # per-fault costs
     guard_restarts = _guard_restarts(evs)
     costs: list[FaultCost] = []
-    windows: list[tuple[int | None, int | None, float | None]] = []  # (i0, i1, answered at)
+    # (i0, i1, answered at, the answer rolled back: a restore or a restart)
+    windows: list[tuple[int | None, int | None, float | None, bool]] = []
 
     def idx_after(t: float) -> int | None:
         for i, ti in enumerate(times):
@@ -361,14 +365,19 @@ def ettr_report(events: list[dict], *, window: int = 20) -> EttrReport:
         if masked and (i1 is None or (isinstance(kf, int) and
                                       max(k for _, k, _ in tl) < kf)):
             masked = False  # training never went past the failing step
-        windows.append((i0, i1, float(res["t"]) if res is not None else None))
+        rolled_back = res is not None and (res["event"] in (Event.WIPEOUT, Event.RESTART) or (
+            res["event"] == Event.RESOLVED and bool(res.get("restart"))))
+        windows.append((i0, i1, float(res["t"]) if res is not None else None, rolled_back))
         slot = f.get("group")
         costs.append(FaultCost(f.get("kind", "?"), slot if isinstance(slot, int) else -1,
                                kf if isinstance(kf, int) else -1, 0.0, detect,
                                decide, recompute, restart_s, masked, tf - origin, how, rung))
 
     # lost time: each interval to one fault; from a fault's answer to its next new step to that
-    # fault (the earliest answered first), then the rest of every window to the earliest fault
+    # fault -- the roll-backs first (a restore throws away the step an earlier replan was about
+    # to commit: the redone steps are the restore's), then the other answers, each the earliest
+    # first (a restart to the step a restore already went back to adds its own time only) --,
+    # then the rest of every window to the earliest fault
     claimed: set[int] = set()
     lost = [0.0] * len(costs)
 
@@ -380,13 +389,14 @@ def ettr_report(events: list[dict], *, window: int = 20) -> EttrReport:
                 claimed.add(i)
                 lost[n] += excess[i]
 
-    answered = sorted((at, n) for n, (_, _, at) in enumerate(windows) if at is not None)
-    for at, n in answered:
-        i0, i1, _ = windows[n]
+    answered = sorted((not back, at, n) for n, (_, _, at, back) in enumerate(windows)
+                      if at is not None)
+    for *_, n in answered:
+        i0, i1, at, _ = windows[n]
         ia = idx_after(at)
         if i0 is not None and ia is not None:
             claim(n, max(i0, ia), i1)
-    for n, (i0, i1, _) in enumerate(windows):
+    for n, (i0, i1, _, _) in enumerate(windows):
         claim(n, i0, i1)
     costs = [replace(c, lost_s=max(0.0, x)) for c, x in zip(costs, lost)]
     lost_total = wall - productive

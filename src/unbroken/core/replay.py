@@ -41,7 +41,7 @@ Pure: no I/O, no clock, no torch; the caller runs the replays and feeds back whi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Collection, Sequence
 
 import numpy as np
 
@@ -317,9 +317,15 @@ def verified_checkpoint(check_step: int, ckpt_every: int) -> int | None:
     return check_step + 1 if (check_step + 1) % ckpt_every == 0 else None
 
 
-def restore_target(verified: int | None, committed: int, ckpt_every: int) -> int:
+def restore_target(verified: int | None, committed: int, ckpt_every: int,
+                   saved: Collection[int] | None = None) -> int:
     """Where to roll back to: the newest verified checkpoint, else the newest one written
-    (``committed`` = newest committed step), else the seeded start (0)."""
-    if verified:
-        return verified
-    return max(0, (committed + 1) // ckpt_every * ckpt_every)
+    (``committed`` = newest committed step), else the seeded start (0). ``saved``: the steps
+    whose checkpoints are known to be on disk; then the newest of them at or before that step
+    (an older one is clean too), else 0: a save whose writer was killed never lands, and the
+    members would wait for it in vain (the soak: rank 0, a straggler, evicted while it wrote
+    step 20's)."""
+    target = verified if verified else max(0, (committed + 1) // ckpt_every * ckpt_every)
+    if saved is None:
+        return target
+    return max((s for s in saved if s <= target), default=0)

@@ -74,6 +74,7 @@ class Guard:
         self.code_n = 0                   # code records posted
         self.top = -1                     # newest committed step
         self.verified = 0                 # newest checkpoint step whose SDC check passed
+        self.saved: set[int] = set()      # checkpoint steps on disk (written or loaded)
         self.ckpt_every = ckpt_every
         self.answered: set[tuple[str, int, int]] = set()  # (what, step, n) already answered
         self.opened: dict[tuple[int, int], float] = {}    # incident (step, n) -> first seen
@@ -235,7 +236,7 @@ class Guard:
     def _restore(self, step: int, n: int, incident: str, now: float, t_seen: float,
                  how: str) -> None:
         """Verdict: every member restores the roll-back target; journal it as a restart."""
-        target = restore_target(self.verified, self.top, self.ckpt_every)
+        target = restore_target(self.verified, self.top, self.ckpt_every, self.saved)
         self._verdict(step, n, {"action": "restore", "step": target})
         self.emit({"event": Event.RESTART, "step": target, "source": "checkpoint",
                    "incident": incident,  # the fault it answers (core.ettr books it there)
@@ -279,6 +280,13 @@ class Guard:
             self._restore(step, n + 1, "sdc", now, t_seen,
                           f"replay named {list(uids)}: {d.rung.name.lower() if d.rung else '?'}"
                           f", restore")
+
+    def on_checkpoint(self, ev: dict) -> None:
+        """A checkpoint on disk: one written (``checkpoint``) or loaded (a ``restore`` from a
+        checkpoint). Only these are roll-back targets: a verified step's save can die with
+        its writer."""
+        if ev.get("event") == Event.CHECKPOINT or ev.get("source") == "checkpoint":
+            self.saved.add(int(ev["step"]))
 
     def on_check(self, ev: dict) -> None:
         """A passing SDC check at step k: the checkpoint written after it is verified."""

@@ -171,17 +171,21 @@ class CheckpointStore:
     """Durable checkpoints under ``directory`` (see the module docstring).
 
     ``log`` receives one-line warnings (a rejected checkpoint, a failed background save);
-    it defaults to this module's :mod:`logging` logger.
+    it defaults to this module's :mod:`logging` logger. ``on_saved(step, path)`` is called
+    on the writer thread once a save is renamed into place (by the coordinator only), before
+    its future resolves.
     """
 
     def __init__(self, directory: str | os.PathLike, keep: int = 3,
-                 log: Callable[[str], None] | None = None):
+                 log: Callable[[str], None] | None = None,
+                 on_saved: Callable[[int, str], None] | None = None):
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.keep = keep
         self._log = log or logging.getLogger(__name__).warning
+        self._on_saved = on_saved
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-writer")
         self._pending: list[Future] = []
         self._inflight: Future | None = None
@@ -274,13 +278,15 @@ class CheckpointStore:
                 if old is not None:
                     shutil.rmtree(old, ignore_errors=True)
                 self._prune()
-            return str(final)
         except BaseException as exc:
             if coordinator:
                 shutil.rmtree(tmp, ignore_errors=True)
             self._log(f"checkpoint save of step {step} to {final} failed: "
                       f"{type(exc).__name__}: {exc}")
             raise
+        if self._on_saved is not None:  # outside the try: the checkpoint is in place
+            self._on_saved(step, str(final))
+        return str(final)
 
     def _prune(self) -> None:
         steps = sorted(self._complete(), reverse=True)

@@ -178,7 +178,9 @@ class StackedRunner(Recovery, Incidents, Admission):
             from unbroken.runtime.checkpoint import CheckpointStore
 
             self.ckpt = CheckpointStore(ckpt_dir, log=lambda msg: self.journal(
-                {"event": Event.CHECKPOINT_WARNING, "message": msg, "t": time.time()}))
+                {"event": Event.CHECKPOINT_WARNING, "message": msg, "t": time.time()}),
+                on_saved=lambda step, path: self.journal(  # the guard restores only these
+                    {"event": Event.CHECKPOINT, "step": step, "path": path, "t": time.time()}))
         self._snap = None  # the state-copy buffer, made at the first copy (see the docstring)
 
     # ------------------------------------------------------------------ helpers

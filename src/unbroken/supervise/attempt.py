@@ -229,6 +229,8 @@ class Attempt:
             self.guard.on_replay(ev, now)
         elif name == Event.SDC_CHECK:
             self.guard.on_check(ev)
+        elif name in (Event.CHECKPOINT, Event.RESTORE):
+            self.guard.on_checkpoint(ev)
         elif name == Event.HEALTH:
             self.guard.on_health(ev, u)
         elif name == Event.JOINED:
