@@ -26,14 +26,15 @@ STEPS = 60
 
 @pytest.fixture(scope="module")
 def one_rank_run(tmp_path_factory):
-    """The parameters of a failure-free run with one rank a group (the runtime as it is for
-    R = 1) and the same seed."""
+    """The parameters and step losses of a failure-free run with one rank a group (the runtime
+    as it is for R = 1) and the same seed."""
     import torch
 
     cfg = TrainConfig(groups=4, redundancy=2, steps=STEPS, seed=5)
     with StackedCluster(cfg, str(tmp_path_factory.mktemp("r1"))) as c:
         done = {u: c.wait_key(f"done/{u}", 90, alive=list(range(4))) for u in range(4)}
-    return torch.tensor(done[0]["params"], dtype=torch.float64)
+        losses = {e["step"]: e["loss"] for e in events(c.journal(0), "commit")}
+    return torch.tensor(done[0]["params"], dtype=torch.float64), losses
 
 
 def _ranks_of(c, uid):
@@ -86,8 +87,12 @@ def test_a_rank_killed_hung_or_wiped_out_fails_its_whole_group_and_nothing_is_lo
     for u in fin:
         # the same run with one rank a group, to float64 rounding (FSDP2 averages the ranks'
         # parts of a shard where one process sums the shard)
-        diff = (torch.tensor(params[u], dtype=torch.float64) - one_rank_run).abs().max()
+        diff = (torch.tensor(params[u], dtype=torch.float64) - one_rank_run[0]).abs().max()
         assert float(diff) < 1e-9, (u, float(diff))
+    # the step's loss is the group's (the mean of its ranks' parts), as with one rank a group
+    for e in events(j[0], "commit"):
+        if e["step"] < 4:
+            assert abs(e["loss"] - one_rank_run[1][e["step"]]) < 1e-12, e
     # the kill and the hang were masked by replan, the wipe-out restarted from memory
     replans = [e for e in events(j[0], "replan") if e["patch"]]
     assert [e["step"] for e in replans][:2] == [4, 12], replans

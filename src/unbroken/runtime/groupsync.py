@@ -15,7 +15,9 @@ their own process group (torch's default group, which holds exactly them):
   every group reads, so the other ranks take its values, and a lost coordinator on any plane
   stops every rank;
 * **the step check**: a NaN or a mismatch seen in one plane's reduced shard is the group's
-  incident on every rank (the most severe kind found).
+  incident on every rank (the most severe kind found);
+* **the loss**: each rank reports the loss of its own part of the shards (FSDP), and the step's
+  loss is the mean over the group's ranks -- in the same all-reduce, not one of its own.
 
 After a re-form (:meth:`same_members`) the ranks check that their planes formed the same
 member list; a plane that formed another (a group judged silent on one plane only) is broken
@@ -72,7 +74,7 @@ class GroupSync:
               found: tuple[str, dict] | None) -> tuple[bool, tuple[str, dict] | None]:
         """The group's outcome of this step's op: (every rank's op completed, the step check's
         finding). On a rank other than 0, ``buf``'s control cells become plane 0's."""
-        v = torch.zeros(6, dtype=torch.float64)
+        v = torch.zeros(7, dtype=torch.float64)
         if not ok:
             v[0] = 1.0
         else:
@@ -80,6 +82,7 @@ class GroupSync:
                 v[1], v[2], v[3] = float(buf[sb.JOIN]), float(buf[sb.CODE]), float(buf[sb.STOP])
             v[4] = float(buf[sb.LOST])
             v[5] = float(KINDS.index(found[0])) if found is not None else 0.0
+            v[6] = float(buf[sb.LOSS])
         self._all_reduce(runner.comm, v)
         if v[0] > 0:
             if ok:  # my plane committed, a sibling's did not: nobody in my plane may commit
@@ -88,6 +91,9 @@ class GroupSync:
         if self.rank != 0:
             buf[sb.JOIN], buf[sb.CODE], buf[sb.STOP] = v[1], v[2], v[3]
         buf[sb.LOST] = v[4]
+        # the step's loss: the mean of the ranks' (FSDP: each rank's equal part of every
+        # shard; TP: the same value on every rank)
+        buf[sb.LOSS] = v[6] / self.ranks
         runner._region = None  # the cells it read before are stale now
         kind = KINDS[int(v[5])] if v[5] > 0 else ""
         if not kind:

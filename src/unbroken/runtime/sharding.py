@@ -28,7 +28,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 __all__ = ["SHARD_MODES", "ShardingError", "check_sharding", "group_mesh", "ShardedTrainer",
            "rebuilt_optimizer",
@@ -148,11 +147,9 @@ class ShardedTrainer:
             p.grad = None
         loss = self.inner.loss(step, shard_type, part)
         loss.backward()  # FSDP2: reduce-scatter (mean) over the group's ranks
-        lv = loss.detach().to(torch.float64).reshape(1)
-        if self.how == "fsdp":  # the shard's loss: the mean of the ranks' equal parts
-            dist.all_reduce(lv)
-            lv /= self.ranks
-        self.last_loss[shard_type] = float(lv)
+        # this rank's part of the shard (FSDP) or the whole shard (TP): the group's step
+        # agreement averages the ranks' losses (runtime.groupsync), no collective of its own
+        self.last_loss[shard_type] = float(loss.detach())
         parts = [(torch.zeros_like(local(p)) if p.grad is None else local(p.grad))
                  .reshape(-1).to(torch.float64) for p in self.params]
         for p in self.params:
