@@ -179,8 +179,9 @@ def _timeline(spec: SynthSpec, rng: np.random.Generator, node_names: list[str]):
     need = need_seconds(chains)
     free = spec.days * DAY - need
     if free < 0:
-        raise TooShort(f"--days {spec.days:g}: too short for {n_ev} failures and their recovery "
-                       f"at --seed {spec.seed} with {N} nodes: need at least "
+        raise TooShort(f"--days {spec.days:g}: too short for {spec.failures} XID failures and "
+                       f"{spec.other_failures} NCCL ones with their recovery at --seed "
+                       f"{spec.seed} with {N} nodes: need at least "
                        f"{math.ceil(need / DAY * 100) / 100:.2f} days")
     gaps = 3600.0 + rng.dirichlet(np.ones(n_ev + 1)) * free
 
