@@ -242,8 +242,10 @@ class StackedRunner(Recovery, Incidents, Admission):
         # the group's own compute per shard: what fail-slow detection compares across peers
         # (commit times cannot show it: a synchronous step waits for the slowest group; per
         # shard, so a survivor computing a stack of two after a masked failure is not "slow")
-        self.compute_s += time.perf_counter() - t0
+        # the CPU interval nested in the wall one (read first, stopped first): the CPU
+        # availability cpu_s / compute_s cannot read above 1 by the order of the reads
         self.cpu_s += time.thread_time() - c0
+        self.compute_s += time.perf_counter() - t0
 
     def _reform_phases(self) -> dict:
         """When this member noticed the failure and how long the new generation's rendezvous
