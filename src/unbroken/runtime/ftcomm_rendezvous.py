@@ -140,9 +140,9 @@ class Rendezvous:
                 self._staleness(), self.heartbeat_period, peer_died))
             # a member still missing that a death notice names is not waited for: the
             # heartbeat thread learns of the notice only at its next read, up to a period on.
-            # Read as a counter: the heartbeat's own reads create the key at 0 (check would
-            # say it exists)
-            live = [u for u in live if u in joined or st.add(dead_key(u), 0) == 0]
+            # Its value is the notice: the heartbeat's own reads create the key at 0 (check
+            # alone would say it exists), and this read must not create one
+            live = [u for u in live if u in joined or not _notice(st, dead_key(u))]
             came = [u for u in sorted(expected) if st.check([f"{self.ns}rdzv/{gen}/joiner/{u}"])]
             gone = [u for u in sorted(expected)
                     if u not in came and st.check([dead_key(u)])]
@@ -259,3 +259,8 @@ def new_backend(backend: str, store: Any, rank: int, size: int, timeout: timedel
         opts._timeout = timeout
         return dist.ProcessGroupNCCL(store, rank, size, opts)
     raise ValueError(f"backend {backend!r}: expected gloo or nccl")
+
+
+def _notice(st: Any, key: str) -> bool:
+    """Whether counter ``key`` holds a posted notice (> 0), without creating it."""
+    return bool(st.check([key])) and int(st.get(key)) > 0
