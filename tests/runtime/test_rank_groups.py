@@ -102,6 +102,20 @@ def test_a_rank_killed_hung_or_wiped_out_fails_its_whole_group_and_nothing_is_lo
     assert admitted == {4, 5, 6, 7}
 
 
+@pytest.mark.timeout(120)
+def test_a_nan_on_one_rank_is_the_whole_groups_incident_and_every_groups(tmp_path):
+    # group 2's rank 0 puts a NaN in its gradient at step 3: FSDP's reduce-scatter spreads it
+    # to both ranks' shards, so both planes' sums are non-finite and both ranks find it; the
+    # group's agreement makes it one incident of one kind on every rank of every group
+    cfg = TrainConfig(groups=4, redundancy=2, steps=6, seed=5, ranks_per_group=2, shard="fsdp")
+    uids = list(range(4))
+    with StackedCluster(cfg, str(tmp_path), nan_at={2: 3}, fault_rank={2: 0}) as c:
+        for u in uids:
+            c.wait_key(f"done/{u}", 60, alive=uids)
+        first = {u: next(e for e in events(c.journal(u), "incident")) for u in uids}
+    assert {(e["kind"], e["step"]) for e in first.values()} == {("implicit", 3)}
+
+
 def _reference(cfg):
     from dataclasses import replace
 

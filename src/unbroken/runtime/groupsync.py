@@ -39,10 +39,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from unbroken.core.ranks import FINDINGS, group_finding
 from unbroken.protocol import ExitCode
 from unbroken.runtime import stepbuf as sb
 
-__all__ = ["GroupSync", "KINDS", "is_group_error"]
+__all__ = ["GroupSync", "is_group_error"]
 
 
 def is_group_error(exc: BaseException) -> bool:
@@ -52,8 +53,9 @@ def is_group_error(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and (
         "gloo" in text or "Connection closed by peer" in text or "NCCL" in text)
 
-#: step-check kinds in order of severity (0: nothing found)
-KINDS = ("", "sdc", "implicit", "code")
+#: the agreement vector: failed ranks, plane 0's join/code/stop counters, lost coordinator,
+#: the loss, then one count a step-check kind (``core.ranks.FINDINGS``)
+_FOUND = 6
 
 
 class GroupSync:
@@ -74,15 +76,16 @@ class GroupSync:
               found: tuple[str, dict] | None) -> tuple[bool, tuple[str, dict] | None]:
         """The group's outcome of this step's op: (every rank's op completed, the step check's
         finding). On a rank other than 0, ``buf``'s control cells become plane 0's."""
-        v = torch.zeros(7, dtype=torch.float64)
+        v = torch.zeros(_FOUND + len(FINDINGS), dtype=torch.float64)
         if not ok:
             v[0] = 1.0
         else:
             if self.rank == 0:
                 v[1], v[2], v[3] = float(buf[sb.JOIN]), float(buf[sb.CODE]), float(buf[sb.STOP])
             v[4] = float(buf[sb.LOST])
-            v[5] = float(KINDS.index(found[0])) if found is not None else 0.0
-            v[6] = float(buf[sb.LOSS])
+            v[5] = float(buf[sb.LOSS])
+            if found is not None:
+                v[_FOUND + FINDINGS.index(found[0])] = 1.0
         self._all_reduce(runner.comm, v)
         if v[0] > 0:
             if ok:  # my plane committed, a sibling's did not: nobody in my plane may commit
@@ -93,10 +96,10 @@ class GroupSync:
         buf[sb.LOST] = v[4]
         # the step's loss: the mean of the ranks' (FSDP: each rank's equal part of every
         # shard; TP: the same value on every rank)
-        buf[sb.LOSS] = v[6] / self.ranks
+        buf[sb.LOSS] = v[5] / self.ranks
         runner._region = None  # the cells it read before are stale now
-        kind = KINDS[int(v[5])] if v[5] > 0 else ""
-        if not kind:
+        kind = group_finding(v[_FOUND:].tolist())
+        if kind is None:
             return True, None
         if found is not None and found[0] == kind:
             return True, found

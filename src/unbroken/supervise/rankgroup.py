@@ -25,6 +25,8 @@ import subprocess
 import time
 from typing import Any, Sequence
 
+from unbroken.core.ranks import group_status
+
 __all__ = ["RankGroup"]
 
 
@@ -58,14 +60,12 @@ class RankGroup:
     def poll(self) -> int | None:
         if self.returncode is not None:
             return self.returncode
-        codes = [p.poll() for p in self.procs]
-        bad = [(k, c) for k, c in enumerate(codes) if c not in (None, 0)]
-        if bad:
-            self.failed_rank, code = min(bad, key=lambda kc: (kc[1] >= 0, kc[0]))
+        status = group_status([p.poll() for p in self.procs])
+        if status is not None and status[1] != 0:
+            self.failed_rank = status[0]
             self._fence()
-            self.returncode = code
-        elif all(c == 0 for c in codes):
-            self.returncode = 0
+        if status is not None:
+            self.returncode = status[1]
         return self.returncode
 
     def _fence(self) -> None:
