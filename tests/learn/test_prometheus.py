@@ -70,8 +70,7 @@ def server(tmp_path_factory):
 
 def test_learn_over_http_equals_learn_from_the_file(cli, server):
     url, d, paths = server
-    common = ["--kernel-log", paths["kernel_log"], "--sacct", paths["sacct"], "--json",
-              "--detector", "z=5,persist=3,families=2"]
+    common = ["--kernel-log", paths["kernel_log"], "--sacct", paths["sacct"], "--json"]
     p = cli("learn", "--prometheus", url, *common, timeout=300)
     assert p.returncode == 0, p.stderr
     q = cli("learn", "--openmetrics", paths["metrics"], *common, timeout=300)
