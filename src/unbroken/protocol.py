@@ -97,6 +97,17 @@ def plane_ns(rank: int) -> str:
     return f"p{rank}/" if rank else ""
 
 
+def rank_proc(uid: int, rank: int, ranks: int) -> int | str:
+    """The launcher's key for rank ``rank`` of group ``uid`` (its ``procs``, stderr file and a
+    node agent's records): the uid itself for a group of one rank, ``"<uid>.<rank>"`` else."""
+    return uid if ranks == 1 else f"{uid}.{rank}"
+
+
+def group_of(key: int | str) -> int:
+    """The group uid of a launcher key (:func:`rank_proc`)."""
+    return key if isinstance(key, int) else int(str(key).split(".")[0])
+
+
 def group_pg_prefix(uid: int) -> str:
     """The store prefix of group ``uid``'s own process group (its ranks, torch's default group
     in each of them; a spare group forms its own under its uid)."""

@@ -35,6 +35,7 @@ def test_the_agent_dumps_its_own_worker_on_order_and_the_coordinator_gets_the_te
     # the coordinator's side, without the workers a whole NodeCluster would start
     c = NodeCluster.__new__(NodeCluster)
     c.store, c._order_lock, c._orders = store, threading.Lock(), {}
+    c.cfg = SimpleNamespace(ranks_per_group=1)
     c.node_of, c.lost, c.procs = {7: 0, 8: 0}, {}, {7: worker, 8: SimpleNamespace(pid=-1)}
     try:
         d = c.dump_stacks(7)

@@ -49,8 +49,8 @@ import time
 from datetime import timedelta
 
 from unbroken.core.nodes import CUT_OFF_S, BeatWatch, watch_beat
-from unbroken.protocol import (JOB_ATTEMPTS, JOB_NODES, NODE_EXITS, ExitCode, job_attempt_key,
-                               node_error_key, node_exit_key, node_fenced_key, node_hb_key,
+from unbroken.protocol import (JOB_ATTEMPTS, JOB_NODES, NODE_EXITS, ExitCode, group_of,
+                               job_attempt_key, node_error_key, node_exit_key, node_fenced_key, node_hb_key,
                                node_key, node_left_key, node_order_key, node_orders_key,
                                node_pid_key, node_rejoin_key, node_stacks_key)
 
@@ -245,7 +245,8 @@ class Agent:
                 done = self._orders()
                 self._post_dumps()
                 if self.reporter is not None:
-                    running = {p.pid: u for u, p in self.procs.items() if p.poll() is None}
+                    running = {p.pid: group_of(u) for u, p in self.procs.items()
+                               if p.poll() is None}
                     self.reporter.tick(self.st, running, len(running))
                 errors = 0
             except Exception:
@@ -264,7 +265,7 @@ class Agent:
             if rc is None or u in self.reported:
                 continue
             if rc < 0 or rc == ExitCode.JOIN_FAILED:  # the survivors drop it now
-                declare_dead(self.st, u)
+                declare_dead(self.st, group_of(u))  # a rank's death is its group's
             self.st.set(node_exit_key(u), str(rc))
             self.st.add(NODE_EXITS, 1)
             self.reported.add(u)
@@ -277,13 +278,13 @@ class Agent:
             order = json.loads(self.st.get(node_order_key(self.node, self.done_orders)))
             op = order["op"]
             if op == "spawn":
-                self._spawn(int(order["uid"]), order["argv"], order.get("stderr"))
+                self._spawn(order["uid"], order["argv"], order.get("stderr"))
             elif op == "signal":
-                p = self.procs.get(int(order["uid"]))
+                p = self.procs.get(order["uid"])
                 if p is not None:
                     p.send_signal(int(order["sig"]))
             elif op == "dump":
-                self._dump(int(order["uid"]), int(order["n"]))
+                self._dump(order["uid"], int(order["n"]))
             elif op == "exit":
                 self._kill_all()
                 self._report_exits()
@@ -291,7 +292,7 @@ class Agent:
                 return True
         return False
 
-    def _spawn(self, uid: int, argv: list[str], stderr: str | None) -> None:
+    def _spawn(self, uid: int | str, argv: list[str], stderr: str | None) -> None:
         from unbroken import spawn
 
         path = stderr or os.path.join(self.stderr_dir, f"stderr-{uid}")
@@ -309,7 +310,7 @@ class Agent:
                 os.path.join(j, "stacks")) else j
         self.st.set(node_pid_key(uid), str(p.pid))
 
-    def _dump(self, uid: int, n: int) -> None:
+    def _dump(self, uid: int | str, n: int) -> None:
         """Our own worker ``uid``'s stacks (``detect.stacks.dump_stacks``: py-spy, else its
         faulthandler file), off the loop (py-spy pauses the process); the ``Dump``'s fields
         go to ``node_stacks/<uid>/<n>`` from the loop's own store client."""

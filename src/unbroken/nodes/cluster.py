@@ -23,8 +23,11 @@ watcher also reads each live node's machine sample and new XID records (``nodes.
 queues them (``node_health``, ``node_xid``) for the supervisor, which hands them to the guard.
 
 Placement: group g runs on node ``node_of[g]`` (``core.nodes.on_live_nodes``); a warm spare
-on the least loaded live node with room left (``core.nodes.spare_node``). Stack dumps for the
-stall vote are taken by each worker's own agent (:meth:`dump_stacks`).
+on the least loaded live node with room left (``core.nodes.spare_node``). A group of several
+ranks is placed whole: its ranks (each a ``RemoteProc`` keyed ``"<uid>.<rank>"``, wrapped
+in a ``RankGroup`` as on one machine) go to its rank 0's node, a node's ``--slots`` counts
+groups, and a lost node takes every rank of its groups. Stack dumps for the stall vote are
+taken by each worker's own agent (:meth:`dump_stacks`; rank 0 of a group of several).
 """
 
 from __future__ import annotations
@@ -42,10 +45,10 @@ from unbroken.core.membership import beat_clock, observe, starved_observer
 from unbroken.core.nodes import rejoining, spare_node, stale_nodes
 from unbroken.events import Event
 from unbroken.nodes.health import HEALTH_S
-from unbroken.protocol import (NODE_EXITS, node_exit_key, node_fenced_key, node_hb_key,
+from unbroken.protocol import (NODE_EXITS, group_of, node_exit_key, node_fenced_key, node_hb_key,
                                node_health_key, node_key, node_left_key, node_order_key,
                                node_orders_key, node_pid_key, node_rejoin_key, node_stacks_key,
-                               node_xid_key, node_xids_key)
+                               node_xid_key, node_xids_key, rank_proc)
 from unbroken.supervise.local import StackedCluster
 
 __all__ = ["NodeCluster", "RemoteProc"]
@@ -123,7 +126,8 @@ class NodeCluster(StackedCluster):
         self.nodes = directory.count
         self.node_of_group = list(node_of)
         self.node_staleness, self.node_heartbeat = node_staleness, directory.heartbeat
-        self.node_of: dict[int, int] = {}  # uid -> node
+        self.node_of: dict[int, int] = {}  # group uid -> node
+        self.remote: dict[int | str, RemoteProc] = {}  # every rank's process (rank_proc key)
         self.agents = directory.agents  # local agents: node -> process
         self.lost: dict[int, str] = dict(directory.fenced)  # node -> why
         self.room: dict[int, int] = {}  # node -> the processes its agent may run
@@ -193,9 +197,10 @@ class NodeCluster(StackedCluster):
         try:
             if node < 0 or node in self.lost:
                 raise RuntimeError(f"uid {uid}: its node {node} is lost")
-            self.order(node, {"op": "dump", "uid": uid, "n": n}, store=st)
-            st.wait([node_stacks_key(uid, n)], timedelta(seconds=timeout))
-            d = json.loads(st.get(node_stacks_key(uid, n)))
+            key = rank_proc(uid, 0, self.cfg.ranks_per_group)
+            self.order(node, {"op": "dump", "uid": key, "n": n}, store=st)
+            st.wait([node_stacks_key(key, n)], timedelta(seconds=timeout))
+            d = json.loads(st.get(node_stacks_key(key, n)))
         except Exception as exc:
             err = f"uid {uid} on node {node}: no dump ({str(exc).splitlines()[0][:120]})"
             return Dump(-1, FAILED, f"<dump failed: {err}>", time.perf_counter() - t0, err)
@@ -207,17 +212,20 @@ class NodeCluster(StackedCluster):
             raise ValueError(f"a node agent starts {self.WORKER} only, not {entry}")
         if self._watcher is None:
             self._start_agents()
-        if uid < self.cfg.groups and uid not in self.procs:
-            node = self.node_of_group[uid]
+        g = group_of(uid)
+        if g in self.node_of:  # a later rank of a group: where its rank 0 went
+            node = self.node_of[g] if self.node_of[g] >= 0 else None
+        elif g < self.cfg.groups:
+            node = self.node_of_group[g]
         else:
             load: dict[int, int] = {}
             for u, k in self.node_of.items():
-                if self.procs[u].returncode is None:
+                if self._alive(u):
                     load[k] = load.get(k, 0) + 1
             node = spare_node(load, [k for k in range(self.nodes) if k not in self.lost],
                               self.room)
-        self.node_of[uid] = node if node is not None else -1
-        proc = self.procs[uid] = RemoteProc(self, uid, self.node_of[uid])
+        self.node_of[g] = node if node is not None else -1
+        proc = self.procs[uid] = self.remote[uid] = RemoteProc(self, uid, self.node_of[g])
         if node is None or node in self.lost:
             proc._exited(-signal.SIGKILL)  # no node left to run it
             return
@@ -227,18 +235,28 @@ class NodeCluster(StackedCluster):
     def uids_on(self, node: int) -> list[int]:
         return sorted(u for u, k in self.node_of.items() if k == node)
 
+    def _ranks(self, uid: int) -> list[RemoteProc]:
+        """Group ``uid``'s rank processes (one for a group of one rank)."""
+        r = self.cfg.ranks_per_group
+        return [self.remote[rank_proc(uid, k, r)] for k in range(r)
+                if rank_proc(uid, k, r) in self.remote]
+
+    def _alive(self, uid: int) -> bool:
+        """Any rank of group ``uid`` still running, as far as its agent reported."""
+        return any(p.returncode is None for p in self._ranks(uid))
+
     def kill_node(self, node: int) -> list[int]:
         """Fault injection (``node:I@S``): SIGKILL local agent ``node`` with its process group
         (its fork server); its workers follow by ``PR_SET_PDEATHSIG``. Returns the uids that
         were running there."""
-        running = [u for u in self.uids_on(node) if self.procs[u].returncode is None]
+        running = [u for u in self.uids_on(node) if self._alive(u)]
         self.directory.kill_node(node)
         return running
 
     def cut_node(self, node: int) -> list[int]:
         """Fault injection (``cut:I@S``): SIGSTOP local agent ``node`` only; its workers run
         on, so only its silent heartbeat tells. Returns the uids running there."""
-        running = [u for u in self.uids_on(node) if self.procs[u].returncode is None]
+        running = [u for u in self.uids_on(node) if self._alive(u)]
         self.directory.cut_node(node)
         return running
 
@@ -267,7 +285,7 @@ class NodeCluster(StackedCluster):
                 n = int(st.add(NODE_EXITS, 0))
                 if n != exits_seen:
                     exits_seen = n
-                    for u, p in list(self.procs.items()):
+                    for u, p in list(self.remote.items()):
                         if p.returncode is None and st.check([node_exit_key(u)]):
                             p._exited(int(st.get(node_exit_key(u))))
                 now = time.monotonic()
@@ -347,12 +365,12 @@ class NodeCluster(StackedCluster):
         self.directory.fence(node, why)  # ... and its agent, for the rest of the job
         gone = []
         for u in self.uids_on(node):
-            p = self.procs[u]
-            if p.returncode is None:
+            if self._alive(u):
                 declare_dead(st, u)  # the survivors drop it now
                 gone.append(u)
         for u in gone:
-            self.procs[u]._exited(-signal.SIGKILL)
+            for p in self._ranks(u):
+                p._exited(-signal.SIGKILL)
         with self._order_lock:
             self._events.append({"event": Event.NODE_LOST, "node": node, "reason": why,
                                  "uids": gone, "t": t})
@@ -372,7 +390,7 @@ class NodeCluster(StackedCluster):
                 told.remove(k)
         self.directory.await_nodes(lambda k: self.store.check([node_left_key(k)]), told,
                                    "left the attempt", strict=False, timeout=10)
-        for p in self.procs.values():
+        for p in self.remote.values():
             p._exited(-signal.SIGKILL)
         super().close()
         for fd in (self._stop_r, self._stop_w):

@@ -14,7 +14,7 @@ import json
 import os
 from datetime import timedelta
 
-from unbroken.protocol import assign_key, drill_key
+from unbroken.protocol import assign_key, drill_key, rank_proc
 from unbroken.runtime.ftcomm_worker import LocalCluster
 from unbroken.supervise.rankgroup import RankGroup
 
@@ -128,7 +128,7 @@ class StackedCluster(LocalCluster):
                 argv += ["--plugin", FAULT_PLUGIN, "--plugin-args",
                          json.dumps({**(self._faults.get(uid, {}) if mine else {}),
                                      **({"rank": k} if ranks > 1 else {})})]
-            key = uid if ranks == 1 else f"{uid}.{k}"
+            key = rank_proc(uid, k, ranks)
             self._start(key, "unbroken.runtime.stacked_worker:worker_main", argv)
             procs.append(self.procs.pop(key) if ranks > 1 else self.procs[uid])
         if ranks > 1:
@@ -150,7 +150,7 @@ class StackedCluster(LocalCluster):
         if self.cfg.ranks_per_group == 1:
             return super().stderr(uid)
         one = super().stderr
-        return "".join(f"--- rank {k}:\n" + one(f"{uid}.{k}")
+        return "".join(f"--- rank {k}:\n" + one(rank_proc(uid, k, self.cfg.ranks_per_group))
                        for k in range(self.cfg.ranks_per_group))
 
     def close(self) -> None:

@@ -248,9 +248,6 @@ def check_ranks(spec: JobSpec) -> None:
     if spec.groups * r > spec.max_procs:
         raise ValueError(f"--groups {spec.groups} x --ranks-per-group {r} = {spec.groups * r} "
                          f"worker processes: more than --max-procs {spec.max_procs}")
-    if r > 1 and (spec.local_nodes or spec.nodes):
-        raise ValueError(f"--ranks-per-group {r} with node agents: not built yet (groups of "
-                         f"several ranks run on this machine's launcher)")
 
 
 def check_sharding_of(spec: JobSpec, trainer) -> None:
