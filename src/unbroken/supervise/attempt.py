@@ -107,6 +107,8 @@ class Attempt:
         try:
             return self._loop()
         finally:
+            for ev in getattr(self.c, "drain_events", list)():  # a node lost as it ended (a
+                self.emit(ev)  # wipe-out beside it): journaled, not dropped with the attempt
             self.exits.close()
             for tail in self.tails.values():
                 tail.close()

@@ -232,6 +232,8 @@ class Supervisor:
             finally:
                 beat.stop()
                 c.close()
+                for ev in getattr(c, "drain_events", list)():  # found while it closed
+                    self.emit(ev)
             if ended is None and done is None:
                 ended = self._backoff(backoff)
         return done, ended
