@@ -26,6 +26,9 @@ pytestmark = pytest.mark.mp  # `unbroken run` in a subprocess
     (["--trainer", "mlp", "--shard", "fsdp"], "--shard fsdp: needs --ranks-per-group"),
     (["--trainer", "mlp", "--ranks-per-group", "2", "--shard", "zero"], "--shard 'zero'"),
     (["--trainer", "mlp", "--ranks-per-group", "0"], "--ranks-per-group 0: must be at least 1"),
+    (["--trainer", "mlp", "--device", "tpu"], "--device 'tpu': expected cpu or cuda"),
+    (["--trainer", "mlp", "--groups", "40", "--device", "cuda"],
+     "41 needed: one per process (40 groups and 1 spares of 1 ranks)"),
 ])
 def test_a_sharding_that_cannot_work_is_one_line_exit_2(cli, tmp_path, args, named):
     p = cli("run", *args, "--steps", "5", "--out", str(tmp_path / "run"))

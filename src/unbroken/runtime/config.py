@@ -61,6 +61,17 @@ class TrainConfig:
     def backend(self) -> str:
         return "nccl" if self.device.startswith("cuda") else "gloo"
 
+    def local_device(self, uid: int, rank: int, gpus: int) -> str:
+        """The device of rank ``rank`` of group ``uid`` on a machine with ``gpus`` GPUs:
+        ``"cuda"`` becomes one GPU a process (groups' ranks in order, a spare group's wrapping
+        around: NCCL refuses two ranks of one communicator on a GPU, so a machine needs a GPU
+        for each process it runs); anything else is kept as given."""
+        if self.device != "cuda":
+            return self.device
+        if gpus < 1:
+            raise ValueError("--device cuda: no CUDA device here")
+        return f"cuda:{(uid * self.ranks_per_group + rank) % gpus}"
+
     def to_json(self) -> str:
         d = asdict(self)
         if d["stragglers"] is None:  # a straggler-free config is byte for byte today's (the

@@ -192,6 +192,11 @@ class Rendezvous:
         a re-form, wait until every member has built its own (RuntimeError: the group is
         broken before its first op)."""
         if self.pg is not None:
+            if self.backend == "nccl":  # NCCL's abort does end an op stuck on a dead peer
+                try:  # (gloo's does not: its op stays in the graveyard, never waited on)
+                    self.pg.abort()
+                except Exception:
+                    pass
             self._graveyard.append((None, self.pg, None))
         self.init_pg(gen, new)
         if gen > 0:
@@ -255,6 +260,9 @@ def new_backend(backend: str, store: Any, rank: int, size: int, timeout: timedel
     if backend == "gloo":
         return dist.ProcessGroupGloo(store, rank, size, timeout)
     if backend == "nccl":
+        # an op abandoned on a dead peer is aborted by the next re-form, not by NCCL's
+        # watchdog tearing this process down when its timeout passes
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = timeout
         return dist.ProcessGroupNCCL(store, rank, size, opts)

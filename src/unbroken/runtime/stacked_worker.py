@@ -35,6 +35,7 @@ import json
 import os
 import threading
 import time
+from dataclasses import replace
 from datetime import timedelta
 
 from unbroken.events import Event
@@ -116,6 +117,9 @@ def worker_main(argv: list[str] | None = None) -> None:
     ranks = cfg.ranks_per_group
     if not 0 <= a.rank < ranks:
         ap.error(f"--rank {a.rank} outside [0, {ranks}) (ranks_per_group in --config)")
+    if cfg.device.startswith("cuda"):  # one GPU a process, before any CUDA context or NCCL
+        cfg = replace(cfg, device=cfg.local_device(a.uid, a.rank, torch.cuda.device_count()))
+        torch.cuda.set_device(torch.device(cfg.device))
     os.makedirs(a.journal, exist_ok=True)
     comm = runner = None
     code = 0
@@ -232,7 +236,10 @@ def _group(cfg, uid: int, rank: int, store):
     from unbroken.runtime.trainer import make_trainer
 
     ranks = cfg.ranks_per_group
-    dist.init_process_group(cfg.backend, store=dist.PrefixStore(group_pg_prefix(uid), store),
+    # on GPUs the model's collectives (FSDP's, TP's) go over NCCL and the group's small
+    # per-step agreement (CPU tensors: GroupSync) over gloo, one default group for both
+    backend = "cpu:gloo,cuda:nccl" if cfg.backend == "nccl" else cfg.backend
+    dist.init_process_group(backend, store=dist.PrefixStore(group_pg_prefix(uid), store),
                             rank=rank, world_size=ranks)
     return (ShardedTrainer(make_trainer(cfg), cfg.shard, group_mesh(ranks, cfg.device)),
             GroupSync(rank, ranks))

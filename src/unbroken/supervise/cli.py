@@ -137,6 +137,9 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                         "(torch's tensor parallelism, the trainer's tp_plan) or none (R = 1)")
     p.add_argument("--max-procs", type=integer, default=128, metavar="N",
                    help="worker processes this launcher may start: groups x ranks (128)")
+    p.add_argument("--device", default="cpu", metavar="cpu|cuda",
+                   help="where the model computes: cpu (collectives over gloo) or cuda (a GPU "
+                        "for each process, collectives over NCCL)")
     _job_args(p, steps=200, out="out/run")
     p.add_argument("--fresh", action="store_true",
                    help="start over in an --out that holds a run (it is moved aside, kept)")
@@ -184,7 +187,7 @@ def cmd_run(a: argparse.Namespace) -> dict:
                          f"factory's keyword arguments)")
     spec = JobSpec(trainer=a.trainer, trainer_args=args, shard_size=a.shard_size,
                    fresh=a.fresh, ranks_per_group=a.ranks_per_group, shard=a.shard,
-                   max_procs=a.max_procs, **_job_kwargs(a))
+                   max_procs=a.max_procs, device=a.device, **_job_kwargs(a))
     sup = Supervisor(spec)
     sup.check()  # bad input (the trainer included): one line before any process starts
     _node_warning(spec)

@@ -146,6 +146,7 @@ class JobSpec:
     ranks_per_group: int = 1      # processes in one group (the model sharded over them)
     shard: str = "none"           # how: "fsdp" (FSDP2), "tp" (tensor parallelism), "none"
     max_procs: int = 128          # worker processes this launcher may start (spares included)
+    device: str = "cpu"           # "cpu" (gloo) or "cuda" (a GPU a process, NCCL)
     ft: FTConfig = field(default_factory=FTConfig)
 
     def fault_list(self) -> list[Fault]:
@@ -223,7 +224,28 @@ def check(spec: JobSpec) -> list[Fault]:
     if not isinstance(spec.trainer_args, dict):
         raise TrainerError(f"--trainer-args {json.dumps(spec.trainer_args)}: expected a JSON "
                            f"object (the factory's keyword arguments)")
-    return spec.fault_list()
+    faults = spec.fault_list()
+    check_device(spec, spares_for(spec, faults))
+    return faults
+
+
+def check_device(spec: JobSpec, spares: int) -> None:
+    """``--device``: cpu, or cuda with a GPU for every process this machine starts (NCCL
+    refuses two ranks of one communicator on one GPU); ValueError (one line)."""
+    if spec.device == "cpu":
+        return
+    if spec.device != "cuda":
+        raise ValueError(f"--device {spec.device!r}: expected cpu or cuda")
+    if spec.nodes or spec.local_nodes:
+        raise ValueError("--device cuda with node agents: not built (one machine's GPUs only)")
+    import torch
+
+    gpus = torch.cuda.device_count()
+    need = (spec.groups + spares) * spec.ranks_per_group
+    if gpus < need:
+        raise ValueError(f"--device cuda: {gpus} CUDA devices here (torch {torch.__version__})"
+                         f", {need} needed: one per process ({spec.groups} groups and {spares} "
+                         f"spares of {spec.ranks_per_group} ranks)")
 
 
 def check_ranks(spec: JobSpec) -> None:
@@ -378,7 +400,7 @@ def train_config(spec: JobSpec, sdc_every: int = 0):
                        selector=None if spec.selector is None
                        else str(Path(spec.selector).resolve()),
                        host_cores=_host_cores(spec), ranks_per_group=spec.ranks_per_group,
-                       shard=spec.shard)
+                       shard=spec.shard, device=spec.device)
 
 
 def _host_cores(spec: JobSpec) -> int:
