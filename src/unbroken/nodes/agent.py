@@ -50,9 +50,9 @@ from datetime import timedelta
 
 from unbroken.core.nodes import CUT_OFF_S, BeatWatch, watch_beat
 from unbroken.protocol import (JOB_ATTEMPTS, JOB_NODES, NODE_EXITS, ExitCode, group_of,
-                               job_attempt_key, node_error_key, node_exit_key, node_fenced_key, node_hb_key,
-                               node_key, node_left_key, node_order_key, node_orders_key,
-                               node_pid_key, node_rejoin_key, node_stacks_key)
+                               job_attempt_key, node_error_key, node_exit_key, node_fenced_key,
+                               node_hb_key, node_key, node_left_key, node_order_key,
+                               node_orders_key, node_pid_key, node_rejoin_key, node_stacks_key)
 
 __all__ = ["main", "AgentError"]
 

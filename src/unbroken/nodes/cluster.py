@@ -45,10 +45,10 @@ from unbroken.core.membership import beat_clock, observe, starved_observer
 from unbroken.core.nodes import rejoining, spare_node, stale_nodes
 from unbroken.events import Event
 from unbroken.nodes.health import HEALTH_S
-from unbroken.protocol import (NODE_EXITS, group_of, node_exit_key, node_fenced_key, node_hb_key,
-                               node_health_key, node_key, node_left_key, node_order_key,
-                               node_orders_key, node_pid_key, node_rejoin_key, node_stacks_key,
-                               node_xid_key, node_xids_key, rank_proc)
+from unbroken.protocol import (NODE_EXITS, group_of, node_exit_key, node_fenced_key,
+                               node_hb_key, node_health_key, node_key, node_left_key,
+                               node_order_key, node_orders_key, node_pid_key, node_rejoin_key,
+                               node_stacks_key, node_xid_key, node_xids_key, rank_proc)
 from unbroken.supervise.local import StackedCluster
 
 __all__ = ["NodeCluster", "RemoteProc"]
