@@ -42,6 +42,11 @@ class KV:
     lease: int
 
 
+#: etcd's answers that say "not now, ask again" (no quorum, an election under way)
+_TRANSIENT = ("timed out", "no leader", "leader changed", "unavailable", "stopped",
+              "too many requests")
+
+
 def _b64(s: str | bytes) -> str:
     return base64.b64encode(s.encode() if isinstance(s, str) else s).decode()
 
@@ -87,8 +92,8 @@ class Etcd:
                     msg = json.loads(e.read() or b"{}").get("error", str(e))
                 except ValueError:
                     msg = str(e)
-                if "timed out" in msg or "no leader" in msg or "unavailable" in msg.lower():
-                    last = f"{self.endpoints[k]}: {msg}"  # this member has no quorum
+                if any(t in msg.lower() for t in _TRANSIENT):
+                    last = f"{self.endpoints[k]}: {msg}"  # no quorum here, or an election
                     continue
                 raise EtcdError(f"{self.endpoints[k]}: {msg}") from None
             except (OSError, ValueError) as e:  # refused, reset, timed out, garbage
@@ -117,12 +122,14 @@ class Etcd:
         self._post("kv/deleterange", {"key": _b64(prefix), "range_end": _b64(prefix_end(prefix))})
 
     def txn(self, compare: list[dict], success: list[dict], failure: list[dict] = ()) -> tuple[
-            bool, list[dict]]:
-        """One atomic transaction: ``(succeeded, responses)``. Build the parts with
-        :func:`cmp_create`, :func:`cmp_value`, :func:`op_put`, :func:`op_get`."""
+            bool, list[dict], int]:
+        """One atomic transaction: ``(succeeded, responses, revision after it)``. Build the
+        parts with :func:`cmp_create`, :func:`cmp_mod`, :func:`cmp_value`, :func:`op_put`,
+        :func:`op_get`."""
         out = self._post("kv/txn", {"compare": compare, "success": list(success),
                                     "failure": list(failure)})
-        return bool(out.get("succeeded", False)), out.get("responses", [])
+        return (bool(out.get("succeeded", False)), out.get("responses", []),
+                int(out.get("header", {}).get("revision", 0)))
 
     # ------------------------------------------------------------------ leases
     def grant(self, ttl: int) -> int:
@@ -149,6 +156,11 @@ def cmp_create(key: str, revision: int) -> dict:
     """``create_revision(key) == revision`` (0: the key does not exist)."""
     return {"key": _b64(key), "result": "EQUAL", "target": "CREATE",
             "create_revision": str(revision)}
+
+
+def cmp_mod(key: str, revision: int) -> dict:
+    """``mod_revision(key) == revision``: nobody wrote ``key`` since it was read."""
+    return {"key": _b64(key), "result": "EQUAL", "target": "MOD", "mod_revision": str(revision)}
 
 
 def cmp_value(key: str, value: str) -> dict:
