@@ -124,3 +124,23 @@ def test_sigkilled_supervisor_the_standby_finishes_the_job_exactly_once(cli, clu
     st = EtcdJobState(Etcd(cluster.endpoints), "ha", "reader").read()
     assert st["status"] == "done" and "leader" not in st
     assert took_s < 30, took_s
+
+
+@pytest.mark.timeout(150)
+def test_one_etcd_member_killed_mid_run_training_goes_on(cluster, tmp_path):
+    out, steps = tmp_path / "run", 60
+    run = _start(*RUN, "--steps", str(steps), "--ckpt-every", "10", "--out", str(out),
+                 "--store", cluster.url, "--job", "member", "--lease-ttl", "2", "--json")
+    try:
+        _wait(lambda: any(e["step"] >= 5 for e in _commits(out)), 120, "step 5", run)
+        cluster.kill(0)  # the member every client tries first
+        rc = run.wait(timeout=120)
+        err, rep = run.stderr.read(), json.loads(run.stdout.read() or "{}")
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert rc == 0, err[-3000:]
+    assert "lease is lost" not in err
+    assert rep["exactly_once"] is True and rep["steps"] == steps
+    st = EtcdJobState(Etcd(cluster.endpoints), "member", "reader").read()
+    assert st["status"] == "done" and st["ledger_head"] >= 50, (st, err[-3000:])

@@ -20,14 +20,16 @@ whatever holds the durable state; this file is everything that changes when etcd
 Known limit (the issue asks for more): the workers here are the supervisor's children, so
 they end with it and the standby resumes from the last checkpoint; a takeover that keeps the
 workers' memory needs workers that outlive their supervisor and re-attach to a new store.
-When etcd is unavailable the record is retried at the next durable event and a line says so;
-training itself does not wait on etcd.
+When etcd is unavailable the pending fields wait (newer values replacing older ones) and are
+retried, once a line says so; training itself does not wait on etcd.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import threading
+import time
 from typing import Callable
 
 from unbroken.cliargs import UsageError
@@ -56,7 +58,10 @@ class JobCoordinator:
         self.store, self.state, self.ttl, self.line = store, state, ttl, line
         self.keeper: LeaseKeeper | None = None
         self.generation = 0
-        self._pending: dict = {}  # fields not recorded yet (etcd was unavailable)
+        self._pending: dict = {}  # fields not recorded yet (written by _write_loop)
+        self._cv = threading.Condition()
+        self._closing = False
+        self._writer: threading.Thread | None = None
 
     @property
     def lost(self) -> bool:
@@ -71,10 +76,14 @@ class JobCoordinator:
 
     def start(self) -> None:
         self.keeper = LeaseKeeper(self.state.etcd.endpoints, self.state.lease, self.ttl)
+        self._writer = threading.Thread(target=self._write_loop, name="etcd-record",
+                                        daemon=True)
+        self._writer.start()
         self._record(status="running")
 
     def on_event(self, ev: dict) -> None:
-        """The supervisor's journal, event by event: only durable changes go to etcd."""
+        """The supervisor's journal, event by event: only durable changes go to etcd, and
+        from a thread of their own (an etcd election must not stall the supervisor's loop)."""
         kind = ev.get("event")
         if kind in (Event.REPLAN, Event.ADMIT, Event.WIPEOUT) and "gen" in ev:
             gen = int(ev["gen"])
@@ -88,23 +97,57 @@ class JobCoordinator:
                          ledger_head=int(ev["step"]))
 
     def _record(self, **fields) -> None:
-        self._pending.update(fields)
-        try:
-            self.state.write(**self._pending)
-            self._pending = {}
-        except NotLeader as e:
-            self.line(f"etcd: {e}")
-            if self.keeper is not None:
-                self.keeper.lost.set()  # somebody else leads: stop acting
-        except EtcdError as e:
-            self.line(f"etcd unavailable, the durable state waits for the next record: {e}")
+        with self._cv:
+            self._pending.update(fields)  # newer values of a field replace older ones
+            self._cv.notify()
 
-    def close(self, finished: bool) -> None:
+    def _write_loop(self) -> None:
+        said = False
+        while True:
+            with self._cv:
+                while not self._pending and not self._closing:
+                    self._cv.wait()
+                if not self._pending:
+                    return
+                fields = dict(self._pending)
+            try:
+                self.state.write(**fields)
+            except NotLeader as e:
+                self.line(f"etcd: {e}")
+                if self.keeper is not None:
+                    self.keeper.lost.set()  # somebody else leads: stop acting
+                return
+            except EtcdError as e:  # no quorum: keep the fields, try again
+                if not said:
+                    self.line(f"etcd unavailable, the durable state waits: {e}")
+                said = True
+                with self._cv:
+                    self._cv.wait(0.2)  # a retry interval (or an earlier close)
+                continue
+            said = False
+            with self._cv:
+                for k, v in fields.items():
+                    if self._pending.get(k) == v:
+                        del self._pending[k]
+                self._cv.notify_all()
+
+    def close(self, finished: bool, flush_s: float = 10.0) -> None:
+        """Record the end (``done`` when ``finished``) and give the lease up; waits up to
+        ``flush_s`` for etcd to take what is pending (then the lease is left to expire)."""
+        if self._writer is not None:
+            if finished and not self.lost:
+                self._record(status="done")
+            deadline = time.monotonic() + flush_s
+            with self._cv:
+                while self._pending and self._writer.is_alive() and \
+                        time.monotonic() < deadline:
+                    self._cv.wait(0.1)
+                self._closing = True
+                self._cv.notify_all()
+            self._writer.join(timeout=2)
         if self.keeper is not None:
             self.keeper.stop()
         try:
-            if finished and not self.lost:
-                self._record(status="done")
             if not self.lost:
                 self.state.release()  # a clean end: a standby need not wait out the TTL
         except EtcdError as e:
