@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: demo chaos plan test bench clean learn-tools
+.PHONY: demo chaos plan test bench clean learn-tools etcd
 
 # the learn face's tests start a real Prometheus server over a TSDB backfilled by promtool
 # (Debian package `prometheus`) and open its HTML report in headless Chromium (package
@@ -36,10 +36,18 @@ learn-tools:
 	@command -v chromium >/dev/null 2>&1 || $(SUDO) apt-get install -y -q chromium || \
 	  echo "chromium could not be installed: the learn HTML browser test will be skipped"
 
-test: $(STAMP) learn-tools
+# the coordinator's tests start a real 3-member etcd cluster (Debian package `etcd-server`;
+# etcdctl from `etcd-client` for an operator); installed here when missing, else skipped
+etcd:
+	@command -v etcd >/dev/null 2>&1 || \
+	  ($(SUDO) apt-get install -y -q etcd-server etcd-client || ($(SUDO) apt-get update -q && \
+	   $(SUDO) apt-get install -y -q etcd-server etcd-client)) || \
+	  echo "etcd could not be installed: the coordinator's etcd tests will be skipped"
+
+test: $(STAMP) learn-tools etcd
 	$(VENV)/bin/python -m pytest -q
 
-bench: $(STAMP) learn-tools
+bench: $(STAMP) learn-tools etcd
 	$(VENV)/bin/python bench/rectlr_latency.py
 	$(VENV)/bin/python bench/sim_sweep.py
 	$(VENV)/bin/python bench/sim_vs_simpy.py

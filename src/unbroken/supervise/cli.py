@@ -17,7 +17,7 @@ import json
 import sys
 
 from unbroken.cliargs import (Stopped, UsageError, finite_float, integer, nonneg_int,
-                              positive_float)
+                              positive_float, positive_int)
 
 __all__ = ["add_run_args", "add_demo_args", "add_agent_args", "run", "show"]
 
@@ -143,6 +143,20 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     _job_args(p, steps=200, out="out/run")
     p.add_argument("--fresh", action="store_true",
                    help="start over in an --out that holds a run (it is moved aside, kept)")
+    p.add_argument("--store", default="tcp", metavar="tcp|etcd://HOST:PORT[,...]",
+                   help="where the job's durable state lives: tcp (the embedded TCPStore, one "
+                        "machine; default) or an etcd v3 cluster (membership, generation, "
+                        "committed step, the supervisor's lease); nothing per step goes there")
+    p.add_argument("--job", default="unbroken", metavar="NAME",
+                   help="with --store etcd://: the job's name, its keys' prefix "
+                        "/unbroken/NAME/ (a prefix holding another job: exit 2)")
+    p.add_argument("--standby", action="store_true",
+                   help="with --store etcd://: a standby supervisor for the job started with "
+                        "the same flags: it waits for the active one's lease to expire, then "
+                        "continues the job from its newest checkpoint in --out")
+    p.add_argument("--lease-ttl", type=positive_int, default=3, metavar="S",
+                   help="with --store etcd://: the supervisor's lease (s): a standby takes "
+                        "over this long after the active supervisor is lost")
 
 
 def add_demo_args(p: argparse.ArgumentParser) -> None:
@@ -190,6 +204,7 @@ def cmd_run(a: argparse.Namespace) -> dict:
                    max_procs=a.max_procs, device=a.device, **_job_kwargs(a))
     sup = Supervisor(spec)
     sup.check()  # bad input (the trainer included): one line before any process starts
+    sup.coordinator = _coordinator(a, spec, sup)
     _node_warning(spec)
 
     def go(view, emit_line):
@@ -199,6 +214,26 @@ def cmd_run(a: argparse.Namespace) -> dict:
     if res.code != 0:
         raise Stopped(res.message, int(res.code), res.report)
     return res.report
+
+
+def _coordinator(a: argparse.Namespace, spec, sup):
+    """``--store etcd://``: the job's durable state and lease (``supervise.coordinated``),
+    checked before any process starts; None with the embedded TCPStore."""
+    from unbroken.core.coordination import check_job_name, parse_store
+
+    try:
+        store, job = parse_store(a.store), check_job_name(a.job)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if store.kind == "tcp":
+        if a.standby:
+            raise UsageError("--standby: needs --store etcd://HOST:PORT[,...] (the lease "
+                             "lives there)")
+        return None
+    from unbroken.supervise.coordinated import job_identity, open_job
+
+    return open_job(store, job, job_identity(spec), standby=a.standby, ttl=a.lease_ttl,
+                    line=sup._line)
 
 
 def cmd_demo(a: argparse.Namespace) -> dict:

@@ -63,8 +63,10 @@ class Supervisor:
     (from ``view.update``), ``view`` (optional) renders the journal live."""
 
     def __init__(self, spec: JobSpec, *, emit_line: Callable[[str], None] | None = None,
-                 view: Any = None, figure: str = "run.png") -> None:
+                 view: Any = None, figure: str = "run.png", coordinator: Any = None) -> None:
         self.spec, self.emit_line, self.view, self.figure = spec, emit_line, view, figure
+        # --store etcd://: the job's durable state and the lease (supervise.coordinated)
+        self.coordinator = coordinator
         self.events: list[dict] = []
         self.signal_received: int | None = None
 
@@ -78,6 +80,29 @@ class Supervisor:
         return faults, cfg
 
     def run(self) -> RunResult:
+        co = self.coordinator
+        if co is None:
+            return self._run_checked()
+        old = self._install_signals()
+        try:  # a standby waits for the lease first; Ctrl-C meanwhile ends it
+            took = co.stand_by(lambda: self.signal_received is not None) \
+                if co.state.lease == 0 else True
+        finally:
+            self._restore_signals(old)
+        if not took:
+            co.close(finished=False)
+            return RunResult(ExitCode.OK, "the job ended under another supervisor", {})
+        if co.state.read().get("status") == "running":  # taking over: continue the job
+            self.spec = replace(self.spec, **_continue(Path(self.spec.out)))
+        co.start()
+        res = None
+        try:
+            res = self._run_checked()
+            return res
+        finally:
+            co.close(finished=res is not None and res.code == ExitCode.OK)
+
+    def _run_checked(self) -> RunResult:
         spec = self.spec
         faults, cfg = self.check()
         out = Path(spec.out)
@@ -124,6 +149,12 @@ class Supervisor:
 
     def emit(self, ev: dict, src: str = "driver") -> None:
         ev = {**ev, "src": src}
+        co = self.coordinator
+        if co is not None:
+            co.on_event(ev)  # durable changes only: no etcd write per step
+            if co.lost and self.signal_received is None:  # deposed: stop acting, keep state
+                self._line("the etcd lease is lost: stopping the job with a checkpoint")
+                self.signal_received = signal.SIGTERM
         ev.setdefault("t", time.time())
         self.events.append(ev)
         self._merged.write(json.dumps(ev) + "\n")
@@ -283,6 +314,17 @@ class Supervisor:
         return RunResult(ExitCode.OK, None, report, params={u: d["params"]
                                                             for u, d in done.items()})
 
+
+
+def _continue(out: Path) -> dict:
+    """A standby taking over: resume from the newest checkpoint in ``out``, or start over
+    (keeping what is there) when the job died before its first one."""
+    from unbroken.runtime.checkpoint import CheckpointStore
+
+    ckpt = out / "ckpt"
+    if ckpt.is_dir() and CheckpointStore(ckpt, log=lambda _m: None).latest() is not None:
+        return {"resume": True, "fresh": False}
+    return {"resume": False, "fresh": True}
 
 
 def _committed(journals: dict[int, list[dict]]) -> int:

@@ -1,0 +1,153 @@
+"""Coordinator loss under ``--store etcd://``: SIGKILL the active supervisor, time the standby.
+
+Prints ONE JSON object on stdout (progress on stderr). A real 3-member etcd cluster
+(``unbroken.testing.etcd_cluster``, Debian's etcd) on local ports; ``unbroken run --trainer
+mlp`` as real processes:
+
+* ``loss``: at each of ``--groups`` (default 4 and 16), an active supervisor and a standby
+  (``--standby``, same flags, ``--lease-ttl``); the active one is SIGKILLed once step
+  ``--kill-at`` is committed; ``kill_to_commit_s`` is the time from the kill to the first
+  commit of the job continued by the standby (after its restore), median / min / max over
+  ``--repeats``; with ``exactly_once`` and the step the standby resumed from.
+* ``overhead``: the same failure-free job (4 groups, ``--steps``) with the embedded TCPStore
+  and with etcd, alternated ``--repeats`` times; the report's median step time ``step_s`` of
+  each, their medians and ``ratio`` = etcd / tcp. Nothing per step is written to etcd; the
+  etcd revisions the etcd runs added are reported (``etcd_writes_per_run``).
+
+Usage: ``.venv/bin/python bench/coordinator_loss.py [--repeats 3] [--groups 4,16]
+[--steps 300] [--kill-at 40] [--lease-ttl 2] [--out docs/bench/coordinator_loss.json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from unbroken.coord.etcd import Etcd
+from unbroken.testing.etcd_cluster import EtcdCluster
+
+JOB = ["run", "--trainer", "mlp", "--faults", "none", "--spares", "0", "--json"]
+
+
+def _events(out: Path, kind: str) -> list[dict]:
+    evs = []
+    for f in sorted((out / "groups").glob("group-*.jsonl")):
+        for line in f.read_text().splitlines():
+            try:
+                e = json.loads(line)
+            except ValueError:
+                continue  # a line still being written
+            if e.get("event") == kind:
+                evs.append(e)
+    return evs
+
+
+def _start(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "unbroken", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _poll(cond, proc: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"gave up waiting (rc {proc.poll()}): "
+                               f"{proc.stderr.read()[-1500:] if proc.poll() is not None else ''}")
+        try:
+            proc.wait(timeout=0.05)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def loss(cluster: EtcdCluster, groups: int, steps: int, kill_at: int, ttl: int, out: Path,
+         job: str) -> dict:
+    args = (*JOB, "--groups", str(groups), "--steps", str(steps), "--ckpt-every", "20",
+            "--out", str(out), "--store", cluster.url, "--job", job, "--lease-ttl", str(ttl))
+    active = _start(*args)
+    standby = None
+    try:
+        _poll(lambda: bool(_events(out, "commit")), active, 300)
+        standby = _start(*args, "--standby")
+        _poll(lambda: max(e["step"] for e in _events(out, "commit")) >= kill_at, active, 300)
+        active.send_signal(signal.SIGKILL)
+        t_kill = time.time()
+        active.wait(timeout=30)
+        rc = standby.wait(timeout=600)
+        rep = json.loads(standby.stdout.read() or "{}")
+    finally:
+        for p in (active, standby):
+            if p is not None and p.poll() is None:
+                p.kill()
+    restores = [e for e in _events(out, "restore") if e["t"] > t_kill]
+    t_restore = min(e["t"] for e in restores)
+    first = min(e["t"] for e in _events(out, "commit") if e["t"] > t_restore)
+    return {"rc": rc, "kill_to_commit_s": first - t_kill, "kill_to_restore_s": t_restore - t_kill,
+            "resumed_from": restores[0].get("step"), "exactly_once": rep.get("exactly_once")}
+
+
+def step_time(cluster: EtcdCluster | None, steps: int, out: Path, job: str) -> dict:
+    store = ["--store", cluster.url, "--job", job] if cluster else []
+    etcd = Etcd(cluster.endpoints) if cluster else None
+    rev0 = int(etcd.status()["header"]["revision"]) if etcd else 0
+    p = subprocess.run([sys.executable, "-m", "unbroken", *JOB, "--groups", "4", "--steps",
+                        str(steps), "--ckpt-every", "50", "--out", str(out), *store],
+                       capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        raise RuntimeError(p.stderr[-1500:])
+    rep = json.loads(p.stdout)
+    return {"step_s": rep["step_s"], "wall_s": rep["wall_s"],
+            "etcd_writes": int(etcd.status()["header"]["revision"]) - rev0 if etcd else 0}
+
+
+def _summary(xs: list[float]) -> dict:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--groups", default="4,16")
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--kill-at", type=int, default=40)
+    ap.add_argument("--lease-ttl", type=int, default=2)
+    ap.add_argument("--out", default=None, help="also write the JSON object here")
+    a = ap.parse_args()
+    res: dict = {"lease_ttl_s": a.lease_ttl, "kill_at": a.kill_at, "steps": a.steps,
+                 "repeats": a.repeats, "loss": {}, "overhead": {}}
+    with tempfile.TemporaryDirectory() as tmp, EtcdCluster(Path(tmp), n=3) as cluster:
+        root = Path(tmp)
+        for g in [int(x) for x in a.groups.split(",")]:
+            runs = []
+            for r in range(a.repeats):
+                runs.append(loss(cluster, g, a.steps, a.kill_at, a.lease_ttl,
+                                 root / f"loss-{g}-{r}", f"loss-{g}-{r}"))
+                print(f"groups {g} run {r}: {runs[-1]}", file=sys.stderr)
+            res["loss"][str(g)] = {"kill_to_commit_s": _summary([x["kill_to_commit_s"]
+                                                                for x in runs]),
+                                   "runs": runs}
+        tcp, etc = [], []
+        for r in range(a.repeats):
+            tcp.append(step_time(None, a.steps, root / f"tcp-{r}", ""))
+            etc.append(step_time(cluster, a.steps, root / f"etcd-{r}", f"ovh-{r}"))
+            print(f"overhead run {r}: tcp {tcp[-1]} etcd {etc[-1]}", file=sys.stderr)
+        t_med = statistics.median(x["step_s"] for x in tcp)
+        e_med = statistics.median(x["step_s"] for x in etc)
+        res["overhead"] = {"groups": 4, "tcp_step_s": _summary([x["step_s"] for x in tcp]),
+                           "etcd_step_s": _summary([x["step_s"] for x in etc]),
+                           "ratio": e_med / t_med,
+                           "etcd_writes_per_run": [x["etcd_writes"] for x in etc]}
+    text = json.dumps(res, indent=1)
+    print(text)
+    if a.out:
+        Path(a.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

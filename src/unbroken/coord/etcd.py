@@ -1,0 +1,181 @@
+"""A thin etcd v3 client over etcd's own JSON gateway (``/v3/...`` on every client URL).
+
+Why our own and not a library: the job needs six calls (range, put, delete, txn, lease grant /
+keepalive / revoke, status), all of which etcd >= 3.4 serves as plain JSON over HTTP. The
+maintained Python clients either pull in gRPC + protobuf stubs (``etcd3``: unmaintained, broken
+with protobuf >= 4) or a stack of their own dependencies (``etcd3gw``: requests, futurist, pbr)
+for what is here ~150 lines of the standard library that every node already has. The engine
+is still etcd: consensus, leases and transactions are its, this file only speaks to it.
+
+Failure semantics: each call tries the endpoints in turn, starting from the last one that
+answered; a member that is down or cannot reach quorum (etcd answers "request timed out" or
+the socket times out) is skipped. When no member answers within ``timeout`` per endpoint the
+call raises :class:`EtcdUnavailable` -- a write is then *not known* to have happened, which is
+why every write that matters is a transaction the caller can re-check (``coord.jobstate``).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+__all__ = ["Etcd", "EtcdError", "EtcdUnavailable", "KV", "prefix_end"]
+
+
+class EtcdError(Exception):
+    """etcd answered with an error that is not about reachability."""
+
+
+class EtcdUnavailable(EtcdError):
+    """No endpoint answered (down, partitioned, or without quorum)."""
+
+
+@dataclass(frozen=True)
+class KV:
+    key: str
+    value: str
+    create_revision: int
+    mod_revision: int
+    lease: int
+
+
+#: etcd's answers that say "not now, ask again" (no quorum, an election under way)
+_TRANSIENT = ("timed out", "no leader", "leader changed", "unavailable", "stopped",
+              "too many requests")
+
+
+def _b64(s: str | bytes) -> str:
+    return base64.b64encode(s.encode() if isinstance(s, str) else s).decode()
+
+
+def _unb64(s: str) -> str:
+    return base64.b64decode(s).decode()
+
+
+def prefix_end(prefix: str) -> str:
+    """The range end that covers every key starting with ``prefix`` (etcd's convention)."""
+    b = bytearray(prefix.encode())
+    b[-1] += 1
+    return b.decode()
+
+
+def _kv(d: dict) -> KV:
+    return KV(_unb64(d["key"]), _unb64(d.get("value", "")), int(d.get("create_revision", 0)),
+              int(d.get("mod_revision", 0)), int(d.get("lease", 0)))
+
+
+class Etcd:
+    """``Etcd(["host:port", ...], timeout=1.0)``: a client of one etcd cluster."""
+
+    def __init__(self, endpoints: list[str], timeout: float = 1.0) -> None:
+        self.endpoints, self.timeout = list(endpoints), timeout
+        self._first = 0  # the endpoint that answered last: tried first next time
+
+    # ------------------------------------------------------------------ transport
+    def _post(self, path: str, body: dict) -> dict:
+        data = json.dumps(body).encode()
+        last = "no endpoint"
+        n = len(self.endpoints)
+        for i in range(n):
+            k = (self._first + i) % n
+            url = f"http://{self.endpoints[k]}/v3/{path}"
+            req = urllib.request.Request(url, data=data,
+                                         headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=self.timeout) as r:
+                    out = json.loads(r.read() or b"{}")
+            except urllib.error.HTTPError as e:  # etcd's gRPC error as JSON
+                try:
+                    msg = json.loads(e.read() or b"{}").get("error", str(e))
+                except ValueError:
+                    msg = str(e)
+                if any(t in msg.lower() for t in _TRANSIENT):
+                    last = f"{self.endpoints[k]}: {msg}"  # no quorum here, or an election
+                    continue
+                raise EtcdError(f"{self.endpoints[k]}: {msg}") from None
+            except (OSError, ValueError) as e:  # refused, reset, timed out, garbage
+                last = f"{self.endpoints[k]}: {e}"
+                continue
+            if "error" in out:  # a stream's error frame (lease keepalive)
+                raise EtcdError(f"{self.endpoints[k]}: {out['error']}")
+            self._first = k
+            return out
+        raise EtcdUnavailable(f"no etcd member answered ({last})")
+
+    # ------------------------------------------------------------------ kv
+    def get(self, key: str) -> KV | None:
+        kvs = self._post("kv/range", {"key": _b64(key)}).get("kvs", [])
+        return _kv(kvs[0]) if kvs else None
+
+    def get_prefix(self, prefix: str) -> list[KV]:
+        body = {"key": _b64(prefix), "range_end": _b64(prefix_end(prefix))}
+        return [_kv(d) for d in self._post("kv/range", body).get("kvs", [])]
+
+    def put(self, key: str, value: str, lease: int = 0) -> None:
+        self._post("kv/put", {"key": _b64(key), "value": _b64(value),
+                              **({"lease": str(lease)} if lease else {})})
+
+    def delete_prefix(self, prefix: str) -> None:
+        self._post("kv/deleterange", {"key": _b64(prefix), "range_end": _b64(prefix_end(prefix))})
+
+    def txn(self, compare: list[dict], success: list[dict], failure: list[dict] = ()) -> tuple[
+            bool, list[dict], int]:
+        """One atomic transaction: ``(succeeded, responses, revision after it)``. Build the
+        parts with :func:`cmp_create`, :func:`cmp_mod`, :func:`cmp_value`, :func:`op_put`,
+        :func:`op_get`."""
+        out = self._post("kv/txn", {"compare": compare, "success": list(success),
+                                    "failure": list(failure)})
+        return (bool(out.get("succeeded", False)), out.get("responses", []),
+                int(out.get("header", {}).get("revision", 0)))
+
+    # ------------------------------------------------------------------ leases
+    def grant(self, ttl: int) -> int:
+        return int(self._post("lease/grant", {"TTL": int(ttl)})["ID"])
+
+    def keepalive(self, lease: int) -> int:
+        """Renew ``lease`` once: its TTL left (0: it has expired and cannot be renewed)."""
+        res = self._post("lease/keepalive", {"ID": str(lease)}).get("result", {})
+        return int(res.get("TTL", 0))
+
+    def revoke(self, lease: int) -> None:
+        try:
+            self._post("lease/revoke", {"ID": str(lease)})
+        except EtcdError as e:  # already gone: the aim is met
+            if "not found" not in str(e):
+                raise
+
+    def status(self) -> dict:
+        return self._post("maintenance/status", {})
+
+
+# ---------------------------------------------------------------------- txn parts
+def cmp_create(key: str, revision: int) -> dict:
+    """``create_revision(key) == revision`` (0: the key does not exist)."""
+    return {"key": _b64(key), "result": "EQUAL", "target": "CREATE",
+            "create_revision": str(revision)}
+
+
+def cmp_mod(key: str, revision: int) -> dict:
+    """``mod_revision(key) == revision``: nobody wrote ``key`` since it was read."""
+    return {"key": _b64(key), "result": "EQUAL", "target": "MOD", "mod_revision": str(revision)}
+
+
+def cmp_value(key: str, value: str) -> dict:
+    return {"key": _b64(key), "result": "EQUAL", "target": "VALUE", "value": _b64(value)}
+
+
+def op_put(key: str, value: str, lease: int = 0) -> dict:
+    return {"request_put": {"key": _b64(key), "value": _b64(value),
+                            **({"lease": str(lease)} if lease else {})}}
+
+
+def op_get(key: str) -> dict:
+    return {"request_range": {"key": _b64(key)}}
+
+
+def range_kvs(response: dict) -> list[KV]:
+    """The key-values of one ``op_get`` response inside a txn's responses."""
+    return [_kv(d) for d in response.get("response_range", {}).get("kvs", [])]

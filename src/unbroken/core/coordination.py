@@ -1,0 +1,107 @@
+"""Decisions about the job's durable coordination state: which store, who may act, who may commit.
+
+Why pure: the same three questions are asked by the supervisor, its standby and the workers,
+against etcd or the embedded TCPStore, and each answer must be testable without a cluster.
+Each function takes what was read from the store (plain data) and returns
+``(decision, reason)``; the reason doubles as the log line. The side effects (reading etcd,
+the transactions that make a decision stick) are ``unbroken.coord``'s.
+
+* :func:`parse_store` -- ``--store``: ``tcp`` (the embedded TCPStore, one machine, the default)
+  or ``etcd://HOST:PORT[,HOST:PORT...]``; anything else is a one-line ``ValueError``.
+* :func:`may_act` -- a supervisor acts only while the leader key is its own (same holder, same
+  creation revision: a key re-created after an expiry is somebody else's lease even under the
+  same name). Both supervisors alive is the split-brain case: only the holder gets True.
+* :func:`takeover` -- what a standby does when it looks: wait (a live leader, or no job yet),
+  stop (the job finished), or take over (the job runs and nobody holds the lease).
+* :func:`may_commit` -- generation fencing: a committed-step watermark is accepted only from
+  the current generation and only forwards. A worker cut off from etcd while the others
+  re-formed holds an old generation and can never commit into the new one.
+* :func:`same_job` -- a cluster's key prefix that holds another job is refused, not reused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["StoreURL", "parse_store", "may_act", "takeover", "may_commit", "same_job",
+           "job_prefix", "check_job_name"]
+
+
+@dataclass(frozen=True)
+class StoreURL:
+    kind: str  # "tcp" | "etcd"
+    endpoints: tuple[str, ...] = ()
+
+
+def parse_store(text: str) -> StoreURL:
+    """``--store``'s value; ``ValueError`` with one line naming it when it is not one."""
+    t = str(text).strip()
+    if t in ("", "tcp"):
+        return StoreURL("tcp")
+    scheme, sep, rest = t.partition("://")
+    if not sep or scheme != "etcd":
+        raise ValueError(f"--store {text!r}: expected 'tcp' or etcd://HOST:PORT[,HOST:PORT...]")
+    eps = []
+    for part in rest.rstrip("/").split(","):
+        host, _, port = part.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"--store {text!r}: {part!r} is not HOST:PORT")
+        eps.append(f"{host}:{int(port)}")
+    return StoreURL("etcd", tuple(eps))
+
+
+def check_job_name(name: str) -> str:
+    """A job name is one key segment: letters, digits, ``-``, ``_`` and ``.``."""
+    if not name or not all(c.isalnum() or c in "-_." for c in name):
+        raise ValueError(f"--job {name!r}: use letters, digits, '-', '_' or '.'")
+    return name
+
+
+def job_prefix(job: str) -> str:
+    """Every key of job ``job`` lives under this prefix (one job per prefix)."""
+    return f"/unbroken/{job}/"
+
+
+def may_act(leader: tuple[str, int] | None, me: str, my_revision: int) -> tuple[bool, str]:
+    """``leader``: (holder, creation revision) of the leader key as read, None if absent."""
+    if leader is None:
+        return False, f"{me}: nobody holds the lease (expired): not acting"
+    holder, rev = leader
+    if holder == me and rev == my_revision:
+        return True, f"{me} holds the lease (revision {rev})"
+    return False, f"{me}: the lease is {holder}'s (revision {rev}): not acting"
+
+
+def takeover(leader: str | None, job_status: str | None) -> tuple[str, str]:
+    """A standby's move: ``("wait" | "stop" | "take", reason)``. ``job_status``: the job's
+    durable status (None: no job under the prefix yet, "running", "done")."""
+    if job_status == "done":
+        return "stop", "the job finished: nothing to take over"
+    if leader is not None:
+        return "wait", f"supervisor {leader} holds the lease"
+    if job_status is None:
+        return "wait", "no job under this prefix yet"
+    return "take", "the job is running and its supervisor's lease expired: taking over"
+
+
+def may_commit(worker_generation: int, current_generation: int, step: int,
+               committed: int) -> tuple[bool, str]:
+    """Whether a watermark ``step`` from a worker of ``worker_generation`` may be recorded."""
+    if worker_generation != current_generation:
+        return False, (f"generation {worker_generation} is fenced: the job is at generation "
+                       f"{current_generation}; step {step} not committed")
+    if step <= committed:
+        return False, f"step {step} is not past the committed step {committed}"
+    return True, f"step {step} committed in generation {current_generation}"
+
+
+def same_job(stored: dict | None, mine: dict) -> tuple[bool, str]:
+    """Whether the job recorded under a prefix (None: none) is this one (same identity)."""
+    if stored is None:
+        return True, "the prefix is free"
+    diff = sorted(k for k in set(stored) | set(mine) if stored.get(k) != mine.get(k))
+    if not diff:
+        return True, "the prefix holds this job"
+    k = diff[0]
+    return False, (f"the prefix holds another job ({k}: {stored.get(k)!r}, this run: "
+                   f"{mine.get(k)!r}); pass another --job")

@@ -1,0 +1,146 @@
+"""``unbroken run --store etcd://...`` as a user runs it, against a real 3-member etcd cluster:
+bad input is one line and exit 2 with nothing started; a run records only durable changes;
+a SIGKILLed active supervisor is replaced by its standby, which finishes the job exactly once
+on the failure-free trajectory."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from unbroken.coord.etcd import Etcd
+from unbroken.coord.jobstate import EtcdJobState
+
+pytestmark = [pytest.mark.mp, pytest.mark.server]
+
+RUN = ["run", "--trainer", "mlp", "--groups", "3", "--faults", "none", "--spares", "0"]
+
+
+def _one_line_exit_2(p: subprocess.CompletedProcess, named: str) -> None:
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    assert p.returncode == 2 and len(lines) == 1 and named in lines[0], p.stderr[-2000:]
+    assert "Traceback" not in p.stderr
+
+
+@pytest.mark.timeout(120)
+def test_bad_stores_are_one_line_exit_2_and_start_nothing(cli, cluster, tmp_path):
+    out = tmp_path / "run"
+    _one_line_exit_2(cli(*RUN, "--out", str(out), "--store", "http://127.0.0.1:2379"),
+                     "'http://127.0.0.1:2379'")
+    _one_line_exit_2(cli(*RUN, "--out", str(out), "--store", "etcd://127.0.0.1:1"),
+                     "etcd://127.0.0.1:1")
+    _one_line_exit_2(cli(*RUN, "--out", str(out), "--standby"), "--standby")
+    # the prefix holds another job (another trainer's, here): refused, not reused
+    other = EtcdJobState(Etcd(cluster.endpoints), "taken", "someone")
+    other.claim_job({"trainer": "gpt"})
+    _one_line_exit_2(cli(*RUN, "--out", str(out), "--store", cluster.url, "--job", "taken"),
+                     "--job taken")
+    # a second active supervisor of a led job is told to stand by
+    led = EtcdJobState(Etcd(cluster.endpoints), "led", "sup-a")
+    args = (*RUN, "--out", str(out), "--store", cluster.url, "--job", "led")
+    assert led.acquire(30)[0]
+    _one_line_exit_2(cli(*args), "start this one with --standby")
+    led.release()
+    assert not out.exists()  # nothing started: not even the run directory
+
+
+def _events(out: Path, kind: str) -> list[dict]:
+    evs = []
+    for f in sorted((out / "groups").glob("group-*.jsonl")):
+        for line in f.read_text().splitlines():
+            try:
+                e = json.loads(line)
+            except ValueError:
+                continue  # a line still being written
+            if e.get("event") == kind:
+                evs.append(e)
+    return evs
+
+
+def _commits(out: Path) -> list[dict]:
+    return _events(out, "commit")
+
+
+def _wait(cond, timeout: float, what: str, proc: subprocess.Popen):
+    deadline = time.monotonic() + timeout
+    while not (v := cond()):
+        assert proc.poll() is None, f"{what}: exited {proc.returncode}: " \
+                                    f"{proc.stderr.read()[-2000:]}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+        try:
+            proc.wait(timeout=0.05)  # polling the journals; an exit wakes us at once
+        except subprocess.TimeoutExpired:
+            pass
+    return v
+
+
+def _start(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "unbroken", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.timeout(200)
+def test_sigkilled_supervisor_the_standby_finishes_the_job_exactly_once(cli, cluster,
+                                                                        tmp_path):
+    steps = 60
+    job = (*RUN, "--steps", str(steps), "--ckpt-every", "10", "--seed", "3")
+    ref = cli(*job, "--out", str(tmp_path / "ref"), "--json", timeout=150)
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    ref = json.loads(ref.stdout)
+
+    out = tmp_path / "run"
+    ha = (*job, "--out", str(out), "--store", cluster.url, "--job", "ha", "--lease-ttl", "2",
+          "--json")
+    active = _start(*ha)
+    standby = None
+    try:
+        _wait(lambda: len(_commits(out)) > 0, 120, "a first commit", active)
+        standby = _start(*ha, "--standby")
+        _wait(lambda: max(e["step"] for e in _commits(out)) >= 25, 120, "step 25", active)
+        active.send_signal(signal.SIGKILL)  # the process, its store host and workers go
+        t_kill = time.time()
+        active.wait(timeout=10)
+        rc = standby.wait(timeout=150)
+        err = standby.stderr.read()
+        rep = json.loads(standby.stdout.read())
+    finally:
+        for p in (active, standby):
+            if p is not None and p.poll() is None:
+                p.kill()
+    assert rc == 0, err[-3000:]
+    # the old workers may still commit a step after the kill, until they see their store gone
+    t_restore = min(e["t"] for e in _events(out, "restore") if e["t"] > t_kill)
+    took_s = min(e["t"] for e in _commits(out) if e["t"] > t_restore) - t_kill
+    print(f"supervisor SIGKILL -> next commit: {took_s:.2f} s (lease ttl 2 s)")
+    assert rep["exactly_once"] is True and rep["ledger"]["missing"] == 0
+    assert rep["ledger"]["duplicated"] == 0
+    assert rep["final_loss"] == pytest.approx(ref["final_loss"], abs=1e-6)
+    st = EtcdJobState(Etcd(cluster.endpoints), "ha", "reader").read()
+    assert st["status"] == "done" and "leader" not in st
+    assert took_s < 30, took_s
+
+
+@pytest.mark.timeout(150)
+def test_one_etcd_member_killed_mid_run_training_goes_on(cluster, tmp_path):
+    out, steps = tmp_path / "run", 60
+    run = _start(*RUN, "--steps", str(steps), "--ckpt-every", "10", "--out", str(out),
+                 "--store", cluster.url, "--job", "member", "--lease-ttl", "2", "--json")
+    try:
+        _wait(lambda: any(e["step"] >= 5 for e in _commits(out)), 120, "step 5", run)
+        cluster.kill(0)  # the member every client tries first
+        rc = run.wait(timeout=120)
+        err, rep = run.stderr.read(), json.loads(run.stdout.read() or "{}")
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert rc == 0, err[-3000:]
+    assert "lease is lost" not in err
+    assert rep["exactly_once"] is True and rep["steps"] == steps
+    st = EtcdJobState(Etcd(cluster.endpoints), "member", "reader").read()
+    assert st["status"] == "done" and st["ledger_head"] >= 50, (st, err[-3000:])

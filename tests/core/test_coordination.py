@@ -1,0 +1,57 @@
+"""core.coordination: the store choice, who may act, a standby's move, generation fencing."""
+
+import pytest
+
+from unbroken.core.coordination import (StoreURL, check_job_name, may_act, may_commit,
+                                        parse_store, same_job, takeover)
+
+
+def test_parse_store_default_and_etcd_endpoints():
+    assert parse_store("tcp") == StoreURL("tcp")
+    assert parse_store("etcd://a:2379,10.0.0.2:2380") == StoreURL("etcd", ("a:2379",
+                                                                         "10.0.0.2:2380"))
+
+
+@pytest.mark.parametrize("bad", ["http://a:1", "etcd://", "etcd://a", "etcd://a:0",
+                                 "etcd://a:99999", "etcd://a:1,b", "redis://x:1"])
+def test_parse_store_refuses_with_one_line_naming_the_value(bad):
+    with pytest.raises(ValueError) as e:
+        parse_store(bad)
+    assert repr(bad) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_job_name_is_one_key_segment():
+    assert check_job_name("run-7.a_b") == "run-7.a_b"
+    for bad in ("", "a/b", "x y"):
+        with pytest.raises(ValueError):
+            check_job_name(bad)
+
+
+def test_only_the_lease_holder_acts():
+    assert may_act(("s1", 5), "s1", 5)[0]
+    ok, why = may_act(("s2", 9), "s1", 5)
+    assert not ok and "s2" in why
+    # the same name re-created after an expiry is another lease: a deposed s1 does not act
+    assert not may_act(("s1", 9), "s1", 5)[0]
+    assert not may_act(None, "s1", 5)[0]
+
+
+def test_standby_waits_takes_over_or_stops():
+    assert takeover("s1", "running")[0] == "wait"
+    assert takeover(None, None)[0] == "wait"
+    assert takeover(None, "running")[0] == "take"
+    assert takeover("s1", "done")[0] == "stop"
+
+
+def test_an_old_generation_never_commits_into_a_newer_one():
+    assert may_commit(3, 3, 10, 9)[0]
+    ok, why = may_commit(2, 3, 10, 9)
+    assert not ok and "generation 2 is fenced" in why
+    assert not may_commit(3, 3, 9, 9)[0]  # forwards only: nothing twice
+
+
+def test_same_job_refuses_another_jobs_prefix():
+    me = {"trainer": "mlp", "groups": 4}
+    assert same_job(None, me)[0] and same_job(dict(me), me)[0]
+    ok, why = same_job({"trainer": "gpt", "groups": 4}, me)
+    assert not ok and "'gpt'" in why and "--job" in why
