@@ -98,6 +98,9 @@ class Event(enum.StrEnum):
     """gen, reason: a collective aborted (ftcomm); read by benches."""
     SUPERVISOR_SILENT = "supervisor_silent"
     """silent_s: the supervisor's heartbeat went stale (ftcomm)."""
+    REATTACHED = "reattached"
+    """gen, members: the communicator moved onto a standby supervisor's store, same generation
+    and process group (ftcomm, ``runtime.reattach``)."""
     # -- the worker entry point (runtime/stacked_worker.py) ------------------------------------
     GUARD_STOP = "guard_stop"
     """error: the guard stopped the job (exit 6)."""
@@ -112,6 +115,10 @@ class Event(enum.StrEnum):
     COORDINATOR_LOST = "coordinator_lost"
     """step, checkpoint, error: the store / supervisor went away (exit 5); read by the
     supervisor."""
+    ADOPTED = "adopted"
+    """step, waited_s, checkpoint: the store went away, and instead of exiting this member
+    re-attached to the store of the supervisor that took the lease over, and trains on from
+    the same step (``--etcd``, ``runtime.reattach``); waited_s: from its stop to the go."""
     HEALTH = "health"
     """uid, step, compute_s, rate, cpu, ... [, error]: a health sample (detect/health.py's
     agent); read by the supervisor's guard."""
@@ -125,6 +132,9 @@ class Event(enum.StrEnum):
     """file: a worker journal line could not be parsed (the supervisor)."""
     JOURNAL_REPAIRED = "journal_repaired"
     """file, reason: a cut-off last line removed on ``--resume`` (the supervisor)."""
+    TAKEOVER = "takeover"
+    """leader, step, members, waited_s, adopted_s: a standby took the lease of a running job
+    and adopted its members where they stopped, with no restart (``supervise.adopt``)."""
     RESTART_REQUESTED = "restart_requested"
     """reason, attempt, backoff_s: the job restarts from a checkpoint (the supervisor; view)."""
     STOP_REQUESTED = "stop_requested"

@@ -33,6 +33,7 @@ from __future__ import annotations
 import enum
 
 __all__ = ["ExitCode", "SUPERVISOR_HB", "STOP_KEY", "JOIN_COUNT", "CODE_COUNT", "DEAD_EPOCH",
+           "COORD_EPOCH", "ADOPTED", "reattach_key", "exit_key",
            "plane_ns", "group_pg_prefix", "hb_key", "dead_key", "done_key", "error_key", "killed_key", "stopped_key",
            "standby_key", "assign_key", "drill_key", "join_key", "admit_key", "state_key", "wipeout_key",
            "wipeout_failed_key", "code_key", "incident_key", "verdict_key", "replay_key",
@@ -88,6 +89,15 @@ CODE_COUNT = "code/count"
 #: bumped by ``ftcomm.declare_dead`` with each death notice; ftcomm's watcher waits on it
 DEAD_EPOCH = "dead/epoch"
 
+#: the epoch of this store (``--store etcd://``): its supervisor sets it once, and publishes it
+#: with the store's address in etcd; a worker whose store went away re-attaches to a store of
+#: another epoch (``runtime.reattach``)
+COORD_EPOCH = "coord/epoch"
+
+#: set by a standby supervisor once it adopted the running members that re-attached to its
+#: store: they train on (``runtime.reattach``)
+ADOPTED = "coord/adopted"
+
 
 def plane_ns(rank: int) -> str:
     """The key namespace of a group's rank ``rank``: its communicator (heartbeat, abort flag,
@@ -129,6 +139,18 @@ def dead_key(uid: int) -> str:
 def done_key(uid: int) -> str:
     """A worker's final record (JSON): the worker writes it, the supervisor / cluster reads it."""
     return f"done/{uid}"
+
+
+def reattach_key(uid: int) -> str:
+    """A member's report after re-attaching to a standby's store (JSON: pid, slot, step,
+    generation, members): the worker writes it, the standby adopts from it."""
+    return f"reattach/{uid}"
+
+
+def exit_key(uid: int) -> str:
+    """A worker's exit code, written just before it exits: a supervisor that adopted it (not
+    its parent, so no ``waitpid``) reads it; absent after a kill."""
+    return f"exit/{uid}"
 
 
 def error_key(uid: int) -> str:

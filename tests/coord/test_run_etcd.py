@@ -1,7 +1,7 @@
 """``unbroken run --store etcd://...`` as a user runs it, against a real 3-member etcd cluster:
 bad input is one line and exit 2 with nothing started; a run records only durable changes;
-a SIGKILLed active supervisor is replaced by its standby, which finishes the job exactly once
-on the failure-free trajectory."""
+a SIGKILLed active supervisor is replaced by its standby, which adopts the running members
+(no restart) and finishes the job exactly once on the failure-free trajectory."""
 
 from __future__ import annotations
 
@@ -88,8 +88,8 @@ def _start(*args: str) -> subprocess.Popen:
 @pytest.mark.timeout(200)
 def test_sigkilled_supervisor_the_standby_finishes_the_job_exactly_once(cli, cluster,
                                                                         tmp_path):
-    steps = 60
-    job = (*RUN, "--steps", str(steps), "--ckpt-every", "10", "--seed", "3")
+    steps = 600  # ~5 ms a step: the members must still be training when they find out
+    job = (*RUN, "--steps", str(steps), "--ckpt-every", "50", "--seed", "3")
     ref = cli(*job, "--out", str(tmp_path / "ref"), "--json", timeout=150)
     assert ref.returncode == 0, ref.stderr[-2000:]
     ref = json.loads(ref.stdout)
@@ -114,16 +114,23 @@ def test_sigkilled_supervisor_the_standby_finishes_the_job_exactly_once(cli, clu
             if p is not None and p.poll() is None:
                 p.kill()
     assert rc == 0, err[-3000:]
-    # the old workers may still commit a step after the kill, until they see their store gone
-    t_restore = min(e["t"] for e in _events(out, "restore") if e["t"] > t_kill)
-    took_s = min(e["t"] for e in _commits(out) if e["t"] > t_restore) - t_kill
-    print(f"supervisor SIGKILL -> next commit: {took_s:.2f} s (lease ttl 2 s)")
+    # taken over WITHOUT a restart: no restore; every member (the same processes, their
+    # state in memory) stopped at one boundary, re-attached to the standby's store and
+    # trained on from there. The old workers commit on after the kill until they see their
+    # store gone (a few heartbeat periods), then wait for the standby.
+    assert not [e for e in _events(out, "restore") if e["t"] > t_kill], err[-3000:]
+    adopted = _events(out, "adopted")
+    assert len(adopted) == 3 and len({e["step"] for e in adopted}) == 1, adopted
+    t_go = max(e["t"] for e in adopted)
+    took_s = min(e["t"] for e in _commits(out) if e["t"] > t_go) - t_kill
+    print(f"supervisor SIGKILL -> next commit under the standby: {took_s:.2f} s "
+          f"(lease ttl 2 s)")
     assert rep["exactly_once"] is True and rep["ledger"]["missing"] == 0
     assert rep["ledger"]["duplicated"] == 0
     assert rep["final_loss"] == pytest.approx(ref["final_loss"], abs=1e-6)
     st = EtcdJobState(Etcd(cluster.endpoints), "ha", "reader").read()
     assert st["status"] == "done" and "leader" not in st
-    assert took_s < 30, took_s
+    assert took_s < 15, took_s  # about 3.3 s on a quiet machine (bench/coordinator_loss.py)
 
 
 @pytest.mark.timeout(150)

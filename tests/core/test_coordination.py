@@ -55,3 +55,34 @@ def test_same_job_refuses_another_jobs_prefix():
     assert same_job(None, me)[0] and same_job(dict(me), me)[0]
     ok, why = same_job({"trainer": "gpt", "groups": 4}, me)
     assert not ok and "'gpt'" in why and "--job" in why
+
+
+def _rep(step, gen=2, members=(0, 1, 2), slots=None):
+    slots = slots or {str(m): m for m in members}
+    return {"step": step, "gen": gen, "members": list(members), "slot_of": slots}
+
+
+def test_adoption_waits_for_every_member_then_adopts_where_they_stopped():
+    from unbroken.core.coordination import adoption
+
+    got, why = adoption({}, final=False)
+    assert got is None and "no member" in why
+    got, why = adoption({0: _rep(40), 1: _rep(40)}, final=False)
+    assert got is None and "[2]" in why  # member 2 not re-attached yet: wait
+    got, why = adoption({0: _rep(40), 1: _rep(40), 2: _rep(40)}, final=False)
+    assert got.members == (0, 1, 2) and got.step == 40 and got.missing == () and got.gen == 2
+    assert "after step 39" in why
+
+
+def test_adoption_names_the_missing_as_lost_and_refuses_split_boundaries():
+    from unbroken.core.coordination import adoption
+
+    # a member replaced earlier (uid 5 holds slot 1); member 2 never came back: lost
+    reps = {0: _rep(40, members=(0, 5, 2), slots={"0": 0, "5": 1, "2": 2, "1": 1}),
+            5: _rep(40, members=(0, 5, 2))}
+    got, why = adoption(reps, final=True)
+    assert got.members == (0, 2, 5) and got.missing == (2,) and "lost" in why
+    assert got.slot_of == {0: 0, 5: 1, 2: 2}  # the dead uid 1's old slot entry dropped
+    # an older generation's report does not decide; different steps in one: no adoption
+    got, why = adoption({0: _rep(40), 1: _rep(41), 2: _rep(40, gen=1)}, final=True)
+    assert got is None and "different steps" in why

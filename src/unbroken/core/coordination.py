@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["StoreURL", "parse_store", "may_act", "takeover", "may_commit", "same_job",
-           "job_prefix", "check_job_name"]
+           "job_prefix", "check_job_name", "Adoption", "adoption"]
 
 
 @dataclass(frozen=True)
@@ -105,3 +105,44 @@ def same_job(stored: dict | None, mine: dict) -> tuple[bool, str]:
     k = diff[0]
     return False, (f"the prefix holds another job ({k}: {stored.get(k)!r}, this run: "
                    f"{mine.get(k)!r}); pass another --job")
+
+
+@dataclass(frozen=True)
+class Adoption:
+    """What a standby adopts of a running job (``adoption``): the members, their slots, the
+    step every one of them stopped after (the next to run), the generation, and the members
+    that did not report (lost: their slots are masked and refilled as after a death)."""
+
+    members: tuple[int, ...]
+    slot_of: dict
+    step: int
+    gen: int
+    missing: tuple[int, ...]
+
+
+def adoption(reports: dict[int, dict], final: bool) -> tuple[Adoption | None, str]:
+    """A standby's decision on the members' re-attach reports (``runtime.reattach.report``:
+    uid -> {step, gen, members, slot_of}). ``final``: its wait is over (no more will come).
+
+    The members of the newest generation reported are the job's; they all stopped after the
+    same committed step (the step buffer's agreement), so a report at another step means a
+    member that was not in that agreement: nothing is adopted (restart from the checkpoint).
+    Until ``final``, a member missing is waited for; then it is adopted as lost."""
+    if not reports:
+        return None, "no member re-attached" + ("" if final else " yet")
+    gen = max(int(r["gen"]) for r in reports.values())
+    newest = [r for r in reports.values() if int(r["gen"]) == gen]
+    members = tuple(sorted(int(m) for m in newest[0]["members"]))
+    steps = {int(r["step"]) for u, r in reports.items() if u in members}
+    if len(steps) > 1:
+        return None, (f"the members stopped at different steps {sorted(steps)}: no common "
+                      f"boundary to adopt; restart from the checkpoint")
+    missing = tuple(m for m in members if m not in reports)
+    if missing and not final:
+        return None, f"waiting for members {list(missing)} to re-attach"
+    if len(missing) == len(members):
+        return None, "no member of the newest generation re-attached"
+    slot_of = {int(u): int(s) for u, s in newest[0]["slot_of"].items() if int(u) in members}
+    why = (f"adopting generation {gen}: members {list(members)} after step {steps.pop() - 1}"
+           + (f"; {list(missing)} never re-attached: lost" if missing else ""))
+    return Adoption(members, slot_of, int(newest[0]["step"]), gen, missing), why

@@ -194,14 +194,25 @@ class FTComm(OpPath):
         self.supervisor_staleness = float(supervisor_staleness)
         self.supervisor_lost = False
 
-        # the rendezvous of each next generation, on the caller's store client
+        self._attach(store)
+        if joining:
+            self._gen = -1  # no generation until admitted
+            return
+        t0 = time.monotonic()
+        self._rdzv.init_pg(0, members)
+        self.journal.append({"event": Event.INIT, "gen": 0, "members": list(members),
+                             "pg_init_s": round(time.monotonic() - t0, 4), "t": time.time()})
+
+    def _attach(self, store: Any) -> None:
+        """The store's users: the rendezvous of each next generation (on the caller's client)
+        and the heartbeat thread with its doorbell (a client and a UDP socket of their own)."""
+        self.store = store
         self._rdzv = Rendezvous(
-            self.uid, store, backend=backend, heartbeat_period=self.heartbeat_period,
+            self.uid, store, backend=self.backend, heartbeat_period=self.heartbeat_period,
             staleness=self.staleness, rendezvous_timeout=self.rendezvous_timeout,
             init_timeout=self.init_timeout, pg_timeout=self.pg_timeout, live=self.live_now,
             judging_staleness=self._staleness, graveyard=self.graveyard, stop=self._stop,
             ns=self.ns)
-        # the heartbeat thread and the doorbell (its own store client, its own UDP socket)
         self._hb = Heartbeat(self, self.uid, store, period=self.heartbeat_period,
                              staleness=self.staleness,
                              supervisor_staleness=self.supervisor_staleness, stop=self._stop,
@@ -211,13 +222,23 @@ class FTComm(OpPath):
         self.watched = self._hb.watched
         self.beats, self.late_beats = self._hb.beats, self._hb.late_beats
 
-        if joining:
-            self._gen = -1  # no generation until admitted
-            return
-        t0 = time.monotonic()
-        self._rdzv.init_pg(0, members)
-        self.journal.append({"event": Event.INIT, "gen": 0, "members": list(members),
-                             "pg_init_s": round(time.monotonic() - t0, 4), "t": time.time()})
+    def reattach(self, store: Any) -> None:
+        """Move onto a new coordinator's store (``runtime.reattach``), keeping the generation,
+        its members and its process group: gloo's pairs are sockets between the members, the
+        store only brokered them. The old heartbeat stops; the new one judges the peers
+        against the start-up limit until the next op completes, since they re-attach one by
+        one. Call at a step boundary, with no op in flight."""
+        self._stop.set()
+        self._hb.close()
+        self._stop = threading.Event()
+        self._wake.clear()
+        self.store_lost = self.supervisor_lost = False
+        self._warm = False
+        old = self._rdzv
+        self._attach(store)
+        self._rdzv.pg, self._rdzv.reports = old.pg, old.reports  # the generation goes on
+        self.journal.append({"event": Event.REATTACHED, "gen": self._gen,
+                             "members": list(self._members), "t": time.time()})
 
     # ------------------------------------------------------------------ public state
     @property

@@ -338,6 +338,20 @@ class StackedRunner(Recovery, Incidents, Admission):
             self._control_ready = True
         return tuple(float(int(v)) for v in st.multi_get(list(_CONTROL)))
 
+    def reattached(self, store) -> None:
+        """The communicator moved onto a new coordinator's store (``runtime.reattach``) after
+        every member stopped at the same boundary: watch the control counters there, and
+        (rank 0, once) carry them on from what this job has applied, so the next join record
+        or code record is numbered after the last one dealt with. A join seen but not
+        admitted was a spare of the old coordinator's, gone with its store."""
+        self.join_seen = self.admitted
+        self._control_ready = False
+        if self.comm.rank == 0:
+            for key, value in ((JOIN_COUNT, self.admitted), (CODE_COUNT, self.code_applied)):
+                have = int(store.add(key, 0))
+                if have < value:
+                    store.add(key, value - have)
+
     # ------------------------------------------------------------------ the loop
     def run(self) -> torch.Tensor:
         while self.step < self.cfg.steps:

@@ -40,8 +40,8 @@ from datetime import timedelta
 
 from unbroken.events import Event
 from unbroken.spawn import pdeathsig
-from unbroken.protocol import (ExitCode, assign_key, group_pg_prefix, node_fenced_key,
-                               standby_key, wipeout_failed_key)
+from unbroken.protocol import (ExitCode, assign_key, exit_key, group_pg_prefix,
+                               node_fenced_key, standby_key, wipeout_failed_key)
 from unbroken.runtime.ftcomm_worker import finish, hard_exit, report_error
 
 
@@ -81,6 +81,13 @@ def worker_main(argv: list[str] | None = None) -> None:
     ap.add_argument("--supervisor-staleness", type=float, default=0.0,
                     help="stop (exit 5, with a checkpoint) when the supervisor's heartbeat has "
                          "not moved for this long (s; 0: not watched)")
+    ap.add_argument("--etcd", default=None, metavar="URL",
+                    help="etcd://HOST:PORT,... holding the job's state (with --job): when the "
+                         "store goes away, re-attach to the store of the supervisor that "
+                         "takes the lease over instead of exiting 5 (runtime.reattach)")
+    ap.add_argument("--job", default=None, help="the job's name in --etcd")
+    ap.add_argument("--reattach-timeout", type=float, default=60.0, metavar="S",
+                    help="how long a member waits for a new coordinator, then for its go")
     ap.add_argument("--node", type=int, default=None,
                     help="started by node agent I (unbroken.nodes): die with the agent")
     ap.add_argument("--health-every", type=float, default=1.0,
@@ -121,7 +128,7 @@ def worker_main(argv: list[str] | None = None) -> None:
         cfg = replace(cfg, device=cfg.local_device(a.uid, a.rank, torch.cuda.device_count()))
         torch.cuda.set_device(torch.device(cfg.device))
     os.makedirs(a.journal, exist_ok=True)
-    comm = runner = None
+    comm = runner = reattach = None
     code = 0
     # rank 0 writes the group's journal (the one the supervisor reads); the others their own
     name = f"group-{a.uid}.jsonl" if a.rank == 0 else f"rank-{a.uid}.{a.rank}.jsonl"
@@ -150,6 +157,11 @@ def worker_main(argv: list[str] | None = None) -> None:
                       heartbeat_period=a.heartbeat, staleness=a.staleness,
                       pg_timeout=a.pg_timeout, joining=a.standby, backend=cfg.backend,
                       supervisor_staleness=a.supervisor_staleness, rank=a.rank, ranks=ranks)
+        if a.etcd and ranks == 1:  # groups of several ranks: exit 5 as before (not yet)
+            from unbroken.runtime.reattach import Reattach
+
+            reattach = Reattach(a.etcd, a.job)
+            reattach.learn(store)
         if cfg.sync == "sync":  # today's runner; the modes' imports (scipy's clustering,
             make_runner = StackedRunner  # ~0.8 s on a loaded machine) are not paid for
         else:
@@ -179,14 +191,19 @@ def worker_main(argv: list[str] | None = None) -> None:
                     period=a.health_every).start()
         if a.standby:
             comm.store.set(standby_key(a.uid), "ready")  # warm: imports done, model built
-            comm.store.wait([assign_key(a.uid)], timedelta(hours=24))
+            try:
+                comm.store.wait([assign_key(a.uid)], timedelta(hours=24))
+            except Exception:
+                if reattach is not None:  # its coordinator is gone; the next one has its own
+                    hard_exit(ExitCode.COORDINATOR_LOST)
+                raise
             if plugin is not None:
                 plugin.assigned(runner)
             start_health()
             runner.join(int(comm.store.get(assign_key(a.uid))))
         else:
             start_health()
-        params = _profiled(runner.run, a.uid)
+        params = _train(runner, comm, reattach, a, journal)
         if ranks > 1:  # the whole model's parameters (a collective over the group)
             params = runner.trainer.full_params()
         finish(comm, a.uid, {"params": params.tolist(), "steps": runner.step,
@@ -222,7 +239,40 @@ def worker_main(argv: list[str] | None = None) -> None:
     except BaseException:
         code = report_error(comm, a.uid)
     jf.close()
+    if reattach is not None and comm is not None:  # an adopting supervisor is not our
+        try:  # parent: it cannot waitpid
+            comm.store.set(exit_key(a.uid), str(int(code)))
+        except Exception:
+            pass
     hard_exit(code)
+
+
+def _train(runner, comm, reattach, a, journal):
+    """``runner.run()``; with ``reattach`` (``--etcd``), a lost coordinator is waited out:
+    every member stopped after the same committed step, rank 0 checkpoints it (the fallback),
+    each re-attaches to the store of the supervisor that took the lease over and, once
+    adopted, trains on from that step (``runtime.reattach``). No new coordinator in time:
+    the ``CoordinatorLostError`` goes on (exit 5 with the checkpoint)."""
+    from unbroken.runtime.reattach import ReattachFailed, report
+    from unbroken.runtime.stacked import CoordinatorLostError
+
+    while True:
+        try:
+            return _profiled(runner.run, a.uid)
+        except CoordinatorLostError:
+            if reattach is None:
+                raise
+            t0 = time.time()
+            path = runner.save_checkpoint_now()
+            try:
+                store = reattach.connect(*reattach.wait(a.reattach_timeout))
+                comm.reattach(store)
+                runner.reattached(store)
+                report(store, a.uid, runner, a.reattach_timeout, t0)
+            except (ReattachFailed, RuntimeError) as exc:  # torch's connect errors too
+                raise CoordinatorLostError(f"no takeover: {exc}") from None
+            journal({"event": Event.ADOPTED, "step": runner.step, "checkpoint": path,
+                     "waited_s": round(time.time() - t0, 3), "t": time.time()})
 
 
 def _group(cfg, uid: int, rank: int, store):

@@ -60,9 +60,10 @@ class Attempt:
     def __init__(self, spec: JobSpec, emit: Callable[[dict], None],
                  signalled: Callable[[], int | None], c, fired: set, guard,
                  pending: list[Fault], xid_log: str | None, holders: dict[int, int],
-                 restarting: bool, skip_old: bool) -> None:
+                 restarting: bool, skip_old: bool, adopted=None) -> None:
         """``emit``: the supervisor's journal; ``signalled()``: the signal the supervisor
-        received (SIGINT/SIGTERM), None while none came."""
+        received (SIGINT/SIGTERM), None while none came; ``adopted``: a standby's
+        ``core.coordination.Adoption`` (members running since before this supervisor)."""
         self.c, self.spec, self.emit, self.signalled = c, spec, emit, signalled
         self.fired, self.guard, self.holders = fired, guard, holders
         self.pending = pending
@@ -74,7 +75,7 @@ class Attempt:
         self.joined = set(self.members)               # ... and have trained in it
         self.slot_of = {u: u for u in self.members}
         self.pool = list(c.spares)                    # warm spares not yet assigned
-        self.next_uid = self.spec.groups + len(c.spares)
+        self.next_uid = max([self.spec.groups - 1, *c.uids, *c.spares]) + 1
         self.finished: dict[int, dict] = {}
         self.stopped: dict[int, int] = {}             # uid -> its on-purpose exit code
         self.handled: set[int] = set()
@@ -87,11 +88,19 @@ class Attempt:
         self.stop_posted: float | None = None
         self.drill = LauncherDrill(pending, c.cfg.model, xid_log, self.emit, fired, guard,
                                    kill_node=self._kill_node)
+        if adopted is not None:  # where the members stopped: tails from there on
+            self.members, self.joined = set(adopted.members), set(adopted.members)
+            self.slot_of = dict(adopted.slot_of)
+            self.top = adopted.step - 1
+            for u in adopted.members:
+                self._tail(u)
         for u in self.members | set(self.pool):  # XID lines name the pid of any holder
             for pid in getattr(c.procs[u], "pids", [c.procs[u].pid]):
                 holders[pid] = u
         self.layout = make_layout(self.spec.groups, self.spec.ft.redundancy)
         self.holder = {s: s for s in range(self.spec.groups)}  # slot -> its newest holder
+        if adopted is not None:
+            self.holder.update({s: u for u, s in adopted.slot_of.items()})
         self.stop_code: tuple[int, str] | None = None  # a StopJob carried out
         guard.maskable = self._maskable
         guard.standby = lambda: len(self._warm())  # the ladder counts on the pool as it is

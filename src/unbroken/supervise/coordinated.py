@@ -14,12 +14,16 @@ whatever holds the durable state; this file is everything that changes when etcd
   is one dict lookup per event. A lost lease (expired, deposed) sets :attr:`lost`; the
   supervisor then stops its job with a checkpoint (it must not act any more).
 * A standby (``--standby``) calls :meth:`JobCoordinator.stand_by`: it waits until the active
-  supervisor's lease expires (``core.coordination.takeover``), takes it, and the supervisor
-  continues the job from its newest durable checkpoint in the shared ``--out`` (``--resume``).
+  supervisor's lease expires (``core.coordination.takeover``) and takes it. Each attempt's
+  store is named in etcd (:meth:`JobCoordinator.publish_store`); the members (started with
+  ``--etcd``) outlive their supervisor, stop at one committed step when its store goes, and
+  re-attach to the standby's store (``runtime.reattach``), which adopts them where they
+  stopped (``supervise.adopt``): no restart, no step lost. When nobody re-attaches it
+  continues from the newest durable checkpoint in the shared ``--out``.
 
-Known limit (the issue asks for more): the workers here are the supervisor's children, so
-they end with it and the standby resumes from the last checkpoint; a takeover that keeps the
-workers' memory needs workers that outlive their supervisor and re-attach to a new store.
+Known limits: node agents (``--nodes``/``--local-nodes``) end their workers with the
+coordinator's directory, and groups of several ranks do not re-attach yet: there the standby
+restarts from the checkpoint.
 When etcd is unavailable the pending fields wait (newer values replacing older ones) and are
 retried, once a line says so; training itself does not wait on etcd.
 """
@@ -38,6 +42,7 @@ from unbroken.coord.jobstate import EtcdJobState, NotLeader, OtherJob
 from unbroken.coord.lease import LeaseKeeper, wait_for_lease
 from unbroken.core.coordination import StoreURL
 from unbroken.events import Event
+from unbroken.protocol import COORD_EPOCH
 
 __all__ = ["JobCoordinator", "open_job", "job_identity"]
 
@@ -80,6 +85,23 @@ class JobCoordinator:
                                         daemon=True)
         self._writer.start()
         self._record(status="running")
+
+    def publish_store(self, store, port: int, host: str = "127.0.0.1") -> str:
+        """Name this attempt's store in etcd (``store_addr``: host, port, a fresh epoch), and
+        the epoch in the store itself: a member whose store goes away re-attaches to the next
+        store of another epoch (``runtime.reattach``). The store first (the members block on
+        it at start-up), etcd through the writer (training does not wait on etcd)."""
+        import uuid
+
+        epoch = uuid.uuid4().hex
+        store.set(COORD_EPOCH, epoch)
+        self._record(store_addr={"host": host, "port": int(port), "epoch": epoch,
+                                 "leader": self.state.me})
+        return epoch
+
+    def worker_argv(self) -> list[str]:
+        """The members' flags that let them outlive this supervisor (``runtime.reattach``)."""
+        return ["--etcd", "etcd://" + ",".join(self.store.endpoints), "--job", self.state.job]
 
     def on_event(self, ev: dict) -> None:
         """The supervisor's journal, event by event: only durable changes go to etcd, and

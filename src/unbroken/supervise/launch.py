@@ -13,7 +13,8 @@ __all__ = ["make_cluster"]
 
 
 def make_cluster(cfg, jdir: Path, spares: int, spec: JobSpec, ckdir: Path, *, resume: bool,
-                 pending: list[Fault], directory=None):
+                 pending: list[Fault], directory=None, extra_argv: list[str] = (),
+                 adopt_from: int | None = None):
     """The cluster for one attempt; the victims inject ``pending`` faults (the ones not
     injected by an earlier attempt) themselves, each process its slot's share
     (``core.faults.holder_faults``; a spare gets its share when assigned)."""
@@ -35,4 +36,7 @@ def make_cluster(cfg, jdir: Path, spares: int, spec: JobSpec, ckdir: Path, *, re
         return NodeCluster(cfg, str(jdir), directory=directory, node_of=node_of,
                            out=str(Path(spec.out).resolve()),
                            node_staleness=spec.ft.node_staleness, **kw)
-    return StackedCluster(cfg, str(jdir), **kw)
+    # re-attaching to a standby (``extra_argv``: --etcd) is the local launcher's only: node
+    # agents end their workers with the coordinator's directory
+    return StackedCluster(cfg, str(jdir), adopt_from=adopt_from, extra_argv=list(extra_argv),
+                          **kw)

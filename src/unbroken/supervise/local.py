@@ -52,12 +52,17 @@ class StackedCluster(LocalCluster):
                  ckpt_dir: str | None = None, ckpt_every: int = 50, resume: bool = False,
                  store_port: int | None = None, store_process: bool = False,
                  fault_rank: dict[int, int] | None = None,
-                 supervisor_staleness: float = 0.0) -> None:
+                 supervisor_staleness: float = 0.0, extra_argv: list[str] = (),
+                 adopt_from: int | None = None) -> None:
+        """``extra_argv``: more worker flags (``--etcd URL --job NAME``). ``adopt_from``: a
+        standby's cluster: the members are adopted later (:meth:`adopt`), not started, and
+        the spares' uids begin there (past every uid the job used)."""
         import torch.distributed as dist
 
         self.cfg = cfg
         self.uids: list[int] = []
-        self.spares = list(range(cfg.groups, cfg.groups + spares))
+        first = cfg.groups if adopt_from is None else adopt_from
+        self.spares = list(range(first, first + spares))
         self.journal_dir = journal_dir
         self._init_procs()
         self.store_host = None
@@ -86,7 +91,7 @@ class StackedCluster(LocalCluster):
                         *(["--resume"] if resume else []),
                         *(["--supervisor-staleness", str(supervisor_staleness)]
                           if supervisor_staleness > 0 else []),
-                        *(["--verdicts"] if verdicts else [])]
+                        *(["--verdicts"] if verdicts else []), *extra_argv]
         flags = {"die_after_replan": die_after_replan, "die_in_patch": die_in_patch,
                  "die_in_retry": die_in_retry, "corrupt_snapshot": corrupt_snapshot,
                  "drop_commit_on_join": drop_commit_on_join}
@@ -107,8 +112,17 @@ class StackedCluster(LocalCluster):
         # spares first: a spare started after the members competes for the cores with a job
         # already training (all of it one scheduling group, ``unbroken.spawn``), and at 16
         # groups one took 4 s to be ready, too late for the run that needed it
-        for u in [*self.spares, *range(cfg.groups)]:
+        for u in [*self.spares, *(range(cfg.groups) if adopt_from is None else ())]:
             self.spawn(u, standby=u in self.spares)
+
+    def adopt(self, members, pids: dict[int, int]) -> None:
+        """Take over running members started by another supervisor (``supervise.adopt``);
+        one without a pid never re-attached and is handed over as dead."""
+        from unbroken.supervise.adopt import AdoptedProc
+
+        for u in members:
+            self.procs[u] = AdoptedProc(pids.get(u), u, self.store)
+            self.uids.append(u)
 
     def spawn(self, uid: int, *, standby: bool = False, extra: list[str] = ()) -> None:
         """Start worker ``uid`` (a warm spare with ``standby``): one process, or a group of

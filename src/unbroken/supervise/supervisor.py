@@ -34,6 +34,7 @@ waits longer, ``core.membership``), a silent supervisor in ``supervisor_stalenes
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
 import time
@@ -45,7 +46,8 @@ from unbroken import spawn
 from unbroken.core.faults import Fault, format_faults
 from unbroken.events import Event
 from unbroken.fsio import copy_atomic, sha256_file
-from unbroken.protocol import ExitCode
+from unbroken.protocol import ADOPTED, ExitCode
+from unbroken.supervise.adopt import collect, known_uids
 from unbroken.supervise.attempt import Attempt
 from unbroken.supervise.heartbeat import SupervisorHeartbeat
 from unbroken.supervise.launch import make_cluster
@@ -69,6 +71,9 @@ class Supervisor:
         self.coordinator = coordinator
         self.events: list[dict] = []
         self.signal_received: int | None = None
+        self._adopting = False  # a standby taking a running job over (supervise.adopt)
+        self._checked = None  # (faults, cfg) once checked
+        self.adopt_timeout = 15.0  # how long it waits for a member to re-attach
 
     # ------------------------------------------------------------------ public
     def check(self):
@@ -83,6 +88,8 @@ class Supervisor:
         co = self.coordinator
         if co is None:
             return self._run_checked()
+        if co.state.lease == 0:  # a standby: checked, its fork server warm, before it waits
+            self._checked = self.check()
         old = self._install_signals()
         try:  # a standby waits for the lease first; Ctrl-C meanwhile ends it
             took = co.stand_by(lambda: self.signal_received is not None) \
@@ -92,8 +99,13 @@ class Supervisor:
         if not took:
             co.close(finished=False)
             return RunResult(ExitCode.OK, "the job ended under another supervisor", {})
-        if co.state.read().get("status") == "running":  # taking over: continue the job
-            self.spec = replace(self.spec, **_continue(Path(self.spec.out)))
+        if co.state.read().get("status") == "running":  # taking over
+            if self.spec.local_nodes or self.spec.nodes or self.spec.ranks_per_group > 1:
+                # node agents end their workers with the directory, and groups of several
+                # ranks do not re-attach yet: continue from the newest checkpoint
+                self.spec = replace(self.spec, **_continue(Path(self.spec.out)))
+            else:  # adopt the members where they stopped (a restart only if that fails)
+                self._adopting = True
         co.start()
         res = None
         try:
@@ -104,15 +116,16 @@ class Supervisor:
 
     def _run_checked(self) -> RunResult:
         spec = self.spec
-        faults, cfg = self.check()
+        faults, cfg = self._checked if self._checked is not None else self.check()
         out = Path(spec.out)
         exporter = None
         if spec.ft.metrics_port is not None:  # bind first: a bad port fails before anything runs
             from unbroken.metrics import MetricsExporter
 
             exporter = MetricsExporter(spec.ft.metrics_port)
-        try:
-            found = prepare(out, resume=spec.resume, fresh=spec.fresh)
+        try:  # adopting: the run directory is the running job's, kept as it is
+            found = prepare(out, resume=spec.resume, fresh=spec.fresh) if not self._adopting \
+                else {"resume_step": None, "kept_in": None}
         except BaseException:
             if exporter is not None:
                 exporter.close()
@@ -130,7 +143,10 @@ class Supervisor:
         if xid_log is None and any(f.kind == "xid" for f in faults):
             xid_log = str(out / "kernel.log")  # the drill's XID lines go here (dmesg stand-in)
             Path(xid_log).touch()
-        self._merged = open(out / "journal.jsonl", "a" if spec.resume else "w", buffering=1)
+        self._merged = open(out / "journal.jsonl", "a" if spec.resume or self._adopting
+                            else "w", buffering=1)
+        if self._adopting and self._merged.tell() > 0:  # a line the dead one left half
+            self._merged.write("\n")  # written stays a damaged line of its own
         self._exporter, self._last_export = exporter, 0.0
         old = self._install_signals()
         try:
@@ -241,19 +257,32 @@ class Supervisor:
             if attempt > 0 and directory is not None:  # agents that died during the backoff
                 for k, why in directory.fence_silent(3 * spec.ft.node_staleness).items():
                     self.emit({"event": Event.NODE_LOST, "node": k, "reason": why, "uids": []})
+            co, adopting = self.coordinator, self._adopting and attempt == 0
             c = make_cluster(cfg, jdir, spares, spec, out / "ckpt",
                              resume=attempt > 0 or spec.resume, pending=pending,
-                             directory=directory)
+                             directory=directory,
+                             extra_argv=co.worker_argv() if co is not None else (),
+                             adopt_from=max([spec.groups - 1, *known_uids(jdir)]) + 1
+                             if adopting else None)
+            if co is not None:
+                co.publish_store(c.store, c.port)
+            adopted = self._adopt(c, jdir) if adopting else None
+            if adopting and adopted is None:  # restart from the checkpoint it left instead
+                c.close()
+                attempt = 1
+                continue
             # ten beats per window the members judge it by: faster is store traffic that
             # tells them nothing more
             beat = SupervisorHeartbeat(c.store, max(spec.ft.heartbeat,
                                            spec.ft.supervisor_staleness / 10))
             guard.new_attempt()
             try:
-                done = Attempt(spec, self.emit, lambda: self.signal_received, c, fired, guard,
-                               pending, xid_log, holders,
-                                restarting=attempt > 0, skip_old=attempt > 0 or spec.resume
-                                ).run()
+                run = Attempt(spec, self.emit, lambda: self.signal_received, c, fired, guard,
+                              pending, xid_log, holders, restarting=attempt > 0,
+                              skip_old=attempt > 0 or spec.resume or adopting, adopted=adopted)
+                if adopted is not None:
+                    c.store.set(ADOPTED, "1")  # the members train on (runtime.reattach)
+                done = run.run()
             except Restart as r:  # the ladder's budget bounds these (core.ladder)
                 attempt, backoff = attempt + 1, r.backoff
                 self.emit({"event": Event.RESTART_REQUESTED, "reason": str(r), "attempt": attempt,
@@ -268,6 +297,33 @@ class Supervisor:
             if ended is None and done is None:
                 ended = self._backoff(backoff)
         return done, ended
+
+    def _adopt(self, c, jdir: Path):
+        """A standby's first attempt: wait for the running members to re-attach to this
+        store, decide (``core.coordination.adoption``) and hand them to the cluster; None
+        (said in a line) when there is nothing to adopt: the job restarts from its
+        checkpoint."""
+        t0 = time.time()
+        adopted, why, reports = collect(c.store, known_uids(jdir) | set(range(self.spec.groups)),
+                                        self.adopt_timeout)
+        self._line(f"standby: {why}")
+        if adopted is None:
+            for r in reports.values():  # paused at a boundary: the restart replaces them
+                try:
+                    os.kill(int(r["pid"]), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            self.emit({"event": Event.RESTART_REQUESTED, "reason": f"takeover: {why}",
+                       "attempt": 1, "backoff_s": 0.0})
+            return None
+        c.adopt(adopted.members, {u: int(r["pid"]) for u, r in reports.items()})
+        stopped = [r["stopped_t"] for r in reports.values() if "stopped_t" in r]
+        self.emit({"event": Event.TAKEOVER, "leader": self.coordinator.state.me,
+                   "step": adopted.step, "gen": adopted.gen, "members": list(adopted.members),
+                   "missing": list(adopted.missing), "reason": why,
+                   "stopped_t": min(stopped) if stopped else None,
+                   "adopted_s": round(time.time() - t0, 3)})
+        return adopted
 
     def _finish(self, done, ended, cfg, out: Path, jdir: Path, t_start: float) -> RunResult:
         from unbroken.demo_report import build_report, straggler_report

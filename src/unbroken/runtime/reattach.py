@@ -1,0 +1,103 @@
+"""A worker outlives its supervisor: find the new coordinator's store in etcd and re-attach.
+
+Why: with ``--store etcd://`` the supervisor's host is no longer the job's single point of
+failure (``supervise.coordinated``), but the workers' state is in their memory. A standby
+supervisor that restarted them from the last checkpoint would lose what they computed since
+and pay a full start-up. So a worker started with ``--etcd URL --job NAME`` does not exit when
+its store goes away:
+
+1. every member stops after the same committed step (the step buffer's ``LOST`` flag,
+   ``runtime.stacked``) -- a boundary all of them agree on, so no state copy is needed later;
+   rank 0 writes a durable checkpoint of it, the fallback if no supervisor comes;
+2. each member polls the job's ``store_addr`` in etcd (:class:`Reattach`) until a record with
+   another epoch than its own store's appears: the standby that took the lease hosts a new
+   store and published it there;
+3. it connects, moves its communicator onto it (``FTComm.reattach``: new heartbeat, same
+   generation and process group -- gloo's pairs never went through the store) and posts its
+   report (:func:`report`: uid, pid, slot, step, generation, members), the standby's whole
+   view of the running job;
+4. it waits for the standby's go (``protocol.ADOPTED``) and trains on from the same step.
+
+Latency budget: the poll is 50 ms; the rest is the lease's TTL (the standby waits it out) and
+one TCP connect. Nothing here runs while a supervisor is alive: the hot path is unchanged.
+
+Exit code contract: no new store within ``timeout`` s, or no go within ``timeout`` s after the
+report: the caller exits 5 as before (its checkpoint is on disk, ``--resume`` continues).
+Groups of several ranks (``ranks_per_group > 1``) are not re-attached yet: they exit 5.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import timedelta
+
+from unbroken.protocol import ADOPTED, COORD_EPOCH, reattach_key
+
+__all__ = ["Reattach", "report", "ReattachFailed"]
+
+
+class ReattachFailed(Exception):
+    """No new coordinator in time (the caller exits 5 with its checkpoint)."""
+
+
+class Reattach:
+    """The etcd record of job ``job`` that names its coordinator's store (``store_addr``:
+    host, port, epoch), read with the stdlib client of ``unbroken.coord.etcd``."""
+
+    POLL_S = 0.05
+
+    def __init__(self, url: str, job: str) -> None:
+        from unbroken.coord.etcd import Etcd
+        from unbroken.core.coordination import job_prefix, parse_store
+
+        self.etcd = Etcd(list(parse_store(url).endpoints), timeout=1.0)
+        self.key = job_prefix(job) + "store_addr"
+        self.epoch: str | None = None  # the epoch of the store this worker is attached to
+
+    def learn(self, store) -> None:
+        """The epoch of ``store`` (its supervisor sets ``COORD_EPOCH`` right after creating
+        it; a worker may be quicker, so this waits for it)."""
+        self.epoch = store.get(COORD_EPOCH).decode()
+
+    def wait(self, timeout: float) -> tuple[str, int, str]:
+        """Block until etcd names a store of another epoch: (host, port, epoch)."""
+        from unbroken.coord.etcd import EtcdError
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                kv = self.etcd.get(self.key)
+            except EtcdError:  # no quorum: nobody can take over meanwhile either
+                kv = None
+            if kv is not None:
+                rec = json.loads(kv.value)
+                if str(rec.get("epoch")) != self.epoch:
+                    return str(rec["host"]), int(rec["port"]), str(rec["epoch"])
+            time.sleep(self.POLL_S)  # a watch's polling interval, not a synchronisation
+        raise ReattachFailed(f"no new coordinator in etcd within {timeout:g}s")
+
+    def connect(self, host: str, port: int, epoch: str):
+        import torch.distributed as dist
+
+        store = dist.TCPStore(host, port, is_master=False, wait_for_workers=False,
+                              timeout=timedelta(seconds=60))
+        self.epoch = epoch
+        return store
+
+
+def report(store, uid: int, runner, timeout: float, stopped_t: float) -> None:
+    """Post this member's view (the standby adopts from these), then wait for the go.
+    ``stopped_t``: when it stopped training (the standby reports the pause)."""
+    comm = runner.comm
+    store.set(reattach_key(uid), json.dumps({
+        "uid": uid, "pid": os.getpid(), "slot": runner.slot_of.get(uid), "step": runner.step,
+        "gen": comm.generation, "members": comm.members,
+        "slot_of": {str(u): s for u, s in runner.slot_of.items()}, "stopped_t": stopped_t,
+        "t": time.time()}))
+    try:
+        store.wait([ADOPTED], timedelta(seconds=timeout))
+    except Exception as exc:
+        raise ReattachFailed(f"the new coordinator did not adopt this member within "
+                             f"{timeout:g}s") from exc

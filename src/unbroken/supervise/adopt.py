@@ -1,0 +1,104 @@
+"""A standby supervisor adopts the running members of a job whose supervisor died.
+
+Why a file of its own: everything else in ``supervise`` starts the processes it watches; here
+they were started by a supervisor that is gone, live on (their own state in memory) and
+re-attach to this one's store (``runtime.reattach``). What they report is the standby's whole
+view of the job; ``core.coordination.adoption`` decides on it.
+
+* :class:`AdoptedProc` -- the ``Popen`` surface the attempt loop needs, for a process this
+  one did not start: its exit is seen through a pidfd (readable when it ends, no ``waitpid``
+  possible), its exit code read from ``exit/<uid>`` (written by the worker just before it
+  exits; absent: it was killed).
+* :func:`collect` -- wait for the reports of the newest generation's members (a member that
+  never comes is adopted as lost, and replaced like a dead one), then hand each a handle.
+
+Latency budget: the reports come within a heartbeat period or two of the store's
+publication in etcd (the members poll it every 50 ms); the wait for a missing member is
+``timeout`` (the supervisor's ``adopt_timeout``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import time
+from pathlib import Path
+
+from unbroken.core.coordination import Adoption, adoption
+from unbroken.protocol import exit_key, reattach_key
+
+__all__ = ["AdoptedProc", "collect", "known_uids"]
+
+
+class AdoptedProc:
+    """A running worker this supervisor did not start (``pid``; ``None``: it never came)."""
+
+    def __init__(self, pid: int | None, uid: int, store) -> None:
+        self.pid, self.uid, self.store = pid or 0, uid, store
+        self.returncode: int | None = None
+        self.sentinel = None
+        if pid:
+            try:
+                self.sentinel = os.pidfd_open(pid)  # readable once it has exited
+            except (ProcessLookupError, OSError):
+                pass
+        if self.sentinel is None:  # gone before it could be adopted
+            self.returncode = -signal.SIGKILL
+            self.sentinel = os.open(os.devnull, os.O_RDONLY)  # always readable
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            if not select.select([self.sentinel], [], [], 0)[0]:
+                return None
+            key = exit_key(self.uid)
+            try:
+                self.returncode = int(self.store.get(key)) if self.store.check([key]) \
+                    else -signal.SIGKILL
+            except Exception:  # the store is closing: it did not say
+                self.returncode = -signal.SIGKILL
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        import subprocess
+
+        if self.poll() is None:
+            if not select.select([self.sentinel], [], [], timeout)[0]:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
+        return self.poll()
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None and self.pid:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+
+def known_uids(jdir: Path) -> set[int]:
+    """Every uid that ever journaled in this job (members and spares)."""
+    return {int(f.stem.split("-")[1]) for f in jdir.glob("group-*.jsonl")}
+
+
+def collect(store, uids: set[int], timeout: float) -> tuple[Adoption | None, str, dict]:
+    """Wait up to ``timeout`` s for the re-attach reports of the newest generation's members
+    among ``uids``; returns the decision, its reason and the reports."""
+    reports: dict[int, dict] = {}
+    deadline = time.monotonic() + timeout
+    while True:
+        for u in sorted(uids - set(reports)):
+            if store.check([reattach_key(u)]):
+                reports[u] = json.loads(store.get(reattach_key(u)))
+                uids |= {int(m) for m in reports[u]["members"]}
+        final = time.monotonic() >= deadline
+        got, why = adoption(reports, final)
+        if got is not None or final:
+            return got, why, reports
+        time.sleep(0.02)  # a poll of store keys (the reports come in 10s of ms)
