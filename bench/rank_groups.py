@@ -76,17 +76,22 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
+def hsdp_procs(cfg: TrainConfig, out: str, stderr=subprocess.PIPE) -> list[subprocess.Popen]:
+    """The HSDP baseline's G x R worker processes (``baselines/hsdp_worker.py``); rank 0
+    writes its commit times and parameters to ``out``."""
+    world, port = cfg.groups * cfg.ranks_per_group, _port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return [subprocess.Popen([sys.executable, os.path.join(ROOT, "baselines", "hsdp_worker.py"),
+                              "--config", cfg.to_json(), "--port", str(port), "--rank", str(k),
+                              "--world", str(world), "--out", out], env=env, stderr=stderr)
+            for k in range(world)]
+
+
 def hsdp_step() -> tuple[float, list[float]]:
     cfg = step_cfg()
-    world = cfg.groups * cfg.ranks_per_group
     with tempfile.TemporaryDirectory() as d:
-        out, port = os.path.join(d, "out.json"), _port()
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        procs = [subprocess.Popen([sys.executable, os.path.join(ROOT, "baselines",
-                                                                "hsdp_worker.py"),
-                                   "--config", cfg.to_json(), "--port", str(port),
-                                   "--rank", str(k), "--world", str(world), "--out", out],
-                                  env=env, stderr=subprocess.PIPE) for k in range(world)]
+        out = os.path.join(d, "out.json")
+        procs = hsdp_procs(cfg, out)
         for p in procs:
             _, err = p.communicate(timeout=600)
             if p.returncode != 0:

@@ -38,6 +38,21 @@ def test_a_rank_that_fails_fences_the_others_and_its_status_is_the_groups():
     assert g.poll() == 3  # the status stays the first failure's
 
 
+def test_a_lost_group_is_announced_before_its_other_ranks_are_fenced():
+    # the launcher's death notice (on_lost) goes out while the siblings still run, so the
+    # survivors re-form during the fence; an error exit is not a loss: no notice
+    other = _forever()
+    seen = []
+    g = RankGroup([other, _proc("import os, signal; os.kill(os.getpid(), signal.SIGKILL)")],
+                  on_lost=lambda: seen.append(other.poll()))
+    assert g.wait(timeout=20) == -9
+    assert seen == [None] and other.returncode == -9
+    assert g.poll() == -9 and seen == [None]  # once
+    errored = RankGroup([_forever(), _proc("raise SystemExit(3)")],
+                        on_lost=lambda: seen.append("error"))
+    assert errored.wait(timeout=20) == 3 and seen == [None]
+
+
 def test_done_means_every_rank_done():
     slow = _forever()
     g = RankGroup([_proc("pass"), slow])

@@ -1,15 +1,18 @@
 """What a group of several ranks concludes from its ranks' reports (pure).
 
 A group is R processes that fail, step and answer incidents as one (``runtime.groupsync``,
-``supervise.rankgroup``). These are the two places its ranks' separate views are folded into
-the group's one: the step check's finding, and the group's exit status.
+``supervise.rankgroup``). These are the places its ranks' separate views are folded into the
+group's one: the step check's finding, and the group's exit status (and whether that status
+is the group's loss).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["FINDINGS", "group_finding", "group_status"]
+from unbroken.protocol import ExitCode
+
+__all__ = ["FINDINGS", "group_finding", "group_status", "lost_status"]
 
 #: what a rank's step check can find, least severe first (a code error outranks a NaN, which
 #: outranks a digest mismatch: the ladder answers the graver one)
@@ -36,3 +39,11 @@ def group_status(codes: Sequence[int | None]) -> tuple[int, int] | None:
     if all(c == 0 for c in codes):
         return 0, 0
     return None
+
+
+def lost_status(status: int) -> bool:
+    """Whether a group (or a one-rank worker) that exited with ``status`` is *lost* -- killed by
+    a signal, left out of a generation (``JOIN_FAILED``), or fenced by one of its own ranks
+    (``GROUP_FENCED``) -- so the survivors must drop it and a spare replace it; any other
+    non-zero status is an outcome the job handles otherwise (an error, a stop, a wipe-out)."""
+    return status < 0 or status in (ExitCode.JOIN_FAILED, ExitCode.GROUP_FENCED)

@@ -228,8 +228,13 @@ class StackedRunner(Recovery, Incidents, Admission):
         for t in mine:
             if t not in self.grads and self.step_error is None:
                 out = None
-                if contrib == [t]:  # the group's only contribution: compute it where the
-                    # all-reduce will sum it (plain data parallelism's zero-copy step)
+                if contrib == [t] and self.group is None:
+                    # the group's only contribution: compute it where the all-reduce will sum
+                    # it (plain data parallelism's zero-copy step). Not for a group of ranks:
+                    # the buffer goes with a broken op, and computing the gradient again is a
+                    # forward and backward with the group's own collectives (FSDP's), most of
+                    # an R = 2 recovery's replan on 2 cores; a copy of this rank's shard of
+                    # the gradient into the buffer costs far less a step
                     buf = torch.empty(self._buflen(), dtype=torch.float64, device=self.dev)
                     out = buf[:self.trainer.numel]
                     self._prepared = (self.step, t, buf)

@@ -31,6 +31,7 @@ from unbroken.core.anomaly import stall_suspected
 from unbroken.core.faults import Fault, holder_faults
 from unbroken.core.membership import left_behind
 from unbroken.core.placement import make_layout, uncovered, wiped_out
+from unbroken.core.ranks import lost_status
 from unbroken.core.standby import refill
 from unbroken.events import Event
 from unbroken.procwait import ExitWaiter
@@ -430,7 +431,7 @@ class Attempt:
                 continue
             if rc is None or u in self.handled:
                 continue
-            lost = rc < 0 or rc in (ExitCode.JOIN_FAILED, ExitCode.GROUP_FENCED)
+            lost = lost_status(rc)
             if lost and self.stop_posted is None:
                 # killed by a signal, a spare whose admission broke, or a group of ranks that
                 # fenced itself (a silent rank); the error its other ranks may have posted

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from datetime import timedelta
 
 from unbroken.protocol import assign_key, drill_key, rank_proc
@@ -83,6 +84,10 @@ class StackedCluster(LocalCluster):
             self.store = dist.TCPStore("127.0.0.1", store_port, is_master=False,
                                        wait_for_workers=False, timeout=timedelta(seconds=10))
         self.port = self.store.port
+        # _lost_notice's client, opened before any worker runs (a connection opened while the
+        # box trains can stall torch's TCPStore, ``runtime.ftcomm_heartbeat``)
+        self._notice_store = self.store.clone() if cfg.ranks_per_group > 1 else None
+        self._notice_lock = threading.Lock()
         self._common = ["--port", str(self.port), "--config", cfg.to_json(),
                         "--journal", journal_dir, "--heartbeat", str(heartbeat),
                         "--staleness", str(staleness), "--pg-timeout", str(pg_timeout),
@@ -146,10 +151,20 @@ class StackedCluster(LocalCluster):
             self._start(key, "unbroken.runtime.stacked_worker:worker_main", argv)
             procs.append(self.procs.pop(key) if ranks > 1 else self.procs[uid])
         if ranks > 1:
-            self.procs[uid] = RankGroup(procs)
+            self.procs[uid] = RankGroup(procs, on_lost=lambda: self._lost_notice(uid))
         self.uids.append(uid)
         if standby and uid not in self.spares:
             self.spares.append(uid)
+
+    def _lost_notice(self, uid: int) -> None:
+        """Group ``uid`` lost a rank: its death notice, posted as the loss is found, before its
+        other ranks are killed and reaped (``RankGroup``), so the survivors re-form meanwhile.
+        A client of its own: a group's status may be polled from another thread (a hung
+        member's dump-then-kill)."""
+        from unbroken.runtime.ftcomm import declare_dead
+
+        with self._notice_lock:
+            declare_dead(self._notice_store, uid)
 
     def assign(self, spare: int, slot: int, drill: list[tuple[str, int]] = ()) -> None:
         """Send a warm spare to take over layout ``slot`` (it joins at the next step boundary,

@@ -11,6 +11,12 @@ when a group has several ranks. The contract that makes it a group:
   generation. The group's status is that first failure's, whatever the fenced ranks report
   after it; among failures found together, a rank killed by a signal (the fault) before one
   that exited on its own (a rank that noticed it), then the lowest rank.
+* **The survivors hear of it before the fence ends.** ``on_lost`` (the launcher's death notice)
+  is called as soon as the group's status says it is lost, before the other ranks are killed
+  and reaped: tearing down a torch process took ~10 ms here, and the survivors' re-form waited
+  for the notice (R = 2 kill -> commit, ``bench/rank_groups.py``). A rank killed after the
+  notice cannot step with the survivors: they re-form without its group, and its own ranks'
+  collectives need the rank that died.
 * **Done means every rank done.** Status 0 once every rank exited 0; None while any runs.
 * ``kill`` / ``send_signal`` go to every rank (a SIGSTOPped rank is killed too).
 
@@ -23,20 +29,22 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
-from unbroken.core.ranks import group_status
+from unbroken.core.ranks import group_status, lost_status
 
 __all__ = ["RankGroup"]
 
 
 class RankGroup:
-    """``procs``: the group's rank processes, rank order (each with the ``Popen`` surface)."""
+    """``procs``: the group's rank processes, rank order (each with the ``Popen`` surface);
+    ``on_lost()``: called once, before the fence, when the group's status is its loss."""
 
-    def __init__(self, procs: Sequence[Any]) -> None:
+    def __init__(self, procs: Sequence[Any], on_lost: Callable[[], None] | None = None) -> None:
         if not procs:
             raise ValueError("a group needs at least one rank")
         self.procs = list(procs)
+        self.on_lost = on_lost
         self.returncode: int | None = None
         self.fenced_at: float | None = None  # wall time the other ranks were killed
         self.failed_rank: int | None = None
@@ -63,6 +71,11 @@ class RankGroup:
         status = group_status([p.poll() for p in self.procs])
         if status is not None and status[1] != 0:
             self.failed_rank = status[0]
+            if self.on_lost is not None and lost_status(status[1]):
+                try:
+                    self.on_lost()
+                except Exception:  # no store: the launcher's own notice, or the heartbeats
+                    pass
             self._fence()
         if status is not None:
             self.returncode = status[1]
