@@ -7,15 +7,17 @@ mlp`` as real processes:
 * ``loss``: at each of ``--groups`` (default 4 and 16), an active supervisor and a standby
   (``--standby``, same flags, ``--lease-ttl``); the active one is SIGKILLed once step
   ``--kill-at`` is committed; ``kill_to_commit_s`` is the time from the kill to the first
-  commit of the job continued by the standby (after its restore), median / min / max over
-  ``--repeats``; with ``exactly_once`` and the step the standby resumed from.
+  commit under the standby (after it adopted the members, or after their restore when it
+  restarted them), median / min / max over ``--repeats``; ``pause_s`` the gap between the
+  last commit before and the first after; with ``how`` (adopted / restarted),
+  ``exactly_once`` and the step the job went on from.
 * ``overhead``: the same failure-free job (4 groups, ``--steps``) with the embedded TCPStore
   and with etcd, alternated ``--repeats`` times; the report's median step time ``step_s`` of
   each, their medians and ``ratio`` = etcd / tcp. Nothing per step is written to etcd; the
   etcd revisions the etcd runs added are reported (``etcd_writes_per_run``).
 
 Usage: ``.venv/bin/python bench/coordinator_loss.py [--repeats 3] [--groups 4,16]
-[--steps 300] [--kill-at 40] [--lease-ttl 2] [--out docs/bench/coordinator_loss.json]``.
+[--steps 600] [--kill-at 40] [--lease-ttl 2] [--out docs/bench/coordinator_loss.json]``.
 """
 
 from __future__ import annotations
@@ -85,11 +87,17 @@ def loss(cluster: EtcdCluster, groups: int, steps: int, kill_at: int, ttl: int, 
         for p in (active, standby):
             if p is not None and p.poll() is None:
                 p.kill()
+    # adopted (no restart): every member journals "adopted" at the go; a restart: "restore"
+    adopted = [e for e in _events(out, "adopted") if e["t"] > t_kill]
     restores = [e for e in _events(out, "restore") if e["t"] > t_kill]
-    t_restore = min(e["t"] for e in restores)
-    first = min(e["t"] for e in _events(out, "commit") if e["t"] > t_restore)
-    return {"rc": rc, "kill_to_commit_s": first - t_kill, "kill_to_restore_s": t_restore - t_kill,
-            "resumed_from": restores[0].get("step"), "exactly_once": rep.get("exactly_once")}
+    t_go = max(e["t"] for e in adopted) if adopted else min(e["t"] for e in restores)
+    commits = _events(out, "commit")
+    first = min(e["t"] for e in commits if e["t"] > t_go)
+    last = max(e["t"] for e in commits if e["t"] < t_go)
+    return {"rc": rc, "how": "adopted" if adopted and not restores else "restarted",
+            "kill_to_commit_s": first - t_kill, "pause_s": first - last,
+            "resumed_at": (adopted or restores)[0].get("step"),
+            "exactly_once": rep.get("exactly_once")}
 
 
 def step_time(cluster: EtcdCluster | None, steps: int, out: Path, job: str) -> dict:
@@ -114,7 +122,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--groups", default="4,16")
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--kill-at", type=int, default=40)
     ap.add_argument("--lease-ttl", type=int, default=2)
     ap.add_argument("--out", default=None, help="also write the JSON object here")
@@ -131,6 +139,7 @@ def main() -> None:
                 print(f"groups {g} run {r}: {runs[-1]}", file=sys.stderr)
             res["loss"][str(g)] = {"kill_to_commit_s": _summary([x["kill_to_commit_s"]
                                                                 for x in runs]),
+                                   "pause_s": _summary([x["pause_s"] for x in runs]),
                                    "runs": runs}
         tcp, etc = [], []
         for r in range(a.repeats):

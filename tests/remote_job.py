@@ -128,7 +128,8 @@ def check_exact(job: RemoteJob) -> None:
     """The run ended well, every sample exactly once, parameters equal the failure-free run."""
     res, spec = job.result, job.spec
     assert res.ok, res.message
-    assert res.report["steps"] == spec.steps and res.report["exactly_once"] is True
+    assert res.report["steps"] == spec.steps and res.report["exactly_once"] is True, \
+        {k: res.report.get(k) for k in ("steps", "ledger", "ledger_error", "orphan_commits")}
     ref = reference_run(train_config(spec, spec.sdc_interval(check(spec))))
     diff = max((torch.tensor(p, dtype=torch.float64) - ref).abs().max().item()
                for p in res.params.values())

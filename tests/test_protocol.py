@@ -35,7 +35,12 @@ def test_key_functions_give_the_old_strings():
 def test_every_key_function_is_exported_and_covered():
     names = {n for n in p.__all__ if n.endswith("_key")}
     assert names == {n for n in dir(p) if n.endswith("_key") and callable(getattr(p, n))}
-    assert len(names) == 33
+    assert len(names) == 35
+
+
+def test_takeover_keys():
+    assert (p.COORD_EPOCH, p.ADOPTED) == ("coord/epoch", "coord/adopted")
+    assert p.reattach_key(7) == "reattach/7" and p.exit_key(7) == "exit/7"
 
 
 def test_node_agent_keys():
