@@ -73,7 +73,7 @@ class Supervisor:
         self.signal_received: int | None = None
         self._adopting = False  # a standby taking a running job over (supervise.adopt)
         self._checked = None  # (faults, cfg) once checked
-        self.adopt_timeout = 15.0  # how long it waits for a member to re-attach
+        self.adopt_timeout = 45.0  # how long it waits for a member to re-attach (16 groups: 18 s)
 
     # ------------------------------------------------------------------ public
     def check(self):
