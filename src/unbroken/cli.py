@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     from unbroken.supervise.outcome import RunError
 
     a = build_parser().parse_args(argv)
+    a.argv = sys.argv[1:] if argv is None else None  # a command line may re-execute itself
     face = _commands()[a.command][0]
     try:
         data = face.run(a)

@@ -127,6 +127,7 @@ def test_sigkilled_supervisor_the_standby_finishes_the_job_exactly_once(cli, clu
           f"(lease ttl 2 s)")
     assert rep["exactly_once"] is True and rep["ledger"]["missing"] == 0
     assert rep["ledger"]["duplicated"] == 0
+    assert rep["steps"] == steps  # the report covers the whole job, not the standby's part
     assert rep["final_loss"] == pytest.approx(ref["final_loss"], abs=1e-6)
     st = EtcdJobState(Etcd(cluster.endpoints), "ha", "reader").read()
     assert st["status"] == "done" and "leader" not in st
@@ -151,3 +152,64 @@ def test_one_etcd_member_killed_mid_run_training_goes_on(cluster, tmp_path):
     assert rep["exactly_once"] is True and rep["steps"] == steps
     st = EtcdJobState(Etcd(cluster.endpoints), "member", "reader").read()
     assert st["status"] == "done" and st["ledger_head"] >= 50, (st, err[-3000:])
+
+
+@pytest.mark.timeout(240)
+def test_two_etcd_members_lost_the_job_pauses_then_resumes_when_one_returns(cli, cluster,
+                                                                           tmp_path):
+    """Without a quorum the supervisor cannot renew its lease: once it runs out, it must not
+    act, so it becomes a standby of its own job (the same process, re-executed), its store
+    goes and every member stops after one committed step. Nothing commits while etcd has no
+    quorum; when a member returns, the lease is taken again and the paused members are
+    adopted where they stopped: no restore, exactly once, the failure-free trajectory."""
+    steps = 2000  # ~5 ms a step: still training when the lease (2 s) runs out
+    job = (*RUN, "--steps", str(steps), "--ckpt-every", "100", "--seed", "5")
+    ref = cli(*job, "--out", str(tmp_path / "ref"), "--json", timeout=200)
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    ref = json.loads(ref.stdout)
+
+    out = tmp_path / "run"
+    run = _start(*job, "--out", str(out), "--store", cluster.url, "--job", "quorum",
+                 "--lease-ttl", "2", "--json")
+    try:
+        _wait(lambda: any(e["step"] >= 25 for e in _commits(out)), 120, "step 25", run)
+        cluster.kill(0)
+        cluster.kill(1)  # one of three left: no quorum, the lease cannot be renewed
+        t_lost = time.time()
+        seen = [len(_commits(out)), time.monotonic()]
+
+        def quiet() -> bool:  # no new commit for 1.5 s: the members paused
+            n = len(_commits(out))
+            if n != seen[0]:
+                seen[:] = [n, time.monotonic()]
+            return time.monotonic() - seen[1] > 1.5
+        _wait(quiet, 60, "a pause", run)
+        last = max(e["step"] for e in _commits(out))
+        assert last < steps, "the job finished before the lease ran out"
+        paused_t = time.time()
+        held = time.monotonic() + 2.0  # hold the cluster without quorum a while longer
+        _wait(lambda: time.monotonic() > held, 10, "the hold", run)
+        assert max(e["step"] for e in _commits(out)) == last  # nothing without quorum
+        cluster.restart(1, wait=False)  # a quorum again
+        t_back = time.time()
+        rc = run.wait(timeout=150)
+        err, rep = run.stderr.read(), json.loads(run.stdout.read() or "{}")
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert rc == 0, err[-3000:]
+    assert not [e for e in _events(out, "restore") if e["t"] > t_lost], err[-3000:]
+    adopted = _events(out, "adopted")
+    assert len(adopted) == 3 and {e["step"] for e in adopted} == {last + 1}, (adopted, last)
+    resumed_t = min(e["t"] for e in _commits(out) if e["step"] > last)
+    assert resumed_t > paused_t
+    print(f"no quorum {t_back - t_lost:.1f} s (the job paused at step {last}); a member back "
+          f"-> next commit {resumed_t - t_back:.2f} s (lease ttl 2 s)")
+    took = [json.loads(x) for x in (out / "journal.jsonl").read_text().splitlines()
+            if '"takeover"' in x]  # by the same process, re-executed as a standby
+    assert len(took) == 1 and took[0]["leader"].endswith(f":{run.pid}:rejoined"), took
+    assert rep["exactly_once"] is True and rep["steps"] == steps
+    assert rep["ledger"]["missing"] == 0 and rep["ledger"]["duplicated"] == 0
+    assert rep["final_loss"] == pytest.approx(ref["final_loss"], abs=1e-6)
+    st = EtcdJobState(Etcd(cluster.endpoints), "quorum", "reader").read()
+    assert st["status"] == "done" and "leader" not in st

@@ -82,6 +82,29 @@ class AdoptedProc:
         self.send_signal(signal.SIGTERM)
 
 
+def history(merged: Path, jdir: Path) -> list[dict]:
+    """The job's events from before this standby, in time order, so that its report covers
+    the whole job: the earlier supervisors' own events (``src`` ``driver`` in the merged
+    journal) and every group journal as the members left it (they are paused: nothing is
+    written meanwhile). Damaged lines -- a supervisor killed mid-write -- are skipped."""
+    def lines(path: Path):
+        try:
+            data = path.read_text(errors="replace")
+        except FileNotFoundError:
+            return
+        for line in data.splitlines():
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(ev, dict) and isinstance(ev.get("t"), (int, float)):
+                yield ev
+    evs = [e for e in lines(merged) if e.get("src") == "driver"]
+    for f in sorted(jdir.glob("group-*.jsonl")):
+        evs += [{**e, "src": f.stem} for e in lines(f)]
+    return sorted(evs, key=lambda e: e["t"])
+
+
 def known_uids(jdir: Path) -> set[int]:
     """Every uid that ever journaled in this job (members and spares)."""
     return {int(f.stem.split("-")[1]) for f in jdir.glob("group-*.jsonl")}

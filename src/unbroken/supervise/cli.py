@@ -154,6 +154,8 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                    help="with --store etcd://: a standby supervisor for the job started with "
                         "the same flags: it waits for the active one's lease to expire, then "
                         "continues the job from its newest checkpoint in --out")
+    p.add_argument("--rejoin", action="store_true", help=argparse.SUPPRESS)  # set by
+    # supervise.coordinated.stand_by_again: a supervisor that lost this job's lease
     p.add_argument("--lease-ttl", type=positive_int, default=3, metavar="S",
                    help="with --store etcd://: the supervisor's lease (s): a standby takes "
                         "over this long after the active supervisor is lost")
@@ -205,6 +207,10 @@ def cmd_run(a: argparse.Namespace) -> dict:
     sup = Supervisor(spec)
     sup.check()  # bad input (the trainer included): one line before any process starts
     sup.coordinator = _coordinator(a, spec, sup)
+    if sup.coordinator is not None and getattr(a, "argv", None) is not None:
+        from unbroken.supervise.coordinated import stand_by_again
+
+        sup.on_lease_lost = stand_by_again(a.argv)
     _node_warning(spec)
 
     def go(view, emit_line):
@@ -233,7 +239,7 @@ def _coordinator(a: argparse.Namespace, spec, sup):
     from unbroken.supervise.coordinated import job_identity, open_job
 
     return open_job(store, job, job_identity(spec), standby=a.standby, ttl=a.lease_ttl,
-                    line=sup._line)
+                    line=sup._line, rejoin=a.rejoin)
 
 
 def cmd_demo(a: argparse.Namespace) -> dict:

@@ -11,8 +11,12 @@ whatever holds the durable state; this file is everything that changes when etcd
   durable changes the supervisor sees in the journal -- a new generation (its members and
   plan) and the committed-step watermark at each durable checkpoint -- in leader-guarded
   transactions (``coord.jobstate``). Per-step commits are never written to etcd: the filter
-  is one dict lookup per event. A lost lease (expired, deposed) sets :attr:`lost`; the
-  supervisor then stops its job with a checkpoint (it must not act any more).
+  is one dict lookup per event. A lost lease (expired, deposed) sets :attr:`lost`; from then
+  on the supervisor must not act. Run from the command line it becomes a standby of its own
+  job (:func:`stand_by_again`: it re-executes itself with ``--standby --rejoin``), so its
+  store goes, the members pause at one committed step and wait, and whoever holds the lease
+  next -- this process once etcd has a quorum again, or another standby -- adopts them. As a
+  library (no re-exec possible) it stops its job with a checkpoint instead.
 * A standby (``--standby``) calls :meth:`JobCoordinator.stand_by`: it waits until the active
   supervisor's lease expires (``core.coordination.takeover``) and takes it. Each attempt's
   store is named in etcd (:meth:`JobCoordinator.publish_store`); the members (started with
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import threading
 import time
 from typing import Callable
@@ -44,7 +49,7 @@ from unbroken.core.coordination import StoreURL
 from unbroken.events import Event
 from unbroken.protocol import COORD_EPOCH
 
-__all__ = ["JobCoordinator", "open_job", "job_identity"]
+__all__ = ["JobCoordinator", "open_job", "job_identity", "stand_by_again"]
 
 
 def job_identity(spec) -> dict:
@@ -176,13 +181,34 @@ class JobCoordinator:
             self.line(f"etcd: the lease is left to expire: {e}")
 
 
+def stand_by_again(argv: list[str]) -> Callable[[], None]:
+    """What a command-line supervisor does when it loses its lease: become a standby of its
+    own job, in the same process (pid, parent, terminal and ``--out`` stay), by executing
+    ``unbroken`` again with ``argv`` plus ``--standby --rejoin``. The exec closes the old
+    store (its sockets are close-on-exec), so every member stops after the same committed
+    step and waits for a store in etcd (``runtime.reattach``); nothing of the deposed
+    supervisor's memory can act on the job afterwards."""
+    extra = [f for f in ("--standby", "--rejoin") if f not in argv]
+
+    def go() -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(sys.executable, [sys.executable, "-m", "unbroken", *argv, *extra])
+    return go
+
+
 def open_job(store: StoreURL, job: str, identity: dict, *, standby: bool, ttl: int,
-             line: Callable[[str], None]) -> JobCoordinator:
+             line: Callable[[str], None], rejoin: bool = False) -> JobCoordinator:
     """Connect, claim the job's prefix and (active) take the lease; ``UsageError`` (one line,
     nothing started) when the cluster does not answer, the prefix is another job's, or another
-    supervisor leads this one."""
+    supervisor leads this one. ``rejoin``: a supervisor that lost the lease of this very job
+    (:func:`stand_by_again`) stands by without these checks -- etcd may have no quorum now,
+    and the wait for the lease tolerates that."""
     url = "etcd://" + ",".join(store.endpoints)
     etcd = Etcd(list(store.endpoints), timeout=1.0)
+    if rejoin and standby:
+        me = f"{socket.gethostname()}:{os.getpid()}:rejoined"
+        return JobCoordinator(store, EtcdJobState(etcd, job, me), ttl, line)
     try:
         etcd.status()
     except EtcdError as e:

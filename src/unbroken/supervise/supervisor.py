@@ -47,7 +47,7 @@ from unbroken.core.faults import Fault, format_faults
 from unbroken.events import Event
 from unbroken.fsio import copy_atomic, sha256_file
 from unbroken.protocol import ADOPTED, ExitCode
-from unbroken.supervise.adopt import collect, known_uids
+from unbroken.supervise.adopt import collect, history, known_uids
 from unbroken.supervise.attempt import Attempt
 from unbroken.supervise.heartbeat import SupervisorHeartbeat
 from unbroken.supervise.launch import make_cluster
@@ -73,6 +73,9 @@ class Supervisor:
         self.signal_received: int | None = None
         self._adopting = False  # a standby taking a running job over (supervise.adopt)
         self._checked = None  # (faults, cfg) once checked
+        # a lost lease: None stops the job with a checkpoint; the command line sets
+        # supervise.coordinated.stand_by_again (this process becomes a standby of the job)
+        self.on_lease_lost: Callable[[], None] | None = None
         self.adopt_timeout = 45.0  # how long it waits for a member to re-attach (16 groups: 18 s)
 
     # ------------------------------------------------------------------ public
@@ -169,6 +172,12 @@ class Supervisor:
         if co is not None:
             co.on_event(ev)  # durable changes only: no etcd write per step
             if co.lost and self.signal_received is None:  # deposed: stop acting, keep state
+                if self.on_lease_lost is not None:
+                    self._line("the etcd lease is lost: standing by; the members pause after "
+                               "one committed step until a supervisor holds the lease")
+                    if getattr(self, "_merged", None) is not None:
+                        self._merged.flush()
+                    self.on_lease_lost()  # does not return
                 self._line("the etcd lease is lost: stopping the job with a checkpoint")
                 self.signal_received = signal.SIGTERM
         ev.setdefault("t", time.time())
@@ -317,6 +326,8 @@ class Supervisor:
                        "attempt": 1, "backoff_s": 0.0})
             return None
         c.adopt(adopted.members, {u: int(r["pid"]) for u, r in reports.items()})
+        self.events[:] = sorted(history(Path(self.spec.out) / "journal.jsonl", jdir)
+                                + self.events, key=lambda e: e.get("t", 0.0))
         stopped = [r["stopped_t"] for r in reports.values() if "stopped_t" in r]
         self.emit({"event": Event.TAKEOVER, "leader": self.coordinator.state.me,
                    "step": adopted.step, "gen": adopted.gen, "members": list(adopted.members),
@@ -332,6 +343,9 @@ class Supervisor:
         spec = self.spec
         journals = {int(f.stem.split("-")[1]): read_journal(f)
                     for f in sorted(jdir.glob("group-*.jsonl"))}
+        # the job's start: an adopting standby's report covers its predecessors' part too
+        t_start = min([t_start, *(e["t"] for e in self.events if e.get("event") == Event.START
+                                  and isinstance(e.get("t"), (int, float)))])
         wall = time.time() - t_start
         steps = spec.steps if ended is None else None
         orphans: list[tuple[int, int]] = []
