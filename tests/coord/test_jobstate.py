@@ -66,7 +66,9 @@ def test_a_partitioned_worker_never_commits_into_a_newer_generation(cluster):
     cluster.kill(2)
     with pytest.raises(EtcdUnavailable):
         worker.commit(g1, 10)
-    g2 = sup.advance_generation([0, 1], {"stack": 2})  # the survivors re-form without it
+    # the survivors re-form without it (killing m2 may have started an election: retried)
+    g2 = retry_until(lambda: sup.advance_generation([0, 1], {"stack": 2}),
+                     time.monotonic() + 10)
     assert sup.commit(g2, 10)[0]
     cluster.restart(2)  # the partition heals; the worker still believes in g1
     ok, why = retry_until(lambda: worker.commit(g1, 11), time.monotonic() + 10)

@@ -258,6 +258,8 @@ class Heartbeat:
             except OSError:
                 return
             parts = data.split()
+            if self._stop.is_set():
+                return
             if len(parts) == 2 and parts[0] == b"abort" and parts[1].isdigit():
                 self._owner._peer_aborted(int(parts[1]), " (doorbell)")
 
@@ -300,7 +302,12 @@ class Heartbeat:
 
     # ------------------------------------------------------------------ the thread
     def _monitor(self) -> None:
-        """Heartbeat thread: beat, watch peers, raise and relay the abort flag."""
+        """Heartbeat thread: beat, watch peers, raise and relay the abort flag.
+
+        A closed heartbeat judges nothing: its owner may have moved onto another store
+        (``FTComm.reattach``) while a call on the old one was still blocked -- torch's client
+        formats its socket's address with a reverse DNS lookup on an error, which took 5 s
+        here -- and the late failure must not tell the re-attached owner its store is gone."""
         st = self._store
         me = self.uid
         owner = self._owner
@@ -345,6 +352,8 @@ class Heartbeat:
                 dead: set[int] = set()
                 if epoch != self._dead_epoch:
                     dead = {m for m in members if st.add(dead_key(m), 0) > 0}
+                if self._stop.is_set():  # closed while its store call blocked: see below
+                    return
                 now = time.monotonic()
                 # the previous read, for the supervisor's starved-observer rule; peers need no
                 # such rule: the beat clock only moves as far as they beat
@@ -374,6 +383,8 @@ class Heartbeat:
                     owner._peer_aborted(gen)  # a peer broke the generation: wake our op
                 errors = 0
             except Exception:  # store hiccup: keep beating; repeated failures show in the count
+                if self._stop.is_set():  # closed meanwhile: judges nothing (see below)
+                    return
                 self.errors += 1
                 errors += 1
                 if errors >= 3:  # three periods without the coordinator: it is gone

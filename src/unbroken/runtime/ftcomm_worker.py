@@ -161,11 +161,10 @@ class LocalCluster:
                  heartbeat: float = 0.1, staleness: float = 1.0,
                  pg_timeout: float = 30.0, init_timeout: float = 5.0,
                  die_in_reform: tuple[int, ...] = ()) -> None:
-        import torch.distributed as dist
+        from unbroken.runtime.store_host import serve_store
 
         self.uids = list(range(n))
-        self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                                   timeout=timedelta(seconds=60))
+        self.store = serve_store()
         self.port = self.store.port
         self._init_procs()
         members = ",".join(map(str, self.uids))

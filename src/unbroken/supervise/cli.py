@@ -204,6 +204,9 @@ def cmd_run(a: argparse.Namespace) -> dict:
     spec = JobSpec(trainer=a.trainer, trainer_args=args, shard_size=a.shard_size,
                    fresh=a.fresh, ranks_per_group=a.ranks_per_group, shard=a.shard,
                    max_procs=a.max_procs, device=a.device, **_job_kwargs(a))
+    from unbroken import spawn
+
+    spawn.quick_resolver()  # before its first store connection (spawn.RESOLVER_OPTIONS)
     sup = Supervisor(spec)
     sup.check()  # bad input (the trainer included): one line before any process starts
     sup.coordinator = _coordinator(a, spec, sup)

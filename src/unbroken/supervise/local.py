@@ -78,8 +78,9 @@ class StackedCluster(LocalCluster):
                 raise RuntimeError(f"the store host did not start (rc {self.store_host.poll()}):"
                                    f" {self.stderr('store')[-500:]}") from None
         if store_port is None:  # host the store here: the launcher is the coordinator
-            self.store = dist.TCPStore("127.0.0.1", 0, is_master=True,
-                                       wait_for_workers=False, timeout=timedelta(seconds=60))
+            from unbroken.runtime.store_host import serve_store
+
+            self.store = serve_store()
         else:  # a store hosted elsewhere (a test kills it to play a dead coordinator)
             self.store = dist.TCPStore("127.0.0.1", store_port, is_master=False,
                                        wait_for_workers=False, timeout=timedelta(seconds=10))

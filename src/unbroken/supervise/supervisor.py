@@ -273,17 +273,19 @@ class Supervisor:
                              extra_argv=co.worker_argv() if co is not None else (),
                              adopt_from=max([spec.groups - 1, *known_uids(jdir)]) + 1
                              if adopting else None)
+            # ten beats per window the members judge it by: faster is store traffic that
+            # tells them nothing more. Beating from the store's start: members re-attaching
+            # to it judge this supervisor from then on, while the others still come
+            beat = SupervisorHeartbeat(c.store, max(spec.ft.heartbeat,
+                                           spec.ft.supervisor_staleness / 10))
             if co is not None:
                 co.publish_store(c.store, c.port)
             adopted = self._adopt(c, jdir) if adopting else None
             if adopting and adopted is None:  # restart from the checkpoint it left instead
+                beat.stop()
                 c.close()
                 attempt = 1
                 continue
-            # ten beats per window the members judge it by: faster is store traffic that
-            # tells them nothing more
-            beat = SupervisorHeartbeat(c.store, max(spec.ft.heartbeat,
-                                           spec.ft.supervisor_staleness / 10))
             guard.new_attempt()
             try:
                 run = Attempt(spec, self.emit, lambda: self.signal_received, c, fired, guard,
