@@ -85,17 +85,20 @@ def _start(*args: str) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True)
 
 
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("groups", [3, 8])  # 16 in bench/coordinator_loss.py
 def test_sigkilled_supervisor_the_standby_finishes_the_job_exactly_once(cli, cluster,
-                                                                        tmp_path):
-    steps = 600  # ~5 ms a step: the members must still be training when they find out
-    job = (*RUN, "--steps", str(steps), "--ckpt-every", "50", "--seed", "3")
+                                                                        tmp_path, groups):
+    steps = 600  # 5-15 ms a step: the members must still be training when they find out
+    job = (*RUN, "--steps", str(steps), "--ckpt-every", "50", "--seed", "3",
+           "--groups", str(groups))
     ref = cli(*job, "--out", str(tmp_path / "ref"), "--json", timeout=150)
     assert ref.returncode == 0, ref.stderr[-2000:]
     ref = json.loads(ref.stdout)
 
     out = tmp_path / "run"
-    ha = (*job, "--out", str(out), "--store", cluster.url, "--job", "ha", "--lease-ttl", "2",
+    ha = (*job, "--out", str(out), "--store", cluster.url, "--job", f"ha{groups}",
+          "--lease-ttl", "2",
           "--json")
     active = _start(*ha)
     standby = None
@@ -120,16 +123,16 @@ def test_sigkilled_supervisor_the_standby_finishes_the_job_exactly_once(cli, clu
     # store gone (a few heartbeat periods), then wait for the standby.
     assert not [e for e in _events(out, "restore") if e["t"] > t_kill], err[-3000:]
     adopted = _events(out, "adopted")
-    assert len(adopted) == 3 and len({e["step"] for e in adopted}) == 1, adopted
+    assert len(adopted) == groups and len({e["step"] for e in adopted}) == 1, adopted
     t_go = max(e["t"] for e in adopted)
     took_s = min(e["t"] for e in _commits(out) if e["t"] > t_go) - t_kill
-    print(f"supervisor SIGKILL -> next commit under the standby: {took_s:.2f} s "
-          f"(lease ttl 2 s)")
+    print(f"{groups} groups: supervisor SIGKILL -> next commit under the standby: "
+          f"{took_s:.2f} s (lease ttl 2 s)")
     assert rep["exactly_once"] is True and rep["ledger"]["missing"] == 0
     assert rep["ledger"]["duplicated"] == 0
     assert rep["steps"] == steps  # the report covers the whole job, not the standby's part
     assert rep["final_loss"] == pytest.approx(ref["final_loss"], abs=1e-6)
-    st = EtcdJobState(Etcd(cluster.endpoints), "ha", "reader").read()
+    st = EtcdJobState(Etcd(cluster.endpoints), f"ha{groups}", "reader").read()
     assert st["status"] == "done" and "leader" not in st
     assert took_s < 15, took_s  # about 3.3 s on a quiet machine (bench/coordinator_loss.py)
 
