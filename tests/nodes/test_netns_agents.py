@@ -34,6 +34,12 @@ def netns():
         ns.close()
 
 
+#: ~2.5 ms a step once node 1 is gone: the survivors must still be training when the 1 s node
+#: judgement comes (at 400 steps they sometimes finished first, and the exit of node 1's second
+#: group was then accounted after the run's last step, not to the re-plan that masked it)
+STEPS = 1500
+
+
 @pytest.mark.timeout(300)
 def test_a_node_in_its_own_network_stack_cut_off_by_its_link(tmp_path, netns):
     """Two nodes, four groups (r = 2: placement keeps each shard type on both nodes), no
@@ -41,7 +47,7 @@ def test_a_node_in_its_own_network_stack_cut_off_by_its_link(tmp_path, netns):
     its two groups are masked by the two on node 0, and the run completes exactly once. The
     cut-off agent, unable to reach the coordinator, leaves by itself (coordinator lost)."""
     job = RemoteJob(tmp_path, 2, addr=netns.host_addr, prefixes=[[], netns.prefix()],
-                    groups=4, steps=400, ft=FTConfig(spares=0, node_staleness=1.0))
+                    groups=4, steps=STEPS, ft=FTConfig(spares=0, node_staleness=1.0))
     try:
         # both nodes ran groups: the address each worker advertised reached the others
         job.wait_for(lambda e: e["event"] == Event.COMMIT and e["step"] >= 4)
@@ -58,7 +64,7 @@ def test_a_node_in_its_own_network_stack_cut_off_by_its_link(tmp_path, netns):
     # coordinator the node within 1 s, and on a quiet machine the survivors finished first.)
     commits = [e for e in events if e["event"] == Event.COMMIT]
     last1 = max(e["step"] for e in commits if e["src"] in ("group-1", "group-3"))
-    assert last1 < 399
+    assert last1 < STEPS - 1
     assert {e["src"] for e in commits if e["step"] > last1} == {"group-0", "group-2"}
     check_exact(job)
     # when the cut fell inside an all-reduce that completed on node 1 only (CI saw it), node
