@@ -67,4 +67,6 @@ def test_persistent_straggler_is_3x_slower_and_changes_nothing_but_time(tmp_path
             # for a ring they agree, up to the journal line written between two samples
             assert 0 < e["rx_bytes"] <= e["tx_bytes"] < e["rx_bytes"] + 10_000, e
     cpu = {u: statistics.median(e["cpu"] for e in events(slow[u], "commit")) for u in slow}
-    assert cpu[1] < 0.6 * min(cpu[u] for u in (0, 2, 3)), cpu
+    # against the others' median: on 2 cores one of them may itself be starved to ~0.5 (CI
+    # saw {0: 0.64, 2: 0.85, 3: 0.50} beside the straggler's 0.33)
+    assert cpu[1] < 0.6 * statistics.median(cpu[u] for u in (0, 2, 3)), cpu
