@@ -6,7 +6,8 @@ mlp`` as real processes:
 
 * ``loss``: at each of ``--groups`` (default 4 and 16), an active supervisor and a standby
   (``--standby``, same flags, ``--lease-ttl``); the active one is SIGKILLed once step
-  ``--kill-at`` is committed; ``kill_to_commit_s`` is the time from the kill to the first
+  ``--kill-at`` is committed and the standby says it stands by (warm: a standby of a long job
+  is); ``kill_to_commit_s`` is the time from the kill to the first
   commit under the standby (after it adopted the members, or after their restore when it
   restarted them), median / min / max over ``--repeats``; ``pause_s`` the gap between the
   last commit before and the first after; with ``how`` (adopted / restarted),
@@ -17,7 +18,7 @@ mlp`` as real processes:
   etcd revisions the etcd runs added are reported (``etcd_writes_per_run``).
 
 Usage: ``.venv/bin/python bench/coordinator_loss.py [--repeats 3] [--groups 4,16]
-[--steps 600] [--kill-at 40] [--lease-ttl 2] [--out docs/bench/coordinator_loss.json]``.
+[--steps 1500] [--kill-at 40] [--lease-ttl 2] [--out docs/bench/coordinator_loss.json]``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import time
 from pathlib import Path
 
 from unbroken.coord.etcd import Etcd
+from unbroken.core.coordination import job_prefix
 from unbroken.testing.etcd_cluster import EtcdCluster
 
 JOB = ["run", "--trainer", "mlp", "--faults", "none", "--spares", "0", "--json"]
@@ -49,6 +51,23 @@ def _events(out: Path, kind: str) -> list[dict]:
             if e.get("event") == kind:
                 evs.append(e)
     return evs
+
+
+def _journal(out: Path) -> list[dict]:
+    evs = []
+    for line in (out / "journal.jsonl").read_text(errors="replace").splitlines():
+        try:
+            evs.append(json.loads(line))
+        except ValueError:
+            continue  # the killed supervisor's last line
+    return evs
+
+
+def _standing_by(cluster: EtcdCluster, job: str) -> bool:
+    """The standby announced itself in etcd (``standbys/<name>``): it does so warm (checked,
+    its fork server's imports done), as a standby of a long job is. Killing the active one
+    earlier timed the standby's torch import, not the takeover."""
+    return bool(Etcd(cluster.endpoints).get_prefix(job_prefix(job) + "standbys/"))
 
 
 def _start(*args: str) -> subprocess.Popen:
@@ -77,6 +96,7 @@ def loss(cluster: EtcdCluster, groups: int, steps: int, kill_at: int, ttl: int, 
     try:
         _poll(lambda: bool(_events(out, "commit")), active, 300)
         standby = _start(*args, "--standby")
+        _poll(lambda: _standing_by(cluster, job), active, 300)
         _poll(lambda: max(e["step"] for e in _events(out, "commit")) >= kill_at, active, 300)
         active.send_signal(signal.SIGKILL)
         t_kill = time.time()
@@ -94,8 +114,15 @@ def loss(cluster: EtcdCluster, groups: int, steps: int, kill_at: int, ttl: int, 
     commits = _events(out, "commit")
     first = min(e["t"] for e in commits if e["t"] > t_go)
     last = max(e["t"] for e in commits if e["t"] < t_go)
+    tk = [e for e in _journal(out) if e.get("event") == "takeover"]
+    split = {}
+    if tk and tk[0].get("lease_t"):  # where the time went: lease wait, set-up, reports, go
+        t_lease, t_dec = tk[0]["lease_t"], tk[0]["t"]
+        split = {"lease_s": t_lease - t_kill, "setup_s": t_dec - tk[0]["adopted_s"] - t_lease,
+                 "reports_s": tk[0]["adopted_s"], "go_s": t_go - t_dec,
+                 "first_step_s": first - t_go}
     return {"rc": rc, "how": "adopted" if adopted and not restores else "restarted",
-            "kill_to_commit_s": first - t_kill, "pause_s": first - last,
+            "kill_to_commit_s": first - t_kill, "pause_s": first - last, "split": split,
             "resumed_at": (adopted or restores)[0].get("step"),
             "exactly_once": rep.get("exactly_once")}
 
@@ -122,7 +149,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--groups", default="4,16")
-    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--kill-at", type=int, default=40)
     ap.add_argument("--lease-ttl", type=int, default=2)
     ap.add_argument("--out", default=None, help="also write the JSON object here")

@@ -51,7 +51,7 @@ import sys
 import threading
 from typing import Any, Sequence
 
-__all__ = ["PRELOAD", "Worker", "start", "warm", "pdeathsig", "tell", "fork_server",
+__all__ = ["PRELOAD", "Worker", "start", "warm", "wait_warm", "pdeathsig", "tell", "fork_server",
            "quick_resolver"]
 
 #: what the server imports once (torch dominates; the rest is the workers' import graph)
@@ -63,6 +63,7 @@ PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "unbroken.runtime.stac
 
 _LEN = struct.Struct("!I")
 _STATUS = struct.Struct("!i")
+_READY = b"W"  # the server's first byte: its PRELOAD is imported
 _channel_fd: int | None = None  # in a worker started with ``channel=True``: its end of the pipe
 
 
@@ -170,13 +171,22 @@ class _Server:
         theirs.close()
         self.sock = mine
         self.lock = threading.Lock()
+        self.warm = False  # its PRELOAD imported (the _READY byte read)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def wait_warm(self, timeout: float | None) -> bool:
+        """Block (up to ``timeout`` s; the caller holds ``lock``) until the server has
+        imported :data:`PRELOAD`: True, False on a timeout or a dead server."""
+        if not self.warm and select.select([self.sock], [], [], timeout)[0]:
+            self.warm = _recv_exact(self.sock, len(_READY)) == _READY
+        return self.warm
+
     def start(self, request: dict, fds: list[int]) -> int:
         payload = pickle.dumps(request)
         with self.lock:
+            self.wait_warm(None)
             socket.send_fds(self.sock, [_LEN.pack(len(payload)) + payload], fds)
             reply = _recv_exact(self.sock, _STATUS.size)
         if len(reply) != _STATUS.size:
@@ -201,6 +211,7 @@ class _ForkedServer(_Server):
                 os._exit(0)
         theirs.close()
         self.pid, self.sock, self.lock = pid, mine, threading.Lock()
+        self.warm = False
         self.code: int | None = None
 
     def alive(self) -> bool:
@@ -221,6 +232,17 @@ def fork_server() -> None:
     with _server_lock:
         if _server is None:
             _server = _ForkedServer()
+
+
+def wait_warm(timeout: float) -> bool:
+    """Start this process's fork server if it is not, and wait up to ``timeout`` s for its
+    imports: True once a :func:`start` costs a fork, not an import. A standby supervisor
+    waits for this before it says it stands by: a takeover must not pay the import."""
+    warm()
+    with _server_lock:
+        server = _server
+    with server.lock:
+        return server.wait_warm(timeout)
 
 
 def warm() -> None:
@@ -302,6 +324,10 @@ def _serve(fd: int) -> None:
         pass
     for mod in PRELOAD:
         importlib.import_module(mod)
+    try:
+        sock.sendall(_READY)  # warm: the launcher may say so (wait_warm)
+    except OSError:  # the launcher is gone (a bad flag ended it while this imported)
+        os._exit(0)
     status_of: dict[int, int] = {}  # pid -> the write end of its status pipe
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)

@@ -98,3 +98,26 @@ def test_one_member_lost_goes_on_two_lost_pause_then_resume(cluster):
     assert not sup.commit(g, 2)[0]  # nothing twice
     assert sup.generation() == g and sup.acting()[0]
     sup.release()
+
+
+def test_a_watch_wakes_at_the_change_and_at_the_lease_expiry(cluster):
+    """``Etcd.watch`` (what a member re-attaching and a standby block on instead of polling):
+    nothing changes -> None after its timeout; a put by another client -> that PUT at once;
+    a lease that runs out -> the DELETE of its key, within the TTL."""
+    e, other = Etcd(cluster.endpoints), Etcd(cluster.endpoints[::-1])
+    kv, rev = e.get_at("w/addr")
+    assert kv is None and rev > 0
+    t0 = time.monotonic()
+    assert e.watch("w/addr", rev + 1, 0.4) is None
+    assert 0.35 <= time.monotonic() - t0 < 2.0
+    other.put("w/addr", "epoch-2")  # before the watch starts: its revision is after `rev`
+    got = e.watch("w/addr", rev + 1, 5.0)
+    assert [(g["type"], g["kv"].value) for g in got] == [("PUT", "epoch-2")]
+    lease = other.grant(2)
+    other.put("w/leader", "sup-a", lease)
+    kv, rev = e.get_at("w/leader")
+    assert kv.value == "sup-a"
+    t0 = time.monotonic()
+    got = e.watch("w/leader", rev + 1, 10.0)
+    assert got is not None and got[0]["type"] == "DELETE", got
+    assert time.monotonic() - t0 < 3.5  # the TTL (etcd's expiry checks add < 1 s)

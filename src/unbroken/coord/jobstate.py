@@ -15,6 +15,8 @@ Layout, one job per prefix ``/unbroken/<job>/`` (``core.coordination.job_prefix`
 ``committed``   the committed-step watermark (``generation:step``), at checkpoint and
                 generation boundaries only: nothing on the per-step hot path writes here
 ``spares``, ``exclusions``, ``ledger_head``, ``store_addr``  (JSON / text) as named
+``standbys/*``  each waiting standby (its name: pid, host, since), under a lease of its own:
+                an operator sees which warm standbys the job has; a dead one's key expires
 ==============  ===========================================================================
 
 Failure semantics: every supervisor write (:meth:`EtcdJobState.write`,
@@ -61,6 +63,7 @@ class EtcdJobState:
         self.prefix = job_prefix(job)
         self.lease = 0
         self.revision = 0  # the creation revision of the leader key when this one made it
+        self.read_revision = 0  # the cluster's revision at the last read()
 
     def key(self, name: str) -> str:
         return self.prefix + name
@@ -107,6 +110,27 @@ class EtcdJobState:
         if self.lease:
             self.etcd.revoke(self.lease)
             self.lease = 0
+
+    # ------------------------------------------------------------------ standbys
+    def announce(self, info: dict, ttl: int) -> None:
+        """Say this standby waits, warm (``standbys/<me>``, gone ``ttl`` s after its last
+        :meth:`still_here`, or at :meth:`withdraw`)."""
+        self._standby = (info, ttl)
+        self._standby_lease = self.etcd.grant(ttl)
+        self.etcd.put(self.key("standbys/" + self.me), json.dumps(info), self._standby_lease)
+
+    def still_here(self) -> None:
+        if getattr(self, "_standby_lease", 0) and self.etcd.keepalive(self._standby_lease) <= 0:
+            self.announce(*self._standby)  # it lapsed (etcd was away longer than its TTL)
+
+    def withdraw(self) -> None:
+        if getattr(self, "_standby_lease", 0):
+            self.etcd.revoke(self._standby_lease)
+            self._standby_lease = 0
+
+    def standbys(self) -> dict[str, dict]:
+        pre = self.key("standbys/")
+        return {kv.key[len(pre):]: json.loads(kv.value) for kv in self.etcd.get_prefix(pre)}
 
     def _guard(self) -> list[dict]:
         if not self.revision:  # never held the lease: nothing to guard, nothing to write
@@ -174,7 +198,10 @@ class EtcdJobState:
     def read(self) -> dict:
         """Every field as stored (JSON decoded where it is JSON), one consistent range read."""
         out: dict = {}
-        for kv in self.etcd.get_prefix(self.prefix):
+        kvs, self.read_revision = self.etcd.get_prefix_at(self.prefix)
+        for kv in kvs:
+            if kv.key.startswith(self.key("standbys/")):
+                continue  # not the job's state (standbys())
             name = kv.key[len(self.prefix):]
             try:
                 out[name] = json.loads(kv.value)

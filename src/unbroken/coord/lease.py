@@ -7,9 +7,11 @@ of the TTL with its own client and sets :attr:`LeaseKeeper.lost` when etcd says 
 gone or no renewal succeeded for a whole TTL (partitioned, no quorum): from then on the
 holder must not act (every write is guarded anyway: ``coord.jobstate``).
 
-:func:`wait_for_lease` is the standby's side: look every ``poll`` s, decide with
-``core.coordination.takeover`` and try to acquire when the move is "take"; two standbys racing
-for it are resolved by etcd's create-if-absent transaction.
+:func:`wait_for_lease` is the standby's side: read the job, decide with
+``core.coordination.takeover``, and while the move is "wait" watch the leader key (etcd wakes
+the standby the moment the lease expires and takes the key with it; ``poll`` bounds one watch,
+so a stop of the standby or a change elsewhere is seen within it). On "take" it acquires; two
+standbys racing for it are resolved by etcd's create-if-absent transaction.
 """
 
 from __future__ import annotations
@@ -53,14 +55,17 @@ class LeaseKeeper:
         self._thread.join(timeout=self.ttl)
 
 
-def wait_for_lease(state: EtcdJobState, ttl: int, *, poll: float = 0.1,
+def wait_for_lease(state: EtcdJobState, ttl: int, *, poll: float = 1.0,
                    stopped: Callable[[], bool] = lambda: False,
-                   on_move: Callable[[str, str], None] | None = None) -> tuple[str, str]:
+                   on_move: Callable[[str, str], None] | None = None,
+                   tick: Callable[[], None] = lambda: None) -> tuple[str, str]:
     """Block until this standby holds the lease (``("take", reason)``), the job finished
-    (``("stop", reason)``) or ``stopped()``; ``on_move(move, reason)`` hears each new move."""
+    (``("stop", reason)``) or ``stopped()``; ``on_move(move, reason)`` hears each new move,
+    ``tick()`` is called each round."""
     said = None
     while not stopped():
         try:
+            tick()  # at least every ``poll`` s (the standby's own announcement is renewed)
             move, why = state.standby_move()
         except EtcdError as e:  # no quorum: nobody can take over, keep looking
             move, why = "wait", f"etcd: {e}"
@@ -76,5 +81,8 @@ def wait_for_lease(state: EtcdJobState, ttl: int, *, poll: float = 0.1,
                 ok, why = False, f"etcd: {e}"
             if ok:
                 return "take", why
-        time.sleep(poll)  # the polling interval of a watch, not a synchronisation
+        if move == "wait" and state.read_revision:  # woken when the leader key goes
+            state.etcd.watch(state.key("leader"), state.read_revision + 1, poll)
+        else:
+            time.sleep(0.1)  # etcd down or a lost race: a retry interval, not a synchronisation
     return "stop", "stopped while standing by"

@@ -9,17 +9,17 @@ its store goes away:
 1. every member stops after the same committed step (the step buffer's ``LOST`` flag,
    ``runtime.stacked``) -- a boundary all of them agree on, so no state copy is needed later;
    rank 0 writes a durable checkpoint of it, the fallback if no supervisor comes;
-2. each member polls the job's ``store_addr`` in etcd (:class:`Reattach`) until a record with
-   another epoch than its own store's appears: the standby that took the lease hosts a new
-   store and published it there;
+2. each member watches the job's ``store_addr`` in etcd (:class:`Reattach`) until a record
+   with another epoch than its own store's appears: the standby that took the lease hosts a
+   new store and published it there;
 3. it connects, moves its communicator onto it (``FTComm.reattach``: new heartbeat, same
    generation and process group -- gloo's pairs never went through the store) and posts its
    report (:func:`report`: uid, pid, slot, step, generation, members), the standby's whole
    view of the running job;
 4. it waits for the standby's go (``protocol.ADOPTED``) and trains on from the same step.
 
-Latency budget: the poll is 250 ms; the rest is the lease's TTL (the standby waits it out) and
-one TCP connect. Nothing here runs while a supervisor is alive: the hot path is unchanged.
+Latency budget: etcd's watch wakes a member within milliseconds of the publication; the rest
+is the lease's TTL (the standby waits it out) and one TCP connect. Nothing here runs while a supervisor is alive: the hot path is unchanged.
 
 Exit code contract: no new store within ``timeout`` s, or no go within ``timeout`` s after the
 report: the caller exits 5 as before (its checkpoint is on disk, ``--resume`` continues).
@@ -46,7 +46,8 @@ class Reattach:
     """The etcd record of job ``job`` that names its coordinator's store (``store_addr``:
     host, port, epoch), read with the stdlib client of ``unbroken.coord.etcd``."""
 
-    POLL_S = 0.25  # 16 members polling every 50 ms kept a 2-core etcd too busy to publish
+    WATCH_S = 2.0  # one watch's length: a member watching a cut-off etcd member re-reads
+    RETRY_S = 0.25  # 16 members retrying every 50 ms kept a 2-core etcd too busy to publish
 
     def __init__(self, url: str, job: str) -> None:
         from unbroken.coord.etcd import Etcd
@@ -62,20 +63,24 @@ class Reattach:
         self.epoch = store.get(COORD_EPOCH).decode()
 
     def wait(self, timeout: float) -> tuple[str, int, str]:
-        """Block until etcd names a store of another epoch: (host, port, epoch)."""
+        """Block until etcd names a store of another epoch: (host, port, epoch). A read, then
+        a watch from the revision after it: etcd answers the moment the standby publishes."""
         from unbroken.coord.etcd import EtcdError
 
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                kv = self.etcd.get(self.key)
+                kv, rev = self.etcd.get_at(self.key)
             except EtcdError:  # no quorum: nobody can take over meanwhile either
-                kv = None
+                kv, rev = None, 0
             if kv is not None:
                 rec = json.loads(kv.value)
                 if str(rec.get("epoch")) != self.epoch:
                     return str(rec["host"]), int(rec["port"]), str(rec["epoch"])
-            time.sleep(self.POLL_S)  # a watch's polling interval, not a synchronisation
+            if rev:  # the watch returns at the change; then the read above takes it
+                self.etcd.watch(self.key, rev + 1, min(self.WATCH_S, deadline - time.monotonic()))
+            else:
+                time.sleep(self.RETRY_S)  # etcd down: a retry interval, not a synchronisation
         raise ReattachFailed(f"no new coordinator in etcd within {timeout:g}s")
 
     def connect(self, host: str, port: int, epoch: str):

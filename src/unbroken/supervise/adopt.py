@@ -29,7 +29,7 @@ from pathlib import Path
 from unbroken.core.coordination import Adoption, adoption
 from unbroken.protocol import exit_key, reattach_key
 
-__all__ = ["AdoptedProc", "collect", "known_uids"]
+__all__ = ["AdoptedProc", "collect", "history", "journal_sizes", "known_uids"]
 
 
 class AdoptedProc:
@@ -82,14 +82,21 @@ class AdoptedProc:
         self.send_signal(signal.SIGTERM)
 
 
-def history(merged: Path, jdir: Path) -> list[dict]:
+def journal_sizes(merged: Path, jdir: Path) -> dict[Path, int]:
+    """Where each journal ends now: :func:`history` reads up to there (taken while the
+    members are paused, read once they train on: the go does not wait for the reading)."""
+    return {p: p.stat().st_size for p in [merged, *jdir.glob("group-*.jsonl")] if p.exists()}
+
+
+def history(merged: Path, jdir: Path, upto: dict[Path, int]) -> list[dict]:
     """The job's events from before this standby, in time order, so that its report covers
     the whole job: the earlier supervisors' own events (``src`` ``driver`` in the merged
-    journal) and every group journal as the members left it (they are paused: nothing is
-    written meanwhile). Damaged lines -- a supervisor killed mid-write -- are skipped."""
+    journal) and every group journal as the members left it (each read up to ``upto``, see
+    :func:`journal_sizes`). Damaged lines -- a supervisor killed mid-write -- are skipped."""
     def lines(path: Path):
         try:
-            data = path.read_text(errors="replace")
+            with open(path, "rb") as f:
+                data = f.read(upto.get(path, 0)).decode(errors="replace")
         except FileNotFoundError:
             return
         for line in data.splitlines():

@@ -79,8 +79,20 @@ class JobCoordinator:
 
     def stand_by(self, stopped: Callable[[], bool]) -> bool:
         """Wait for the lease (a standby): True once held, False if the job finished."""
-        move, why = wait_for_lease(self.state, self.ttl, stopped=stopped,
-                                   on_move=lambda m, w: self.line(f"standby: {w}"))
+        try:  # the operator's view: a warm standby waits (renewed each round of the wait)
+            self.state.announce({"pid": os.getpid(), "host": socket.gethostname(),
+                                 "since": time.time()}, max(5, 3 * self.ttl))
+        except EtcdError as e:
+            self.line(f"standby: not announced in etcd: {e}")
+        try:
+            move, why = wait_for_lease(self.state, self.ttl, stopped=stopped,
+                                       on_move=lambda m, w: self.line(f"standby: {w}"),
+                                       tick=self.state.still_here)
+        finally:
+            try:
+                self.state.withdraw()
+            except EtcdError:
+                pass  # its own lease ends it
         self.line(f"standby: {why}")
         return move == "take"
 

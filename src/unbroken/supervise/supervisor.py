@@ -47,7 +47,7 @@ from unbroken.core.faults import Fault, format_faults
 from unbroken.events import Event
 from unbroken.fsio import copy_atomic, sha256_file
 from unbroken.protocol import ADOPTED, ExitCode
-from unbroken.supervise.adopt import collect, history, known_uids
+from unbroken.supervise.adopt import collect, history, journal_sizes, known_uids
 from unbroken.supervise.attempt import Attempt
 from unbroken.supervise.heartbeat import SupervisorHeartbeat
 from unbroken.supervise.launch import make_cluster
@@ -93,12 +93,15 @@ class Supervisor:
             return self._run_checked()
         if co.state.lease == 0:  # a standby: checked, its fork server warm, before it waits
             self._checked = self.check()
+            if not spawn.wait_warm(300):  # a takeover must not pay torch's import (~1 s)
+                self._line("standby: the fork server is not warm yet; standing by anyway")
         old = self._install_signals()
         try:  # a standby waits for the lease first; Ctrl-C meanwhile ends it
             took = co.stand_by(lambda: self.signal_received is not None) \
                 if co.state.lease == 0 else True
         finally:
             self._restore_signals(old)
+        self._lease_t = time.time()  # the takeover's report splits its latency from here
         if not took:
             co.close(finished=False)
             return RunResult(ExitCode.OK, "the job ended under another supervisor", {})
@@ -293,6 +296,10 @@ class Supervisor:
                               skip_old=attempt > 0 or spec.resume or adopting, adopted=adopted)
                 if adopted is not None:
                     c.store.set(ADOPTED, "1")  # the members train on (runtime.reattach)
+                    # the job's events before this standby, for its report: read while
+                    # the members train, not before the go (whole journals)
+                    self.events[:] = sorted(history(out / "journal.jsonl", jdir, self._before)
+                                            + self.events, key=lambda e: e.get("t", 0.0))
                 done = run.run()
             except Restart as r:  # the ladder's budget bounds these (core.ladder)
                 attempt, backoff = attempt + 1, r.backoff
@@ -328,13 +335,13 @@ class Supervisor:
                        "attempt": 1, "backoff_s": 0.0})
             return None
         c.adopt(adopted.members, {u: int(r["pid"]) for u, r in reports.items()})
-        self.events[:] = sorted(history(Path(self.spec.out) / "journal.jsonl", jdir)
-                                + self.events, key=lambda e: e.get("t", 0.0))
+        self._before = journal_sizes(Path(self.spec.out) / "journal.jsonl", jdir)
         stopped = [r["stopped_t"] for r in reports.values() if "stopped_t" in r]
         self.emit({"event": Event.TAKEOVER, "leader": self.coordinator.state.me,
                    "step": adopted.step, "gen": adopted.gen, "members": list(adopted.members),
                    "missing": list(adopted.missing), "reason": why,
                    "stopped_t": min(stopped) if stopped else None,
+                   "lease_t": getattr(self, "_lease_t", None),
                    "adopted_s": round(time.time() - t0, 3)})
         return adopted
 
