@@ -118,7 +118,8 @@ class Event(enum.StrEnum):
     ADOPTED = "adopted"
     """step, waited_s, checkpoint: the store went away, and instead of exiting this member
     re-attached to the store of the supervisor that took the lease over, and trains on from
-    the same step (``--etcd``, ``runtime.reattach``); waited_s: from its stop to the go."""
+    the same step (``--etcd``, ``runtime.reattach``); waited_s: from its stop to the go;
+    ahead: it had connected to that store before the takeover (the standby announced it)."""
     HEALTH = "health"
     """uid, step, compute_s, rate, cpu, ... [, error]: a health sample (detect/health.py's
     agent); read by the supervisor's guard."""

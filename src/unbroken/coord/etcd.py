@@ -162,8 +162,10 @@ class Etcd:
         return self._post("maintenance/status", {})
 
     # ------------------------------------------------------------------ watch
-    def watch(self, key: str, start_revision: int, timeout: float) -> list[dict] | None:
-        """The first batch of changes to ``key`` at or after ``start_revision`` (etcd's watch:
+    def watch(self, key: str, start_revision: int, timeout: float,
+              prefix: bool = False) -> list[dict] | None:
+        """The first batch of changes to ``key`` (every key under it with ``prefix``) at or
+        after ``start_revision`` (etcd's watch:
         one streamed HTTP request that etcd answers the moment the key changes), as
         ``[{"type": "PUT" | "DELETE", "kv": KV | None}]``; ``None`` when nothing changed
         within ``timeout`` s or no member could be watched (the caller reads and watches
@@ -174,8 +176,9 @@ class Etcd:
         import time
 
         deadline = time.monotonic() + timeout
-        body = json.dumps({"create_request": {"key": _b64(key),
-                                              "start_revision": str(int(start_revision))}})
+        body = json.dumps({"create_request": {
+            "key": _b64(key), "start_revision": str(int(start_revision)),
+            **({"range_end": _b64(prefix_end(key))} if prefix else {})}})
         n = len(self.endpoints)
         for i in range(n):
             k = (self._first + i) % n

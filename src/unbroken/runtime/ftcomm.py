@@ -203,7 +203,7 @@ class FTComm(OpPath):
         self.journal.append({"event": Event.INIT, "gen": 0, "members": list(members),
                              "pg_init_s": round(time.monotonic() - t0, 4), "t": time.time()})
 
-    def _attach(self, store: Any) -> None:
+    def _attach(self, store: Any, hb_client: Any = None) -> None:
         """The store's users: the rendezvous of each next generation (on the caller's client)
         and the heartbeat thread with its doorbell (a client and a UDP socket of their own)."""
         self.store = store
@@ -217,25 +217,27 @@ class FTComm(OpPath):
                              staleness=self.staleness,
                              supervisor_staleness=self.supervisor_staleness, stop=self._stop,
                              ns=self.ns, siblings={j: hb_key(self.uid, plane_ns(j))
-                                                   for j in range(self.ranks) if j != self.plane})
+                                                   for j in range(self.ranks) if j != self.plane},
+                             client=hb_client)
         # its containers, updated in place: ``watched`` is read at every step boundary
         self.watched = self._hb.watched
         self.beats, self.late_beats = self._hb.beats, self._hb.late_beats
 
-    def reattach(self, store: Any) -> None:
+    def reattach(self, store: Any, hb_client: Any = None) -> None:
         """Move onto a new coordinator's store (``runtime.reattach``), keeping the generation,
         its members and its process group: gloo's pairs are sockets between the members, the
         store only brokered them. The old heartbeat stops; the new one judges the peers
         against the start-up limit until the next op completes, since they re-attach one by
-        one. Call at a step boundary, with no op in flight."""
+        one. Call at a step boundary, with no op in flight. ``hb_client``: the heartbeat's
+        own client of ``store``, if one was connected ahead."""
         self._stop.set()
-        self._hb.close()
+        self._hb.close(wait=False)  # its thread may sit in a call on the dead store
         self._stop = threading.Event()
         self._wake.clear()
         self.store_lost = self.supervisor_lost = False
         self._warm = False
         old = self._rdzv
-        self._attach(store)
+        self._attach(store, hb_client)
         self._rdzv.pg, self._rdzv.reports = old.pg, old.reports  # the generation goes on
         self.journal.append({"event": Event.REATTACHED, "gen": self._gen,
                              "members": list(self._members), "t": time.time()})

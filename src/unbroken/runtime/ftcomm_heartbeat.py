@@ -131,7 +131,11 @@ class Heartbeat:
     def __init__(self, owner: _Owner, uid: int, store: dist.TCPStore, *, period: float,
                  staleness: float, supervisor_staleness: float,
                  stop: threading.Event, ns: str = "",
-                 siblings: dict[int, str] | None = None) -> None:
+                 siblings: dict[int, str] | None = None,
+                 client: dist.TCPStore | None = None) -> None:
+        """``client``: the thread's own client of ``store``, connected ahead (a member that
+        re-attaches to a standby's store connected to it while it stood by); default: a
+        clone of ``store`` made here."""
         self._owner = owner
         self.uid = uid
         # the plane's key namespace (``protocol.plane_ns``) and the heartbeat keys of the
@@ -162,7 +166,7 @@ class Heartbeat:
         # that answered late, and neither: peers that misjudged a live member
         self.beats: deque[tuple[float, float, float]] = deque(maxlen=100)
         self.late_beats: deque[dict] = deque(maxlen=5)  # _note_late_beat
-        self._store = _clone(store)
+        self._store = client if client is not None else _clone(store)
         self._store.add(hb_key(uid, ns), 1)  # first beat before anyone can judge us
         self.beats.append((time.monotonic(), 0.0, 0.0))
         self._known: set[str] = set()  # keys the thread has seen exist (multi_get blocks on a
@@ -180,13 +184,16 @@ class Heartbeat:
                                       daemon=True)
         self._bell.start()
 
-    def close(self) -> None:
-        """Wake the doorbell thread so that it sees the stop, and wait for the heartbeat's."""
+    def close(self, wait: bool = True) -> None:
+        """Wake the doorbell thread so that it sees the stop, and wait for the heartbeat's
+        (not with ``wait=False``: a thread blocked on a dead store -- torch looks an address
+        up in DNS on each error -- ends by itself, and judges nothing once stopped)."""
         try:
             self._bell_sock.sendto(b"stop", ("127.0.0.1", self._bell_sock.getsockname()[1]))
         except OSError:
             pass
-        self._thread.join(timeout=2 * self.period + 1.0)
+        if wait:
+            self._thread.join(timeout=2 * self.period + 1.0)
 
     # ------------------------------------------------------------------ liveness
     def live(self, members: list[int], staleness: float) -> list[int]:

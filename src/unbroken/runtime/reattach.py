@@ -12,14 +12,16 @@ its store goes away:
 2. each member watches the job's ``store_addr`` in etcd (:class:`Reattach`) until a record
    with another epoch than its own store's appears: the standby that took the lease hosts a
    new store and published it there;
-3. it connects, moves its communicator onto it (``FTComm.reattach``: new heartbeat, same
+3. it connects (each waiting standby announces its store in etcd, and the members connect to
+   it ahead: :meth:`Reattach.connect_ahead`), moves its communicator onto it (``FTComm.reattach``: new heartbeat, same
    generation and process group -- gloo's pairs never went through the store) and posts its
    report (:func:`report`: uid, pid, slot, step, generation, members), the standby's whole
    view of the running job;
 4. it waits for the standby's go (``protocol.ADOPTED``) and trains on from the same step.
 
 Latency budget: etcd's watch wakes a member within milliseconds of the publication; the rest
-is the lease's TTL (the standby waits it out) and one TCP connect. Nothing here runs while a supervisor is alive: the hot path is unchanged.
+is the lease's TTL (the standby waits it out): the connects were made ahead. While a supervisor
+is alive a member holds one idle etcd watch (on ``standbys/``): the hot path is unchanged.
 
 Exit code contract: no new store within ``timeout`` s, or no go within ``timeout`` s after the
 report: the caller exits 5 as before (its checkpoint is on disk, ``--resume`` continues).
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from datetime import timedelta
 
@@ -53,9 +56,61 @@ class Reattach:
         from unbroken.coord.etcd import Etcd
         from unbroken.core.coordination import job_prefix, parse_store
 
-        self.etcd = Etcd(list(parse_store(url).endpoints), timeout=1.0)
+        self.endpoints = list(parse_store(url).endpoints)
+        self.etcd = Etcd(self.endpoints, timeout=1.0)
         self.key = job_prefix(job) + "store_addr"
+        self.standbys = job_prefix(job) + "standbys/"
         self.epoch: str | None = None  # the epoch of the store this worker is attached to
+        # (host, port) of a standby's store -> (client, heartbeat's client), connected ahead
+        self._ahead: dict[tuple[str, int], tuple] = {}
+        self._lock = threading.Lock()
+        self.hb_client = None  # the heartbeat's client of the store connect() returned
+
+    def connect_ahead(self) -> None:
+        """Connect to each waiting standby's store as it announces it (``standbys/<name>`` in
+        etcd, watched by a daemon thread), so that a takeover costs no connect. Why: torch's
+        TCPStore client looks its own v4-mapped address up in DNS at each connect
+        (``formatSockAddr`` -> ``getnameinfo``; ``/etc/hosts`` does not answer it), and a
+        dropped query held a re-attaching member 1-2 s (16 groups, 2 connects a member)."""
+        threading.Thread(target=self._ahead_loop, name="reattach-ahead", daemon=True).start()
+
+    def _ahead_loop(self) -> None:
+        from unbroken.coord.etcd import Etcd, EtcdError
+
+        etcd = Etcd(self.endpoints, timeout=1.0)  # a client of its own (this thread's)
+        while True:
+            try:
+                kvs, rev = etcd.get_prefix_at(self.standbys)
+            except EtcdError:
+                time.sleep(self.RETRY_S)  # etcd down: a retry interval, not a synchronisation
+                continue
+            announced = set()
+            for kv in kvs:
+                try:
+                    st = json.loads(kv.value).get("store") or {}
+                    announced.add((str(st["host"]), int(st["port"])))
+                except (ValueError, KeyError, TypeError, AttributeError):
+                    continue  # an announcement without a store (an older standby)
+            with self._lock:  # a standby gone: its store too (its port may be reused)
+                self._ahead = {a: k for a, k in self._ahead.items() if a in announced}
+            for addr in sorted(announced):
+                with self._lock:
+                    if addr in self._ahead:
+                        continue
+                try:
+                    kit = (self._client(*addr), self._client(*addr))
+                except RuntimeError:  # it went away meanwhile: the next read drops it
+                    continue
+                with self._lock:
+                    self._ahead[addr] = kit
+            etcd.watch(self.standbys, rev + 1, 30.0, prefix=True)
+
+    @staticmethod
+    def _client(host: str, port: int):
+        import torch.distributed as dist
+
+        return dist.TCPStore(host, port, is_master=False, wait_for_workers=False,
+                             timeout=timedelta(seconds=60))
 
     def learn(self, store) -> None:
         """The epoch of ``store`` (its supervisor sets ``COORD_EPOCH`` right after creating
@@ -84,10 +139,11 @@ class Reattach:
         raise ReattachFailed(f"no new coordinator in etcd within {timeout:g}s")
 
     def connect(self, host: str, port: int, epoch: str):
-        import torch.distributed as dist
-
-        store = dist.TCPStore(host, port, is_master=False, wait_for_workers=False,
-                              timeout=timedelta(seconds=60))
+        """A client of the new store: the one connected ahead if there is (its heartbeat's
+        client then in :attr:`hb_client`), else a fresh one."""
+        with self._lock:
+            kit = self._ahead.pop((host, port), None)
+        store, self.hb_client = kit if kit is not None else (self._client(host, port), None)
         self.epoch = epoch
         return store
 

@@ -162,6 +162,7 @@ def worker_main(argv: list[str] | None = None) -> None:
 
             reattach = Reattach(a.etcd, a.job)
             reattach.learn(store)
+            reattach.connect_ahead()
         if cfg.sync == "sync":  # today's runner; the modes' imports (scipy's clustering,
             make_runner = StackedRunner  # ~0.8 s on a loaded machine) are not paid for
         else:
@@ -266,13 +267,14 @@ def _train(runner, comm, reattach, a, journal):
             path = runner.save_checkpoint_now()
             try:
                 store = reattach.connect(*reattach.wait(a.reattach_timeout))
-                comm.reattach(store)
+                comm.reattach(store, reattach.hb_client)
                 runner.reattached(store)
                 report(store, a.uid, runner, a.reattach_timeout, t0)
             except (ReattachFailed, RuntimeError) as exc:  # torch's connect errors too
                 raise CoordinatorLostError(f"no takeover: {exc}") from None
             journal({"event": Event.ADOPTED, "step": runner.step, "checkpoint": path,
-                     "waited_s": round(time.time() - t0, 3), "t": time.time()})
+                     "waited_s": round(time.time() - t0, 3),
+                     "ahead": reattach.hb_client is not None, "t": time.time()})
 
 
 def _group(cfg, uid: int, rank: int, store):

@@ -77,24 +77,34 @@ class JobCoordinator:
     def lost(self) -> bool:
         return self.keeper is not None and self.keeper.lost.is_set()
 
-    def stand_by(self, stopped: Callable[[], bool]) -> bool:
-        """Wait for the lease (a standby): True once held, False if the job finished."""
+    def stand_by(self, stopped: Callable[[], bool], store: int | None = None) -> bool:
+        """Wait for the lease (a standby): True once held, False if the job finished.
+        ``store``: the port of this standby's store, up already: announced with it, the
+        members connect to it ahead (``runtime.reattach``)."""
         try:  # the operator's view: a warm standby waits (renewed each round of the wait)
             self.state.announce({"pid": os.getpid(), "host": socket.gethostname(),
-                                 "since": time.time()}, max(5, 3 * self.ttl))
+                                 "since": time.time(),
+                                 **({"store": {"host": "127.0.0.1", "port": store}}
+                                    if store else {})}, max(5, 3 * self.ttl))
         except EtcdError as e:
             self.line(f"standby: not announced in etcd: {e}")
+        move = "stop"
         try:
             move, why = wait_for_lease(self.state, self.ttl, stopped=stopped,
                                        on_move=lambda m, w: self.line(f"standby: {w}"),
                                        tick=self.state.still_here)
         finally:
-            try:
-                self.state.withdraw()
-            except EtcdError:
-                pass  # its own lease ends it
+            if move != "take":  # taking over: kept until the members have connected
+                self.withdraw()
         self.line(f"standby: {why}")
         return move == "take"
+
+    def withdraw(self) -> None:
+        """This standby's announcement goes (its members connected, or it stopped)."""
+        try:
+            self.state.withdraw()
+        except EtcdError:
+            pass  # its own lease ends it
 
     def start(self) -> None:
         self.keeper = LeaseKeeper(self.state.etcd.endpoints, self.state.lease, self.ttl)

@@ -15,9 +15,11 @@ class SupervisorHeartbeat:
     """The supervisor's own heartbeat, from a thread with its own store client: it stops when
     the whole process is stopped, which is exactly what the members must notice."""
 
-    def __init__(self, store, period: float) -> None:
+    def __init__(self, store, period: float, client=None) -> None:
+        """``client``: the thread's own client of ``store`` if one was connected ahead (a
+        standby's); default: a clone made here."""
         self._stop = threading.Event()
-        st = store.clone()
+        st = client if client is not None else store.clone()
         st.add(SUPERVISOR_HB, 1)
 
         def beat() -> None:

@@ -14,7 +14,7 @@ __all__ = ["make_cluster"]
 
 def make_cluster(cfg, jdir: Path, spares: int, spec: JobSpec, ckdir: Path, *, resume: bool,
                  pending: list[Fault], directory=None, extra_argv: list[str] = (),
-                 adopt_from: int | None = None):
+                 adopt_from: int | None = None, store_host=None):
     """The cluster for one attempt; the victims inject ``pending`` faults (the ones not
     injected by an earlier attempt) themselves, each process its slot's share
     (``core.faults.holder_faults``; a spare gets its share when assigned)."""
@@ -38,5 +38,8 @@ def make_cluster(cfg, jdir: Path, spares: int, spec: JobSpec, ckdir: Path, *, re
                            node_staleness=spec.ft.node_staleness, **kw)
     # re-attaching to a standby (``extra_argv``: --etcd) is the local launcher's only: node
     # agents end their workers with the coordinator's directory
+    if store_host is not None:  # a standby's store, started while it stood by
+        kw.update(store_host=store_host[0], store_port=store_host[1],
+                  store_client=store_host[2])  # (handle, port, a client connected then)
     return StackedCluster(cfg, str(jdir), adopt_from=adopt_from, extra_argv=list(extra_argv),
                           **kw)

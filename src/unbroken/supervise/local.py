@@ -25,6 +25,24 @@ __all__ = ["StackedCluster", "FAULT_PLUGIN"]
 FAULT_PLUGIN = "unbroken.testing.faults:install"
 
 
+def start_store_host(stderr_path: str):
+    """A coordinator store in a process of its own (``runtime.store_host``), forked from the
+    warm server: ``(its handle, its port)``."""
+    from unbroken import spawn
+
+    host = spawn.start("unbroken.runtime.store_host:main", [], stderr_path=stderr_path,
+                       channel=True)
+    try:
+        return host, int(host.receive(timeout=120))
+    except (TimeoutError, EOFError):
+        try:
+            with open(stderr_path, "rb") as f:
+                err = f.read().decode(errors="replace")[-500:]
+        except FileNotFoundError:
+            err = ""
+        raise RuntimeError(f"the store host did not start (rc {host.poll()}): {err}") from None
+
+
 class StackedCluster(LocalCluster):
     """``LocalCluster`` that starts stacked training workers (uids ``0..groups-1``) and
     ``spares`` warm standby processes (uids ``groups..``) that join when assigned a slot.
@@ -54,10 +72,12 @@ class StackedCluster(LocalCluster):
                  store_port: int | None = None, store_process: bool = False,
                  fault_rank: dict[int, int] | None = None,
                  supervisor_staleness: float = 0.0, extra_argv: list[str] = (),
-                 adopt_from: int | None = None) -> None:
+                 adopt_from: int | None = None, store_host=None, store_client=None) -> None:
         """``extra_argv``: more worker flags (``--etcd URL --job NAME``). ``adopt_from``: a
         standby's cluster: the members are adopted later (:meth:`adopt`), not started, and
-        the spares' uids begin there (past every uid the job used)."""
+        the spares' uids begin there (past every uid the job used). ``store_host``: a store
+        host started earlier (:func:`start_store_host`, a standby's) at ``store_port``; this
+        cluster owns it from now on; ``store_client``: a client of it connected then."""
         import torch.distributed as dist
 
         self.cfg = cfg
@@ -66,21 +86,15 @@ class StackedCluster(LocalCluster):
         self.spares = list(range(first, first + spares))
         self.journal_dir = journal_dir
         self._init_procs()
-        self.store_host = None
+        self.store_host = store_host
         if store_process and store_port is None:  # the store outlives a stopped launcher
-            from unbroken import spawn
-
-            self.store_host = spawn.start("unbroken.runtime.store_host:main", [],
-                                          stderr_path=self._errpath("store"), channel=True)
-            try:
-                store_port = int(self.store_host.receive(timeout=120))
-            except (TimeoutError, EOFError):
-                raise RuntimeError(f"the store host did not start (rc {self.store_host.poll()}):"
-                                   f" {self.stderr('store')[-500:]}") from None
+            self.store_host, store_port = start_store_host(self._errpath("store"))
         if store_port is None:  # host the store here: the launcher is the coordinator
             from unbroken.runtime.store_host import serve_store
 
             self.store = serve_store()
+        elif store_client is not None:
+            self.store = store_client
         else:  # a store hosted elsewhere (a test kills it to play a dead coordinator)
             self.store = dist.TCPStore("127.0.0.1", store_port, is_master=False,
                                        wait_for_workers=False, timeout=timedelta(seconds=10))

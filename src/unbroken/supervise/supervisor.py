@@ -36,9 +36,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import tempfile
 import threading
 import time
 from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
 
@@ -76,6 +78,7 @@ class Supervisor:
         # a lost lease: None stops the job with a checkpoint; the command line sets
         # supervise.coordinated.stand_by_again (this process becomes a standby of the job)
         self.on_lease_lost: Callable[[], None] | None = None
+        self._prestore = None  # a standby's store host, started while it waits: (handle, port)
         self.adopt_timeout = 45.0  # how long it waits for a member to re-attach (16 groups: 18 s)
 
     # ------------------------------------------------------------------ public
@@ -95,14 +98,28 @@ class Supervisor:
             self._checked = self.check()
             if not spawn.wait_warm(300):  # a takeover must not pay torch's import (~1 s)
                 self._line("standby: the fork server is not warm yet; standing by anyway")
+            elif not (self.spec.local_nodes or self.spec.nodes):
+                # its store, up before it is needed: the members connect to it ahead
+                # (runtime.reattach), and a takeover costs them no connect
+                from unbroken.supervise.local import start_store_host
+
+                import torch.distributed as dist
+
+                host, port = start_store_host(os.path.join(
+                    tempfile.gettempdir(), f"unbroken-standby-store-{os.getpid()}.err"))
+                client = dist.TCPStore("127.0.0.1", port, is_master=False,
+                                       wait_for_workers=False, timeout=timedelta(seconds=10))
+                self._prestore = (host, port, client, client.clone())  # + the beat's
         old = self._install_signals()
         try:  # a standby waits for the lease first; Ctrl-C meanwhile ends it
-            took = co.stand_by(lambda: self.signal_received is not None) \
+            took = co.stand_by(lambda: self.signal_received is not None,
+                               store=self._prestore[1] if self._prestore else None) \
                 if co.state.lease == 0 else True
         finally:
             self._restore_signals(old)
         self._lease_t = time.time()  # the takeover's report splits its latency from here
         if not took:
+            self._drop_prestore()
             co.close(finished=False)
             return RunResult(ExitCode.OK, "the job ended under another supervisor", {})
         if co.state.read().get("status") == "running":  # taking over
@@ -112,6 +129,8 @@ class Supervisor:
                 self.spec = replace(self.spec, **_continue(Path(self.spec.out)))
             else:  # adopt the members where they stopped (a restart only if that fails)
                 self._adopting = True
+        if not self._adopting:
+            co.withdraw()  # nobody re-attaches: its announcement is of no more use
         co.start()
         res = None
         try:
@@ -275,16 +294,22 @@ class Supervisor:
                              directory=directory,
                              extra_argv=co.worker_argv() if co is not None else (),
                              adopt_from=max([spec.groups - 1, *known_uids(jdir)]) + 1
-                             if adopting else None)
+                             if adopting else None,
+                             store_host=self._prestore if directory is None else None)
+            beat_client = None
+            if directory is None and self._prestore is not None:
+                beat_client, self._prestore = self._prestore[3], None  # the cluster's now
+            self._drop_prestore()  # node agents bring their own
             # ten beats per window the members judge it by: faster is store traffic that
             # tells them nothing more. Beating from the store's start: members re-attaching
             # to it judge this supervisor from then on, while the others still come
             beat = SupervisorHeartbeat(c.store, max(spec.ft.heartbeat,
-                                           spec.ft.supervisor_staleness / 10))
+                                           spec.ft.supervisor_staleness / 10), beat_client)
             if co is not None:
                 co.publish_store(c.store, c.port)
             adopted = self._adopt(c, jdir) if adopting else None
             if adopting and adopted is None:  # restart from the checkpoint it left instead
+                co.withdraw()
                 beat.stop()
                 c.close()
                 attempt = 1
@@ -296,6 +321,7 @@ class Supervisor:
                               skip_old=attempt > 0 or spec.resume or adopting, adopted=adopted)
                 if adopted is not None:
                     c.store.set(ADOPTED, "1")  # the members train on (runtime.reattach)
+                    co.withdraw()  # connected: no member needs the announcement any more
                     # the job's events before this standby, for its report: read while
                     # the members train, not before the go (whole journals)
                     self.events[:] = sorted(history(out / "journal.jsonl", jdir, self._before)
@@ -315,6 +341,12 @@ class Supervisor:
             if ended is None and done is None:
                 ended = self._backoff(backoff)
         return done, ended
+
+    def _drop_prestore(self) -> None:
+        if self._prestore is not None:
+            self._prestore[0].kill()
+            self._prestore[0].wait(timeout=10)
+            self._prestore = None
 
     def _adopt(self, c, jdir: Path):
         """A standby's first attempt: wait for the running members to re-attach to this
