@@ -11,7 +11,11 @@ mlp`` as real processes:
   commit under the standby (after it adopted the members, or after their restore when it
   restarted them), median / min / max over ``--repeats``; ``pause_s`` the gap between the
   last commit before and the first after; with ``how`` (adopted / restarted),
-  ``exactly_once`` and the step the job went on from.
+  ``exactly_once``, the step the job went on from, ``connected_ahead`` (members that had
+  connected to the standby's store before the kill) and ``split``: where the time went --
+  ``lease_s`` kill -> the standby holds the lease, ``setup_s`` -> its store published,
+  ``reports_s`` -> every member re-attached, ``go_s`` -> the go, ``first_step_s`` -> the
+  first commit.
 * ``overhead``: the same failure-free job (4 groups, ``--steps``) with the embedded TCPStore
   and with etcd, alternated ``--repeats`` times; the report's median step time ``step_s`` of
   each, their medians and ``ratio`` = etcd / tcp. Nothing per step is written to etcd; the
@@ -124,7 +128,8 @@ def loss(cluster: EtcdCluster, groups: int, steps: int, kill_at: int, ttl: int, 
     return {"rc": rc, "how": "adopted" if adopted and not restores else "restarted",
             "kill_to_commit_s": first - t_kill, "pause_s": first - last, "split": split,
             "resumed_at": (adopted or restores)[0].get("step"),
-            "exactly_once": rep.get("exactly_once")}
+            "exactly_once": rep.get("exactly_once"),
+            "connected_ahead": sum(bool(e.get("ahead")) for e in adopted)}
 
 
 def step_time(cluster: EtcdCluster | None, steps: int, out: Path, job: str) -> dict:
