@@ -152,8 +152,9 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                         "/unbroken/NAME/ (a prefix holding another job: exit 2)")
     p.add_argument("--standby", action="store_true",
                    help="with --store etcd://: a standby supervisor for the job started with "
-                        "the same flags: it waits for the active one's lease to expire, then "
-                        "continues the job from its newest checkpoint in --out")
+                        "the same flags: warm, it waits for the active one's lease to expire, "
+                        "then adopts the running members (or, if none re-attach, continues "
+                        "from the newest checkpoint in --out)")
     p.add_argument("--rejoin", action="store_true", help=argparse.SUPPRESS)  # set by
     # supervise.coordinated.stand_by_again: a supervisor that lost this job's lease
     p.add_argument("--lease-ttl", type=positive_int, default=3, metavar="S",

@@ -126,6 +126,8 @@ class StackedCluster(LocalCluster):
             f.update({k: m[u] for k, m in steps.items() if u in m})
             if drill and drill.get(u):
                 f["drill"] = [list(x) for x in drill[u]]
+            if "drop_commit_at" in f:  # it fails its op once the peers committed that step
+                f["peers_journal"] = journal_dir
             if f:
                 self._faults[u] = f
         self._inject = bool(self._faults) or bool(drill) or cfg.stragglers is not None

@@ -78,7 +78,8 @@ class Supervisor:
         # a lost lease: None stops the job with a checkpoint; the command line sets
         # supervise.coordinated.stand_by_again (this process becomes a standby of the job)
         self.on_lease_lost: Callable[[], None] | None = None
-        self._prestore = None  # a standby's store host, started while it waits: (handle, port)
+        # a standby's store host, started while it waits: (handle, port, client, beat client)
+        self._prestore = None
         self.adopt_timeout = 45.0  # how long it waits for a member to re-attach (16 groups: 18 s)
 
     # ------------------------------------------------------------------ public
@@ -98,18 +99,8 @@ class Supervisor:
             self._checked = self.check()
             if not spawn.wait_warm(300):  # a takeover must not pay torch's import (~1 s)
                 self._line("standby: the fork server is not warm yet; standing by anyway")
-            elif not (self.spec.local_nodes or self.spec.nodes):
-                # its store, up before it is needed: the members connect to it ahead
-                # (runtime.reattach), and a takeover costs them no connect
-                from unbroken.supervise.local import start_store_host
-
-                import torch.distributed as dist
-
-                host, port = start_store_host(os.path.join(
-                    tempfile.gettempdir(), f"unbroken-standby-store-{os.getpid()}.err"))
-                client = dist.TCPStore("127.0.0.1", port, is_master=False,
-                                       wait_for_workers=False, timeout=timedelta(seconds=10))
-                self._prestore = (host, port, client, client.clone())  # + the beat's
+            elif not (self.spec.local_nodes or self.spec.nodes):  # node agents: their own
+                self._start_prestore()
         old = self._install_signals()
         try:  # a standby waits for the lease first; Ctrl-C meanwhile ends it
             took = co.stand_by(lambda: self.signal_received is not None,
@@ -341,6 +332,20 @@ class Supervisor:
             if ended is None and done is None:
                 ended = self._backoff(backoff)
         return done, ended
+
+    def _start_prestore(self) -> None:
+        """A standby's store, up before it is needed, with this supervisor's client and its
+        beat's client: the members connect to it ahead (``runtime.reattach``), so a takeover
+        makes no connect (each costs torch's reverse DNS lookup of the client's address)."""
+        import torch.distributed as dist
+
+        from unbroken.supervise.local import start_store_host
+
+        host, port = start_store_host(os.path.join(
+            tempfile.gettempdir(), f"unbroken-standby-store-{os.getpid()}.err"))
+        client = dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False,
+                               timeout=timedelta(seconds=10))
+        self._prestore = (host, port, client, client.clone())
 
     def _drop_prestore(self) -> None:
         if self._prestore is not None:

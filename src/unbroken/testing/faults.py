@@ -167,15 +167,51 @@ class DropCommit:
     is reported as failed once (``inner.fail``, so the generation re-forms while the peers have
     committed): at step ``at``, or (``on_join``) at the commit whose reduced buffer reports more
     joins than the runner admitted. The runner's ``before_allreduce`` hook ``arm``s it with the
-    step and the admitted count, so only the step's op is ever dropped."""
+    step and the admitted count, so only the step's op is ever dropped.
 
-    _OWN = frozenset({"inner", "at", "on_join", "_armed"})
+    ``peers_journal``: the job's journal directory. At step ``at`` it then fails the op only
+    once every peer journaled its commit of that step: the scenario is "the peers committed,
+    this rank did not". Failing at once could catch a peer still receiving the op's last
+    chunks on a loaded machine, and then nobody committed (no roll forward to test)."""
 
-    def __init__(self, inner: Any, at: int | None = None, on_join: bool = False) -> None:
+    _OWN = frozenset({"inner", "at", "on_join", "_armed", "peers_journal"})
+    PEERS_WAIT_S = 30.0
+
+    def __init__(self, inner: Any, at: int | None = None, on_join: bool = False,
+                 peers_journal: str | None = None) -> None:
         object.__setattr__(self, "inner", inner)
         object.__setattr__(self, "at", at)
         object.__setattr__(self, "on_join", on_join)
         object.__setattr__(self, "_armed", None)
+        object.__setattr__(self, "peers_journal", peers_journal)
+
+    def _peers_committed(self, step: int) -> None:
+        """Block until each peer's journal holds its commit of ``step`` (or the wait's end)."""
+        import json
+        import os
+        import time
+
+        def committed(u: int) -> bool:
+            try:
+                with open(os.path.join(self.peers_journal, f"group-{u}.jsonl")) as f:
+                    lines = f.read().splitlines()
+            except FileNotFoundError:
+                return False
+            for x in lines:
+                try:
+                    e = json.loads(x)
+                except ValueError:
+                    continue  # a line still being written
+                if e.get("event") == "commit" and e.get("step") == step:
+                    return True
+            return False
+
+        peers = [u for u in self.inner.members if u != self.inner.uid]
+        deadline = time.monotonic() + self.PEERS_WAIT_S
+        while peers and time.monotonic() < deadline:
+            peers = [u for u in peers if not committed(u)]
+            if peers:
+                time.sleep(0.01)  # polls a condition (the peers' journals), bounded above
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -194,6 +230,8 @@ class DropCommit:
         ok = self.inner.allreduce(tensor)
         if ok and armed is not None and (armed[0] == self.at or (
                 self.on_join and joins_reported(tensor) > armed[1])):
+            if self.peers_journal is not None and armed[0] == self.at:
+                self._peers_committed(armed[0])
             self.at, self.on_join = None, False  # this rank saw the op fail; its peers committed
             self.inner.fail("injected: completed all-reduce treated as failed")
             return False
@@ -311,6 +349,7 @@ class FaultSpec:
     die_in_retry: bool = False
     corrupt_snapshot: bool = False
     drop_commit_at: int | None = None
+    peers_journal: str | None = None  # drop_commit_at waits for the peers' commits there
     drop_commit_on_join: bool = False
     slow_from: int | None = None    # from this step on, every gradient takes slow_s longer
     slow_s: float = 0.06
@@ -348,7 +387,8 @@ def build(spec: FaultSpec, on_fault: Callable[[str], None],
     def comm(real: Any) -> Any:
         if not drops:
             return real
-        hooks.comm = DropCommit(real, at=spec.drop_commit_at, on_join=spec.drop_commit_on_join)
+        hooks.comm = DropCommit(real, at=spec.drop_commit_at, on_join=spec.drop_commit_on_join,
+                                peers_journal=spec.peers_journal)
         return hooks.comm
 
     return Faults(comm, hooks)
