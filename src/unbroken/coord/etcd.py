@@ -17,7 +17,10 @@ why every write that matters is a transaction the caller can re-check (``coord.j
 from __future__ import annotations
 
 import base64
+import http.client
 import json
+import socket
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -112,18 +115,20 @@ class Etcd:
     def get_at(self, key: str) -> tuple[KV | None, int]:
         """``key``'s value and the cluster's revision of the read (a :meth:`watch` from the
         next revision misses nothing)."""
-        out = self._post("kv/range", {"key": _b64(key)})
-        kvs = out.get("kvs", [])
-        return (_kv(kvs[0]) if kvs else None), int(out.get("header", {}).get("revision", 0))
+        kvs, rev = self._range({"key": _b64(key)})
+        return (kvs[0] if kvs else None), rev
+
+    def _range(self, body: dict) -> tuple[list[KV], int]:
+        out = self._post("kv/range", body)
+        return ([_kv(d) for d in out.get("kvs", [])],
+                int(out.get("header", {}).get("revision", 0)))
 
     def get_prefix(self, prefix: str) -> list[KV]:
         return self.get_prefix_at(prefix)[0]
 
     def get_prefix_at(self, prefix: str) -> tuple[list[KV], int]:
         """Every key under ``prefix`` and the revision of the read."""
-        out = self._post("kv/range", {"key": _b64(prefix), "range_end": _b64(prefix_end(prefix))})
-        return ([_kv(d) for d in out.get("kvs", [])],
-                int(out.get("header", {}).get("revision", 0)))
+        return self._range({"key": _b64(prefix), "range_end": _b64(prefix_end(prefix))})
 
     def put(self, key: str, value: str, lease: int = 0) -> None:
         self._post("kv/put", {"key": _b64(key), "value": _b64(value),
@@ -171,10 +176,6 @@ class Etcd:
         within ``timeout`` s or no member could be watched (the caller reads and watches
         again). Why not a poll: N members polling a key at 50 ms kept a 2-core etcd busy,
         and at 250 ms the poll was most of a takeover's latency after the lease."""
-        import http.client
-        import socket
-        import time
-
         deadline = time.monotonic() + timeout
         body = json.dumps({"create_request": {
             "key": _b64(key), "start_revision": str(int(start_revision)),

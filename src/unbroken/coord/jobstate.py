@@ -64,6 +64,8 @@ class EtcdJobState:
         self.lease = 0
         self.revision = 0  # the creation revision of the leader key when this one made it
         self.read_revision = 0  # the cluster's revision at the last read()
+        self._standby: tuple[dict, int] | None = None  # what announce() said, and its TTL
+        self._standby_lease = 0
 
     def key(self, name: str) -> str:
         return self.prefix + name
@@ -120,11 +122,11 @@ class EtcdJobState:
         self.etcd.put(self.key("standbys/" + self.me), json.dumps(info), self._standby_lease)
 
     def still_here(self) -> None:
-        if getattr(self, "_standby_lease", 0) and self.etcd.keepalive(self._standby_lease) <= 0:
+        if self._standby_lease and self.etcd.keepalive(self._standby_lease) <= 0:
             self.announce(*self._standby)  # it lapsed (etcd was away longer than its TTL)
 
     def withdraw(self) -> None:
-        if getattr(self, "_standby_lease", 0):
+        if self._standby_lease:
             self.etcd.revoke(self._standby_lease)
             self._standby_lease = 0
 
