@@ -274,7 +274,8 @@ def _train(runner, comm, reattach, a, journal):
                 raise CoordinatorLostError(f"no takeover: {exc}") from None
             journal({"event": Event.ADOPTED, "step": runner.step, "checkpoint": path,
                      "waited_s": round(time.time() - t0, 3),
-                     "ahead": reattach.hb_client is not None, "t": time.time()})
+                     "ahead": reattach.hb_client is not None,
+                     "reattach_timeout": a.reattach_timeout, "t": time.time()})
 
 
 def _group(cfg, uid: int, rank: int, store):

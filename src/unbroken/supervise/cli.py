@@ -160,6 +160,13 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lease-ttl", type=positive_int, default=3, metavar="S",
                    help="with --store etcd://: the supervisor's lease (s): a standby takes "
                         "over this long after the active supervisor is lost")
+    p.add_argument("--reattach-timeout", type=positive_float, default=60.0, metavar="S",
+                   help="with --store etcd://: how long the members of a job whose supervisor "
+                        "is lost wait for a standby (then each exits 5 with its checkpoint)")
+    p.add_argument("--adopt-timeout", type=positive_float, default=45.0, metavar="S",
+                   help="with --store etcd://: how long a standby taking over waits for a "
+                        "member to re-attach before it counts it lost and replaces it (below "
+                        "--reattach-timeout: the members wait for its go that long)")
 
 
 def add_demo_args(p: argparse.ArgumentParser) -> None:
@@ -240,10 +247,17 @@ def _coordinator(a: argparse.Namespace, spec, sup):
             raise UsageError("--standby: needs --store etcd://HOST:PORT[,...] (the lease "
                              "lives there)")
         return None
+    if a.adopt_timeout >= a.reattach_timeout:
+        raise UsageError(f"--adopt-timeout {a.adopt_timeout:g}: must be below "
+                         f"--reattach-timeout {a.reattach_timeout:g} (the members wait that "
+                         f"long for the standby's go)")
     from unbroken.supervise.coordinated import job_identity, open_job
 
-    return open_job(store, job, job_identity(spec), standby=a.standby, ttl=a.lease_ttl,
-                    line=sup._line, rejoin=a.rejoin)
+    sup.adopt_timeout = a.adopt_timeout
+    co = open_job(store, job, job_identity(spec), standby=a.standby, ttl=a.lease_ttl,
+                  line=sup._line, rejoin=a.rejoin)
+    co.reattach_timeout = a.reattach_timeout
+    return co
 
 
 def cmd_demo(a: argparse.Namespace) -> dict:

@@ -67,6 +67,7 @@ class JobCoordinator:
                  line: Callable[[str], None]) -> None:
         self.store, self.state, self.ttl, self.line = store, state, ttl, line
         self.keeper: LeaseKeeper | None = None
+        self.reattach_timeout = 60.0  # the members' wait for a standby (--reattach-timeout)
         self.generation = 0
         self._pending: dict = {}  # fields not recorded yet (written by _write_loop)
         self._cv = threading.Condition()
@@ -128,7 +129,8 @@ class JobCoordinator:
 
     def worker_argv(self) -> list[str]:
         """The members' flags that let them outlive this supervisor (``runtime.reattach``)."""
-        return ["--etcd", "etcd://" + ",".join(self.store.endpoints), "--job", self.state.job]
+        return ["--etcd", "etcd://" + ",".join(self.store.endpoints), "--job", self.state.job,
+                "--reattach-timeout", f"{self.reattach_timeout:g}"]
 
     def on_event(self, ev: dict) -> None:
         """The supervisor's journal, event by event: only durable changes go to etcd, and

@@ -4,11 +4,13 @@ by the supervisor's loop over attempts."""
 
 from __future__ import annotations
 
+import hashlib
+import struct
 from dataclasses import dataclass, field
 
 from unbroken.protocol import ExitCode
 
-__all__ = ["RunError", "RunResult", "Restart", "Ended"]
+__all__ = ["RunError", "RunResult", "Restart", "Ended", "params_sha256"]
 
 
 class RunError(RuntimeError):
@@ -30,6 +32,15 @@ class RunResult:
     def ok(self) -> bool:
         return self.code == ExitCode.OK
 
+
+def params_sha256(params: dict[int, list]) -> str | None:
+    """One digest of the finishers' final parameters (float64 bytes, little-endian), or None
+    when they disagree or none finished. Every group holds the same parameters after the
+    last commit, so one value says "this trajectory": two runs of a seed (one through
+    failures, a takeover) compare it bit for bit."""
+    digests = {hashlib.sha256(struct.pack(f"<{len(p)}d", *p)).hexdigest()
+               for p in params.values()}
+    return digests.pop() if len(digests) == 1 else None
 
 
 class Restart(Exception):

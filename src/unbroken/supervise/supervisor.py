@@ -54,7 +54,7 @@ from unbroken.supervise.attempt import Attempt
 from unbroken.supervise.heartbeat import SupervisorHeartbeat
 from unbroken.supervise.launch import make_cluster
 from unbroken.supervise.nodes import job_nodes
-from unbroken.supervise.outcome import Ended, Restart, RunError, RunResult
+from unbroken.supervise.outcome import Ended, Restart, RunError, RunResult, params_sha256
 from unbroken.supervise.outdir import prepare, read_journal, repair_journals
 from unbroken.supervise.spec import (JobSpec, check, check_sharding_of, load_trainer, spares_for,
                                      train_config)
@@ -427,8 +427,9 @@ class Supervisor:
             report["stopped"] = {"code": int(ended.code), "reason": str(ended),
                                  "checkpoint": ended.checkpoint}
             return RunResult(ended.code, str(ended), report, checkpoint=ended.checkpoint)
-        return RunResult(ExitCode.OK, None, report, params={u: d["params"]
-                                                            for u, d in done.items()})
+        params = {u: d["params"] for u, d in done.items()}
+        report["params_sha256"] = params_sha256(params)
+        return RunResult(ExitCode.OK, None, report, params=params)
 
 
 
