@@ -222,3 +222,27 @@ def test_a_fail_slow_eviction_waits_for_a_replay_in_flight():
                           "compute_s": 0.3 if u == 3 else 0.1}, uid=u)
     g2.poll(108.0)
     assert [e["group"] for e in out2 if e.get("how") == "fail-slow"] == [3]
+
+
+def test_an_eviction_is_journaled_as_exclusions_and_a_standby_restores_them(tmp_path):
+    """The eviction history is durable state (recorded in etcd from the journal): a guard that
+    takes the job over quarantines the nodes its predecessor quarantined."""
+    from unbroken.core.ladder import quarantined
+
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    policy = LadderPolicy()
+    g, out = make(xid_log=str(log), standby=lambda: 2, uid_of_pid={5151: 3}.get, policy=policy)
+    for k, t in enumerate((51.0, 52.0, 53.0)):  # three fell-off-the-bus: quarantined
+        log.write_text(log.read_text() + f"NVRM: Xid (PCI:0000:04:00): 79, pid=5151, "
+                                         f"name=python, GPU has fallen off the bus. {k}\n")
+        g.poll(t)
+    said = [e for e in out if e["event"] == "exclusions"]
+    assert said and said[-1]["exclusions"]["3"]["quarantines"] == 1, said
+    assert quarantined(g.state, policy, 60.0) == {3}
+
+    h, out2 = make(policy=policy)  # the standby's guard, from what etcd kept
+    assert quarantined(h.state, policy, 60.0) == frozenset()
+    h.restore_exclusions(said[-1]["exclusions"])
+    assert quarantined(h.state, policy, 60.0) == {3}
+    assert out2[-1]["event"] == "exclusions" and out2[-1]["restored"] is True

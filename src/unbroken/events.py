@@ -160,6 +160,9 @@ class Event(enum.StrEnum):
     what it ran and beats again: its node takes spares again (``nodes.cluster``)."""
     NO_SPARE = "no_spare"
     """slot: no warm spare for a lost slot (the supervisor)."""
+    SPARES = "spares"
+    """pool, pids: the warm spares not yet assigned, at each change (the supervisor).
+    Recorded in etcd (``spares``)."""
     ASSIGN = "assign"
     """uid, slot [, fresh]: a spare sent to a slot (the supervisor)."""
     QUARANTINE = "quarantine"
@@ -169,6 +172,9 @@ class Event(enum.StrEnum):
     VERDICT_POSTED = "verdict_posted"
     """key, action, ...: a verdict posted (the supervisor)."""
     # -- the guard (unbroken.guard) -------------------------------------------------------------
+    EXCLUSIONS = "exclusions"
+    """exclusions [, restored]: the eviction history after it changed (``core.exclusion.
+    records_json``; ``restored``: taken over from etcd by a standby). Recorded in etcd."""
     LADDER = "ladder"
     """for, fault, mode, rung, groups, exit_code, reason: a ladder decision; ``fault`` is the
     ladder input's ``core.ladder.FaultKind`` value ("update" for a queued or forced update).

@@ -233,3 +233,49 @@ def test_two_etcd_members_lost_the_job_pauses_then_resumes_when_one_returns(cli,
     assert rep["params_sha256"] is not None and rep["params_sha256"] == ref["params_sha256"]
     st = EtcdJobState(Etcd(cluster.endpoints), "quorum", "reader").read()
     assert st["status"] == "done" and "leader" not in st
+
+
+@pytest.mark.timeout(180)
+def test_a_standby_that_finds_nobody_keeps_the_quarantines_and_records_its_spares(
+        cli, cluster, tmp_path):
+    """The supervisor and every worker gone at once (the host with all of them): the standby
+    takes a job nobody re-attaches to (``--adopt-timeout``), so it restarts it. The
+    quarantines its predecessor's guard booked (kept in etcd) hold under it, and its warm
+    spares are recorded in etcd while it runs."""
+    from unbroken.core.exclusion import records_json, record_fault
+
+    job = "orphaned"
+    prior = EtcdJobState(Etcd(cluster.endpoints), job, "gone-supervisor")
+    args = (*RUN, "--steps", "300", "--spares", "1", "--out", str(tmp_path / "run"),
+            "--store", cluster.url, "--job", job, "--lease-ttl", "2", "--adopt-timeout", "1",
+            "--json")
+    now, hist = time.time(), {}
+    for t in (now - 30, now - 20, now - 10):  # three evictions of group 1: quarantined
+        hist, _ = record_fault(hist, 1, t)
+    assert prior.acquire(2)[0]
+    prior.write(status="running", exclusions=records_json(hist))
+    prior.release()  # its lease gone (as after a TTL): the next supervisor may take it
+
+    state = EtcdJobState(Etcd(cluster.endpoints), job, "reader")
+    standby = _start(*args, "--standby")
+    try:
+        pool = _wait(lambda: state.read().get("spares", {}).get("pool"), 120,
+                     "a warm spare recorded in etcd", standby)
+        pid = state.read()["spares"]["pids"][str(pool[0])][0]
+        assert Path(f"/proc/{pid}").exists()  # a live process of the job
+        rc = standby.wait(timeout=150)
+        err, rep = standby.stderr.read(), json.loads(standby.stdout.read() or "{}")
+    finally:
+        if standby.poll() is None:
+            standby.kill()
+    assert rc == 0, err[-3000:]
+    assert rep["exactly_once"] is True and rep["steps"] == 300
+    evs = [json.loads(x) for x in (tmp_path / "run" / "journal.jsonl").read_text().splitlines()]
+    assert [e for e in evs if e["event"] == "restart_requested"
+            and e["reason"].startswith("takeover:")], "no restart after nobody re-attached"
+    restored = [e for e in evs if e["event"] == "exclusions"]
+    assert restored and restored[0]["restored"] is True
+    assert restored[0]["exclusions"]["1"]["quarantines"] == 1, restored
+    st = state.read()
+    assert st["status"] == "done" and st["exclusions"]["1"]["quarantines"] == 1
+    assert st["spares"] == {"pool": [], "pids": {}}  # they went with the job

@@ -120,3 +120,18 @@ def test_bad_times_raise():
     with pytest.raises(ExclusionError, match="top=0"):
         concentration(s, top=0)
     assert NodeRecord().counted(0.0, P) == 0
+
+
+def test_records_survive_json_and_bad_ones_name_the_value():
+    from unbroken.core.exclusion import records_from_json, records_json
+
+    state = _faults({}, 7, [10.0, 20.0, 30.0])  # quarantined at 30
+    state = _faults(state, "node-b", [5.0])
+    back = records_from_json(records_json(state))
+    assert back == state and quarantined(back, 40.0, P) == quarantined(state, 40.0, P) == [7]
+    with pytest.raises(ExclusionError, match=r"exclusions\['7'\].faults=.*'x'"):
+        records_from_json({"7": {"faults": [1.0, "x"]}})
+    with pytest.raises(ExclusionError, match=r"quarantines=-1"):
+        records_from_json({"7": {"faults": [], "quarantines": -1}})
+    with pytest.raises(ExclusionError, match="not a JSON object"):
+        records_from_json([1, 2])

@@ -14,7 +14,10 @@ Layout, one job per prefix ``/unbroken/<job>/`` (``core.coordination.job_prefix`
 ``members``     the generation's members (JSON), ``plan`` its plan (JSON)
 ``committed``   the committed-step watermark (``generation:step``), at checkpoint and
                 generation boundaries only: nothing on the per-step hot path writes here
-``spares``, ``exclusions``, ``ledger_head``, ``store_addr``  (JSON / text) as named
+``spares``      the warm pool (uids, their pids) at each change; emptied at the end
+``exclusions``  the guard's eviction history (``core.exclusion.records_json``): a standby
+                that takes over restores it, so quarantined nodes stay quarantined
+``ledger_head``, ``store_addr``  (JSON / text) as named
 ``standbys/*``  each waiting standby (its name: pid, host, since), under a lease of its own:
                 an operator sees which warm standbys the job has; a dead one's key expires
 ==============  ===========================================================================

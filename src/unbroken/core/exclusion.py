@@ -51,6 +51,8 @@ __all__ = [
     "quarantined",
     "rank_replacements",
     "concentration",
+    "records_json",
+    "records_from_json",
 ]
 
 ADMIT = "admit"
@@ -196,3 +198,33 @@ def concentration(state: Mapping[Hashable, NodeRecord], top: int = 3) -> float:
     counts = sorted((len(r.faults) for r in state.values()), reverse=True)
     total = sum(counts)
     return 0.0 if total == 0 else sum(counts[:top]) / total
+
+
+def records_json(state: Mapping[Hashable, NodeRecord]) -> dict[str, dict]:
+    """``state`` as JSON (node -> its record): what a coordinator keeps in etcd, so that a
+    standby that takes the job over quarantines the same nodes."""
+    return {str(n): {"faults": list(r.faults), "quarantined_at": r.quarantined_at,
+                     "quarantines": r.quarantines} for n, r in state.items()}
+
+
+def records_from_json(data: object) -> dict[Hashable, NodeRecord]:
+    """The inverse of :func:`records_json` (a node named by digits is an int again);
+    ``ExclusionError`` naming the first bad value."""
+    if not isinstance(data, dict):
+        raise ExclusionError(f"exclusions {data!r} is not a JSON object")
+    out: dict[Hashable, NodeRecord] = {}
+    for name, rec in data.items():
+        if not isinstance(rec, dict):
+            raise ExclusionError(f"exclusions[{name!r}]={rec!r} is not a JSON object")
+        faults = rec.get("faults", [])
+        if not isinstance(faults, list):
+            raise ExclusionError(f"exclusions[{name!r}].faults={faults!r} is not a list")
+        at, n = rec.get("quarantined_at"), rec.get("quarantines", 0)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ExclusionError(f"exclusions[{name!r}].quarantines={n!r} must be an "
+                                 f"integer >= 0")
+        times = tuple(sorted(_finite(f"exclusions[{name!r}].faults", t) for t in faults))
+        out[int(name) if str(name).lstrip("-").isdigit() else name] = NodeRecord(
+            times, None if at is None else _finite(f"exclusions[{name!r}].quarantined_at", at),
+            n)
+    return out

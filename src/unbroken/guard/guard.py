@@ -10,6 +10,7 @@ that fails is reported once and switched off, never raising into the run.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
 from unbroken.core.actions import Action, PostCode, PostVerdict, Replace, actions_for
@@ -30,6 +31,7 @@ from unbroken.core.ladder import (
     queue_update,
     update_due,
 )
+from unbroken.core.exclusion import records_from_json, records_json
 from unbroken.core.replay import majority_culprits, restore_target, verified_checkpoint
 from unbroken.events import Event
 from unbroken.guard.failslow import FailSlowRounds
@@ -132,7 +134,18 @@ class Guard:
         """Book a carried-out decision; a lazily queued update it carries is posted now."""
         if d.version is not None and d.version != self.state.running:
             self._post_code(d.version)
+        before = self.state.exclusions
         self.state = advance(self.state, Tried(d), self.policy)
+        if self.state.exclusions != before:  # an eviction booked: durable (etcd) state
+            self.emit({"event": Event.EXCLUSIONS,
+                       "exclusions": records_json(self.state.exclusions)})
+
+    def restore_exclusions(self, data: object) -> None:
+        """Take the eviction history over (a standby: what its predecessor kept in etcd), so
+        that the nodes it quarantined stay quarantined; ``ExclusionError`` when malformed."""
+        self.state = replace(self.state, exclusions=records_from_json(data))
+        self.emit({"event": Event.EXCLUSIONS, "restored": True,
+                   "exclusions": records_json(self.state.exclusions)})
 
     def _post_code(self, version: str) -> int:
         self.code_n += 1

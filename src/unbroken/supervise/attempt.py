@@ -108,6 +108,8 @@ class Attempt:
         self.stall_job, self.stall_pool = None, None  # stack dumps off the loop (_stall)
         self.dumpers: list[threading.Thread] = []  # hung members' dumps, then their kill
         self.exits = ExitWaiter()
+        self._pool_said: list[int] | None = None
+        self._note_pool()
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> dict[int, dict]:
@@ -377,6 +379,7 @@ class Attempt:
         else:
             self.emit({"event": Event.NO_SPARE, "slot": slot})
             return
+        self._note_pool()
         self.slot_of[spare] = slot
         self.holder[slot] = spare
         self.members.add(spare)
@@ -391,7 +394,17 @@ class Attempt:
     def _warm(self) -> list[int]:
         """The pool without the spares that died waiting (their node went with them)."""
         self.pool = [u for u in self.pool if self.c.procs[u].poll() is None]
+        self._note_pool()
         return self.pool
+
+    def _note_pool(self) -> None:
+        """The warm pool once per change (``spares``: recorded in etcd, an operator's view of
+        what a takeover would find; the spares themselves go with their store)."""
+        if self.pool != self._pool_said:
+            self._pool_said = list(self.pool)
+            self.emit({"event": Event.SPARES, "pool": list(self.pool), "pids": {
+                str(u): list(getattr(self.c.procs[u], "pids", [self.c.procs[u].pid]))
+                for u in self.pool}})
 
     def _kill_node(self, f: Fault) -> None:
         """A ``node:I@S`` drill: node I's agent is killed with every process it started
@@ -414,6 +427,7 @@ class Attempt:
             self.holders[pid] = self.next_uid
         self.pool.append(self.next_uid)
         self.next_uid += 1
+        self._note_pool()
 
     # ------------------------------------------------------------------ process exits
     def _exits(self) -> dict[int, dict] | None:

@@ -143,6 +143,10 @@ class JobCoordinator:
                 self._record(generation=gen, members=ev.get("members", []),
                              plan={"step": ev.get("step"), "depth": ev.get("depth"),
                                    "reason": ev.get("reason")})
+        elif kind == Event.SPARES:
+            self._record(spares={"pool": ev.get("pool", []), "pids": ev.get("pids", {})})
+        elif kind == Event.EXCLUSIONS:
+            self._record(exclusions=ev.get("exclusions", {}))
         elif kind == Event.CHECKPOINT and "step" in ev:
             self._record(committed=f"{self.generation}:{int(ev['step'])}",
                          ledger_head=int(ev["step"]))
@@ -186,8 +190,8 @@ class JobCoordinator:
         """Record the end (``done`` when ``finished``) and give the lease up; waits up to
         ``flush_s`` for etcd to take what is pending (then the lease is left to expire)."""
         if self._writer is not None:
-            if finished and not self.lost:
-                self._record(status="done")
+            if finished and not self.lost:  # its spares went with it
+                self._record(status="done", spares={"pool": [], "pids": {}})
             deadline = time.monotonic() + flush_s
             with self._cv:
                 while self._pending and self._writer.is_alive() and \

@@ -74,6 +74,7 @@ class Supervisor:
         self.events: list[dict] = []
         self.signal_received: int | None = None
         self._adopting = False  # a standby taking a running job over (supervise.adopt)
+        self._exclusions = None  # the eviction history a taken-over job kept in etcd
         self._checked = None  # (faults, cfg) once checked
         # a lost lease: None stops the job with a checkpoint; the command line sets
         # supervise.coordinated.stand_by_again (this process becomes a standby of the job)
@@ -113,7 +114,9 @@ class Supervisor:
             self._drop_prestore()
             co.close(finished=False)
             return RunResult(ExitCode.OK, "the job ended under another supervisor", {})
-        if co.state.read().get("status") == "running":  # taking over
+        taken = co.state.read()
+        if taken.get("status") == "running":  # taking over
+            self._exclusions = taken.get("exclusions")  # the evictions its guard booked
             if self.spec.local_nodes or self.spec.nodes or self.spec.ranks_per_group > 1:
                 # node agents end their workers with the directory, and groups of several
                 # ranks do not re-attach yet: continue from the newest checkpoint
@@ -139,7 +142,10 @@ class Supervisor:
             from unbroken.metrics import MetricsExporter
 
             exporter = MetricsExporter(spec.ft.metrics_port)
-        try:  # adopting: the run directory is the running job's, kept as it is
+        try:  # adopting: the run directory is the running job's, kept as it is (made if the
+            # job died before it wrote one: nobody re-attaches, the restart starts there)
+            if self._adopting:
+                out.mkdir(parents=True, exist_ok=True)
             found = prepare(out, resume=spec.resume, fresh=spec.fresh) if not self._adopting \
                 else {"resume_step": None, "kept_in": None}
         except BaseException:
@@ -258,6 +264,13 @@ class Supervisor:
         guard = Guard(self.emit, xid_log=xid_log, act=spec.ft.guard == "act",
                       base_model=cfg.model, uid_of_pid=holders.get,
                       ckpt_every=spec.ckpt_interval(), policy=spec.ft.policy())
+        if self._exclusions:  # a takeover: the nodes its predecessor quarantined stay so
+            from unbroken.core.exclusion import ExclusionError
+
+            try:
+                guard.restore_exclusions(self._exclusions)
+            except ExclusionError as e:
+                self._line(f"etcd: the job's exclusions are not usable, starting without: {e}")
         from unbroken.nodes.directory import NodeStartError
 
         try:
