@@ -279,3 +279,70 @@ def test_a_standby_that_finds_nobody_keeps_the_quarantines_and_records_its_spare
     st = state.read()
     assert st["status"] == "done" and st["exclusions"]["1"]["quarantines"] == 1
     assert st["spares"] == {"pool": [], "pids": {}}  # they went with the job
+
+
+@pytest.mark.timeout(120)
+def test_agent_store_bad_input_is_one_line_exit_2(cli, cluster):
+    _one_line_exit_2(cli("agent"), "--coordinator HOST:PORT and --store")
+    _one_line_exit_2(cli("agent", "--store", "http://127.0.0.1:2379"), "'http://127.0.0.1:2379'")
+    _one_line_exit_2(cli("agent", "--store", "etcd://127.0.0.1:1"), "etcd://127.0.0.1:1")
+    _one_line_exit_2(cli("agent", "--store", cluster.url, "--job", "nojob",
+                         "--connect-timeout", "1"), "no node directory in etcd")
+
+
+@pytest.mark.timeout(300)
+def test_node_agents_follow_the_job_through_etcd_to_the_standby(cli, cluster, tmp_path):
+    """``unbroken agent --store``: the agents find the job's directory in etcd, not at an
+    address they were given. SIGKILL the active supervisor (its directory and stores go, the
+    agents' workers stop with a checkpoint): the same agent processes wait in etcd for the
+    standby's directory, claim their node again, and the standby finishes the job from the
+    checkpoint, exactly once, on the failure-free trajectory."""
+    steps = 1500
+    job = (*RUN, "--groups", "4", "--steps", str(steps), "--ckpt-every", "50", "--seed", "4")
+    ref = cli(*job, "--out", str(tmp_path / "ref"), "--json", timeout=200)
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    ref = json.loads(ref.stdout)
+
+    out = tmp_path / "run"
+    ha = (*job, "--nodes", "2", "--out", str(out), "--store", cluster.url, "--job", "agents",
+          "--lease-ttl", "2", "--json")
+    active = _start(*ha)
+    agents, standby = [], None
+    try:
+        # stderr to files: the agents' store clients log a C++ stack per failed call
+        agents = [subprocess.Popen(
+            [sys.executable, "-m", "unbroken", "agent", "--store", cluster.url, "--job",
+             "agents", "--node", str(k), "--connect-timeout", "60"],
+            stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"agent-{k}.err", "w"))
+            for k in (0, 1)]
+        _wait(lambda: len(_commits(out)) > 0, 120, "a first commit", active)
+        standby = _start(*ha, "--standby")
+        state = EtcdJobState(Etcd(cluster.endpoints), "agents", "reader")
+        _wait(lambda: state.standbys(), 120, "the standby's announcement", active)
+        first = state.read()["directory"]
+        top = max(e["step"] for e in _commits(out))
+        _wait(lambda: max(e["step"] for e in _commits(out)) >= top + 50, 120, "50 more steps",
+              active)
+        active.send_signal(signal.SIGKILL)
+        t_kill = time.time()
+        active.wait(timeout=10)
+        rc = standby.wait(timeout=200)
+        err, rep = standby.stderr.read(), json.loads(standby.stdout.read() or "{}")
+        codes = [a.wait(timeout=30) for a in agents]
+    finally:
+        for p in (active, standby, *agents):
+            if p is not None and p.poll() is None:
+                p.kill()
+    assert rc == 0, err[-3000:]
+    said = [(tmp_path / f"agent-{k}.err").read_text() for k in (0, 1)]
+    assert codes == [0, 0], said  # the same agent processes, through to the job's end
+    assert all("is lost; waiting" in s for s in said), said
+    assert state.read()["directory"]["epoch"] != first["epoch"]  # the standby's directory
+    assert rep["exactly_once"] is True and rep["steps"] == steps
+    assert rep["ledger"]["missing"] == 0 and rep["ledger"]["duplicated"] == 0
+    restored = [e["t"] for e in _events(out, "restore") if e["t"] > t_kill]
+    assert restored, "no restore from the checkpoint"
+    took_s = min(e["t"] for e in _commits(out) if e["t"] > min(restored)) - t_kill
+    print(f"node agents: supervisor SIGKILL -> next commit under the standby (a restart "
+          f"from the checkpoint): {took_s:.2f} s (lease ttl 2 s)")
+    assert rep["params_sha256"] is not None and rep["params_sha256"] == ref["params_sha256"]

@@ -18,6 +18,8 @@ Layout, one job per prefix ``/unbroken/<job>/`` (``core.coordination.job_prefix`
 ``exclusions``  the guard's eviction history (``core.exclusion.records_json``): a standby
                 that takes over restores it, so quarantined nodes stay quarantined
 ``ledger_head``, ``store_addr``  (JSON / text) as named
+``directory``   the node directory's address and epoch (``--nodes``): where agents started
+                with ``--store`` claim their node, the standby's after a takeover
 ``standbys/*``  each waiting standby (its name: pid, host, since), under a lease of its own:
                 an operator sees which warm standbys the job has; a dead one's key expires
 ==============  ===========================================================================
@@ -45,7 +47,7 @@ from unbroken.core.coordination import job_prefix, may_act, may_commit, same_job
 __all__ = ["EtcdJobState", "NotLeader", "OtherJob", "retry_until", "FIELDS"]
 
 FIELDS = ("status", "generation", "members", "plan", "committed", "spares", "exclusions",
-          "ledger_head", "store_addr")
+          "ledger_head", "store_addr", "directory")
 
 T = TypeVar("T")
 

@@ -1,4 +1,5 @@
-"""The node agent: ``unbroken agent --coordinator HOST:PORT [--node I] [--slots K] [--spares K]``.
+"""The node agent: ``unbroken agent --coordinator HOST:PORT | --store etcd://... [--job NAME]
+[--node I] [--slots K] [--spares K]``.
 
 Why an agent: across machines the supervisor can neither fork a worker nor ``waitpid`` one, so
 each machine runs one agent that does both for it and talks to the coordinator through the
@@ -28,12 +29,23 @@ stores the coordinator already hosts (no second protocol):
   gave its node up) kills what it started and exits 10, or with ``--rejoin`` asks to come
   back (``node_rejoin/<i>``) and, once the coordinator lifts the fence, takes spares again.
 
+With ``--store etcd://... --job NAME`` (a job run with the same ``--store``) the agent finds
+the directory in etcd (``directory``: host, port, epoch) instead of being given its address,
+and outlives its coordinator: when the directory goes (the supervisor's process is gone), its
+workers stop with a checkpoint as before, and the agent -- the same process, its fork server
+warm -- waits in etcd for the directory of the standby that takes the lease over
+(``coord.follow``, ``--reattach-timeout`` s), claims the same node index there and follows
+the job on; the standby restarts the job from the checkpoint on its agents. A coordinator
+host that vanishes without a reset (the link is cut) still reads as a cut link: exit 10.
+
 The workers fork from a server that is a fork of the agent itself (``spawn.fork_server``): the
 agent has imported torch already, so a worker costs a fork, not a second import.
 
-Exit codes: 0 the job ended, 2 bad input (unreachable coordinator, a node index claimed twice
-or past the job's nodes, --slots/--spares that do not hold the placement, a run directory this
-node does not see), 5 the coordinator went away, 10 fenced (the coordinator gave this node up,
+Exit codes: 0 the job ended, 2 bad input (unreachable coordinator or etcd, no directory in
+etcd within ``--connect-timeout``, both or neither of ``--coordinator`` and ``--store``, a node
+index claimed twice or past the job's nodes, --slots/--spares that do not hold the placement, a
+run directory this node does not see), 5 the coordinator went away (with ``--store``: and no
+successor came), 10 fenced (the coordinator gave this node up,
 or a heartbeat to it blocked for ``CUT_OFF_S`` s: the link is cut).
 """
 
@@ -216,6 +228,7 @@ class Agent:
     None when the attempt ended and the agent follows the job to its next one."""
 
     TICK_S = 0.02  # orders are read this often; a worker's exit wakes the loop at once
+    RETRY_S = 0.25  # the attempt's store failed a call: tried again this much later
 
     def __init__(self, store, node: int, stderr_dir: str, *, host: str = "127.0.0.1",
                  ifname: str | None = None, directory=None, reporter=None) -> None:
@@ -251,8 +264,9 @@ class Agent:
                 errors = 0
             except Exception:
                 errors += 1
-                if errors >= 3 / self.TICK_S:  # 3 s without the attempt's store
+                if errors >= 3 / self.RETRY_S:  # 3 s without the attempt's store
                     return self._store_lost()
+                time.sleep(self.RETRY_S)  # each failed call logs a C++ stack: a few, not 150
                 continue
             if done:
                 return None
@@ -391,9 +405,9 @@ def follow(directory, host: str, node: int, record: dict, stderr_dir: str, *,
             raise
         except Exception:
             errors += 1
-            if errors * tick >= 3:  # 3 s without the directory: the coordinator is gone
-                return ExitCode.COORDINATOR_LOST
-            time.sleep(tick)
+            if errors * Agent.RETRY_S >= 3:  # 3 s without the directory: the coordinator
+                return ExitCode.COORDINATOR_LOST  # is gone
+            time.sleep(Agent.RETRY_S)
             continue
         if agent is not None and n == attached:  # back from a fence, in the same attempt
             code = agent.run()
@@ -432,9 +446,18 @@ def follow(directory, host: str, node: int, record: dict, stderr_dir: str, *,
 
 def build_parser(ap: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     ap = ap or argparse.ArgumentParser(prog="unbroken agent", description=__doc__)
-    ap.add_argument("--coordinator", required=True, metavar="HOST:PORT",
+    ap.add_argument("--coordinator", default=None, metavar="HOST:PORT",
                     help="the job's directory: `unbroken run --nodes K --listen PORT` on the "
                          "coordinator's host (`--local-nodes K` starts its agents itself)")
+    ap.add_argument("--store", default=None, metavar="etcd://HOST:PORT[,...]",
+                    help="instead of --coordinator: find the job's directory in etcd (a job "
+                         "run with --store etcd://), and when its coordinator is lost, wait "
+                         "for the standby that takes over and claim this node in its directory")
+    ap.add_argument("--job", default="unbroken", metavar="NAME",
+                    help="with --store: the job's name (its keys' prefix /unbroken/NAME/)")
+    ap.add_argument("--reattach-timeout", type=float, default=60.0, metavar="S",
+                    help="with --store: how long a coordinator's successor is waited for "
+                         "(then exit 5)")
     ap.add_argument("--node", type=int, default=None, metavar="I",
                     help="this node's index (default: the lowest free one)")
     ap.add_argument("--slots", type=int, default=None, metavar="K",
@@ -466,7 +489,10 @@ def run(a: argparse.Namespace) -> int:
 
     from unbroken import spawn
 
-    host, port = parse_address(a.coordinator)
+    if (a.coordinator is None) == (a.store is None):
+        raise AgentError("give one of --coordinator HOST:PORT and --store etcd://HOST:PORT "
+                         "(where the job's directory is found)")
+    locate = _fixed(a.coordinator) if a.coordinator is not None else _in_etcd(a)
     if a.node is not None and a.node < 0:
         raise AgentError(f"--node {a.node}: must be >= 0")
     for flag, v in (("--slots", a.slots), ("--spares", a.spares)):
@@ -475,19 +501,70 @@ def run(a: argparse.Namespace) -> int:
     import torch.distributed  # noqa: F401 - before the fork server: its workers inherit it
 
     spawn.fork_server()  # no thread yet: this process is still safe to fork
-    directory = connect(host, port, a.connect_timeout)
     record = {"pid": os.getpid(), "host": socket.gethostname(), "slots": a.slots,
               "spares": a.spares}
-    node = claim(directory, a.node, record)
-    beat = _Beat(directory, node, a.heartbeat,
-                 on_cut=lambda why: _cut_off(a.coordinator, why))
+    stderr_dir = a.stderr_dir or tempfile.mkdtemp(prefix="unbroken-node-")
+    node, epoch = a.node, None
+    while True:
+        host, port, epoch = locate(epoch)
+        directory = connect(host, port, a.connect_timeout)
+        node = claim(directory, node, record)  # after a takeover: the same index again
+        beat = _Beat(directory, node, a.heartbeat,
+                     on_cut=lambda why, at=f"{host}:{port}": _cut_off(at, why))
+        try:
+            code = follow(directory, host, node, record, stderr_dir,
+                          ifname=gloo_ifname(host, port), connect_timeout=a.connect_timeout,
+                          rejoin=a.rejoin, xid_log=a.xid_log)
+        finally:
+            beat.stop()
+        if code != ExitCode.COORDINATOR_LOST or a.store is None:
+            return code
+        sys.stderr.write(f"unbroken: agent {node}: the coordinator at {host}:{port} is lost; "
+                         f"waiting up to {a.reattach_timeout:g}s for the one that takes over\n")
+
+
+def _fixed(coordinator: str):
+    """``--coordinator``: one directory for the agent's whole life."""
+    host, port = parse_address(coordinator)
+    return lambda _epoch: (host, port, None)
+
+
+def _in_etcd(a: argparse.Namespace):
+    """``--store``: the directory named in etcd (``directory``: host, port, epoch); checked
+    now (a wrong scheme, an etcd that does not answer: AgentError). The first is waited for
+    ``--connect-timeout`` s, the successor of a lost one ``--reattach-timeout`` s (then the
+    agent gives up: exit 5, as without etcd)."""
+    from unbroken.coord.etcd import Etcd, EtcdError
+    from unbroken.coord.follow import wait_new_epoch
+    from unbroken.core.coordination import check_job_name, job_prefix, parse_store
+
     try:
-        return follow(directory, host, node, record,
-                      a.stderr_dir or tempfile.mkdtemp(prefix="unbroken-node-"),
-                      ifname=gloo_ifname(host, port), connect_timeout=a.connect_timeout,
-                      rejoin=a.rejoin, xid_log=a.xid_log)
-    finally:
-        beat.stop()
+        store, job = parse_store(a.store), check_job_name(a.job)
+    except ValueError as e:
+        raise AgentError(str(e)) from None
+    if store.kind != "etcd":
+        raise AgentError(f"--store {a.store!r}: expected etcd://HOST:PORT[,HOST:PORT...]")
+    etcd = Etcd(list(store.endpoints), timeout=1.0)
+    try:
+        etcd.status()
+    except EtcdError as e:
+        raise AgentError(f"--store {a.store}: {e}") from None
+    key = job_prefix(job) + "directory"
+
+    def locate(epoch: str | None) -> tuple[str, int, str]:
+        rec = wait_new_epoch(etcd, key, epoch,
+                             a.connect_timeout if epoch is None else a.reattach_timeout)
+        if rec is None and epoch is None:
+            raise AgentError(f"--store {a.store} --job {job}: no node directory in etcd "
+                             f"within {a.connect_timeout:g}s (is the job running with "
+                             f"--nodes and this --store?)")
+        if rec is None:
+            sys.stderr.write(f"unbroken: no coordinator took job {job} over within "
+                             f"{a.reattach_timeout:g}s, exit {int(ExitCode.COORDINATOR_LOST)}\n")
+            sys.stderr.flush()
+            os._exit(int(ExitCode.COORDINATOR_LOST))
+        return str(rec["host"]), int(rec["port"]), str(rec["epoch"])
+    return locate
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -49,8 +49,7 @@ class Reattach:
     """The etcd record of job ``job`` that names its coordinator's store (``store_addr``:
     host, port, epoch), read with the stdlib client of ``unbroken.coord.etcd``."""
 
-    WATCH_S = 2.0  # one watch's length: a member watching a cut-off etcd member re-reads
-    RETRY_S = 0.25  # 16 members retrying every 50 ms kept a 2-core etcd too busy to publish
+    RETRY_S = 0.25  # etcd down: 16 members retrying every 50 ms kept a 2-core etcd too busy
 
     def __init__(self, url: str, job: str) -> None:
         from unbroken.coord.etcd import Etcd
@@ -118,25 +117,14 @@ class Reattach:
         self.epoch = store.get(COORD_EPOCH).decode()
 
     def wait(self, timeout: float) -> tuple[str, int, str]:
-        """Block until etcd names a store of another epoch: (host, port, epoch). A read, then
-        a watch from the revision after it: etcd answers the moment the standby publishes."""
-        from unbroken.coord.etcd import EtcdError
+        """Block until etcd names a store of another epoch: (host, port, epoch)
+        (``coord.follow``: a read, then a watch that etcd answers at the publication)."""
+        from unbroken.coord.follow import wait_new_epoch
 
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                kv, rev = self.etcd.get_at(self.key)
-            except EtcdError:  # no quorum: nobody can take over meanwhile either
-                kv, rev = None, 0
-            if kv is not None:
-                rec = json.loads(kv.value)
-                if str(rec.get("epoch")) != self.epoch:
-                    return str(rec["host"]), int(rec["port"]), str(rec["epoch"])
-            if rev:  # the watch returns at the change; then the read above takes it
-                self.etcd.watch(self.key, rev + 1, min(self.WATCH_S, deadline - time.monotonic()))
-            else:
-                time.sleep(self.RETRY_S)  # etcd down: a retry interval, not a synchronisation
-        raise ReattachFailed(f"no new coordinator in etcd within {timeout:g}s")
+        rec = wait_new_epoch(self.etcd, self.key, self.epoch, timeout)
+        if rec is None:
+            raise ReattachFailed(f"no new coordinator in etcd within {timeout:g}s")
+        return str(rec["host"]), int(rec["port"]), str(rec["epoch"])
 
     def connect(self, host: str, port: int, epoch: str):
         """A client of the new store: the one connected ahead if there is (its heartbeat's

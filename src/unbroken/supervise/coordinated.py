@@ -25,9 +25,11 @@ whatever holds the durable state; this file is everything that changes when etcd
   stopped (``supervise.adopt``): no restart, no step lost. When nobody re-attaches it
   continues from the newest durable checkpoint in the shared ``--out``.
 
-Known limits: node agents (``--nodes``/``--local-nodes``) end their workers with the
-coordinator's directory, and groups of several ranks do not re-attach yet: there the standby
-restarts from the checkpoint.
+Node agents (``--nodes``) started with ``--store`` find the job's directory in etcd
+(:meth:`JobCoordinator.publish_directory`) and follow it to the standby's. Known limits: node
+agents end their workers with the coordinator's directory, and groups of several ranks do not
+re-attach yet: there the standby restarts from the checkpoint. The spare pool and the guard's
+eviction history are recorded as they change; a standby restores the exclusions.
 When etcd is unavailable the pending fields wait (newer values replacing older ones) and are
 retried, once a line says so; training itself does not wait on etcd.
 """
@@ -126,6 +128,19 @@ class JobCoordinator:
         self._record(store_addr={"host": host, "port": int(port), "epoch": epoch,
                                  "leader": self.state.me})
         return epoch
+
+    def publish_directory(self, host: str, port: int) -> None:
+        """Name the job's node directory in etcd (``directory``: host, port, a fresh epoch):
+        agents started with ``--store`` claim their node there, and after a takeover in the
+        standby's (``nodes.agent``)."""
+        import uuid
+
+        self._record(directory={"host": host, "port": int(port), "epoch": uuid.uuid4().hex,
+                                "leader": self.state.me})
+
+    def agent_flags(self) -> str:
+        """What a node agent is started with to follow this job through etcd."""
+        return f"--store etcd://{','.join(self.store.endpoints)} --job {self.state.job}"
 
     def worker_argv(self) -> list[str]:
         """The members' flags that let them outlive this supervisor (``runtime.reattach``)."""

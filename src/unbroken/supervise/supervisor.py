@@ -75,6 +75,7 @@ class Supervisor:
         self.signal_received: int | None = None
         self._adopting = False  # a standby taking a running job over (supervise.adopt)
         self._exclusions = None  # the eviction history a taken-over job kept in etcd
+        self._before: dict | None = None  # a takeover: the job's journals before it (sizes)
         self._checked = None  # (faults, cfg) once checked
         # a lost lease: None stops the job with a checkpoint; the command line sets
         # supervise.coordinated.stand_by_again (this process becomes a standby of the job)
@@ -117,6 +118,8 @@ class Supervisor:
         taken = co.state.read()
         if taken.get("status") == "running":  # taking over
             self._exclusions = taken.get("exclusions")  # the evictions its guard booked
+            out = Path(self.spec.out)  # where the job's journals end now: the report covers
+            self._before = journal_sizes(out / "journal.jsonl", out / "groups")  # them too
             if self.spec.local_nodes or self.spec.nodes or self.spec.ranks_per_group > 1:
                 # node agents end their workers with the directory, and groups of several
                 # ranks do not re-attach yet: continue from the newest checkpoint
@@ -274,7 +277,7 @@ class Supervisor:
         from unbroken.nodes.directory import NodeStartError
 
         try:
-            with job_nodes(spec, self._line) as directory:  # node agents: one for the job's life
+            with job_nodes(spec, self._line, self.coordinator) as directory:  # node agents: one for the job's life
                 done, ended = self._attempts(faults, cfg, out, jdir, xid_log, spares, guard,
                                              holders, directory)
         except NodeStartError as e:  # the agents did not come: the run cannot start
@@ -328,8 +331,7 @@ class Supervisor:
                     co.withdraw()  # connected: no member needs the announcement any more
                     # the job's events before this standby, for its report: read while
                     # the members train, not before the go (whole journals)
-                    self.events[:] = sorted(history(out / "journal.jsonl", jdir, self._before)
-                                            + self.events, key=lambda e: e.get("t", 0.0))
+                    self._take_history(out, jdir)
                 done = run.run()
             except Restart as r:  # the ladder's budget bounds these (core.ladder)
                 attempt, backoff = attempt + 1, r.backoff
@@ -345,6 +347,13 @@ class Supervisor:
             if ended is None and done is None:
                 ended = self._backoff(backoff)
         return done, ended
+
+    def _take_history(self, out: Path, jdir: Path) -> None:
+        """A takeover's report covers the whole job: the events from before it, once."""
+        if self._before is not None:
+            self.events[:] = sorted(history(out / "journal.jsonl", jdir, self._before)
+                                    + self.events, key=lambda e: e.get("t", 0.0))
+            self._before = None
 
     def _start_prestore(self) -> None:
         """A standby's store, up before it is needed, with this supervisor's client and its
@@ -400,6 +409,7 @@ class Supervisor:
         from unbroken.core.ledger import check_ledger
 
         spec = self.spec
+        self._take_history(out, jdir)  # a takeover that restarted from the checkpoint
         journals = {int(f.stem.split("-")[1]): read_journal(f)
                     for f in sorted(jdir.glob("group-*.jsonl"))}
         # the job's start: an adopting standby's report covers its predecessors' part too
