@@ -141,16 +141,18 @@ def done_key(uid: int) -> str:
     return f"done/{uid}"
 
 
-def reattach_key(uid: int) -> str:
+def reattach_key(uid: int, rank: int = 0) -> str:
     """A member's report after re-attaching to a standby's store (JSON: pid, slot, step,
-    generation, members): the worker writes it, the standby adopts from it."""
-    return f"reattach/{uid}"
+    generation, members): the worker writes it (each rank of a group its own), the standby
+    adopts from it."""
+    return f"reattach/{uid}" if rank == 0 else f"reattach/{uid}.{rank}"
 
 
-def exit_key(uid: int) -> str:
-    """A worker's exit code, written just before it exits: a supervisor that adopted it (not
-    its parent, so no ``waitpid``) reads it; absent after a kill."""
-    return f"exit/{uid}"
+def exit_key(uid: int, rank: int = 0) -> str:
+    """A worker's exit code (rank ``rank`` of its group), written just before it exits: a
+    supervisor that adopted it (not its parent, so no ``waitpid``) reads it; absent after a
+    kill."""
+    return f"exit/{uid}" if rank == 0 else f"exit/{uid}.{rank}"
 
 
 def error_key(uid: int) -> str:

@@ -89,19 +89,22 @@ def _start(*args: str) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True)
 
 
-@pytest.mark.timeout(240)
-@pytest.mark.parametrize("groups", [3, 8])  # 16 in bench/coordinator_loss.py
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("groups, ranks", [(3, 1), (8, 1), (3, 2)])  # 16: bench/
 def test_sigkilled_supervisor_the_standby_finishes_the_job_exactly_once(cli, cluster,
-                                                                        tmp_path, groups):
+                                                                        tmp_path, groups, ranks):
+    """``ranks`` 2: each group two ranks with the model sharded over them (FSDP2); every rank
+    re-attaches its own plane and the standby adopts a group once both ranks reported."""
     steps = 1500  # 5-15 ms a step: still training once the standby is warm (3-6 s)
     job = (*RUN, "--steps", str(steps), "--ckpt-every", "50", "--seed", "3",
-           "--groups", str(groups))
+           "--groups", str(groups),
+           *(("--ranks-per-group", str(ranks), "--shard", "fsdp") if ranks > 1 else ()))
     ref = cli(*job, "--out", str(tmp_path / "ref"), "--json", timeout=150)
     assert ref.returncode == 0, ref.stderr[-2000:]
     ref = json.loads(ref.stdout)
 
     out = tmp_path / "run"
-    ha = (*job, "--out", str(out), "--store", cluster.url, "--job", f"ha{groups}",
+    ha = (*job, "--out", str(out), "--store", cluster.url, "--job", f"ha{groups}x{ranks}",
           "--lease-ttl", "2", "--reattach-timeout", "40", "--adopt-timeout", "30",
           "--json")
     active = _start(*ha)
@@ -110,7 +113,7 @@ def test_sigkilled_supervisor_the_standby_finishes_the_job_exactly_once(cli, clu
         _wait(lambda: len(_commits(out)) > 0, 120, "a first commit", active)
         standby = _start(*ha, "--standby")
         # warm, it says so in etcd with its store; the members connect to that ahead
-        state = EtcdJobState(Etcd(cluster.endpoints), f"ha{groups}", "reader")
+        state = EtcdJobState(Etcd(cluster.endpoints), f"ha{groups}x{ranks}", "reader")
         _wait(lambda: state.standbys(), 120, "the standby's announcement", active)
         (name, info), = state.standbys().items()
         assert info["pid"] == standby.pid and info["store"]["port"] > 0, info
@@ -141,7 +144,7 @@ def test_sigkilled_supervisor_the_standby_finishes_the_job_exactly_once(cli, clu
     assert all(e["reattach_timeout"] == 40 for e in adopted), adopted  # the flag reached them
     t_go = max(e["t"] for e in adopted)
     took_s = min(e["t"] for e in _commits(out) if e["t"] > t_go) - t_kill
-    print(f"{groups} groups: supervisor SIGKILL -> next commit under the standby: "
+    print(f"{groups} groups x {ranks} ranks: supervisor SIGKILL -> next commit under the standby: "
           f"{took_s:.2f} s (lease ttl 2 s)")
     assert rep["exactly_once"] is True and rep["ledger"]["missing"] == 0
     assert rep["ledger"]["duplicated"] == 0

@@ -25,7 +25,9 @@ is alive a member holds one idle etcd watch (on ``standbys/``): the hot path is 
 
 Exit code contract: no new store within ``timeout`` s, or no go within ``timeout`` s after the
 report: the caller exits 5 as before (its checkpoint is on disk, ``--resume`` continues).
-Groups of several ranks (``ranks_per_group > 1``) are not re-attached yet: they exit 5.
+A group of several ranks stops as one (its ranks agree on the lost coordinator, the group's
+checkpoint is written together); each rank re-attaches its own plane's communicator and posts
+its own report, and the standby adopts the group only when all of its ranks reported.
 """
 
 from __future__ import annotations
@@ -136,12 +138,13 @@ class Reattach:
         return store
 
 
-def report(store, uid: int, runner, timeout: float, stopped_t: float) -> None:
-    """Post this member's view (the standby adopts from these), then wait for the go.
-    ``stopped_t``: when it stopped training (the standby reports the pause)."""
+def report(store, uid: int, runner, timeout: float, stopped_t: float, rank: int = 0) -> None:
+    """Post this member's view (the standby adopts from these; each rank of a group posts
+    its own), then wait for the go. ``stopped_t``: when it stopped training (the standby
+    reports the pause)."""
     comm = runner.comm
-    store.set(reattach_key(uid), json.dumps({
-        "uid": uid, "pid": os.getpid(), "slot": runner.slot_of.get(uid), "step": runner.step,
+    store.set(reattach_key(uid, rank), json.dumps({
+        "uid": uid, "rank": rank, "pid": os.getpid(), "slot": runner.slot_of.get(uid), "step": runner.step,
         "gen": comm.generation, "members": comm.members,
         "slot_of": {str(u): s for u, s in runner.slot_of.items()}, "stopped_t": stopped_t,
         "t": time.time()}))

@@ -351,7 +351,8 @@ class StackedRunner(Recovery, Incidents, Admission):
         admitted was a spare of the old coordinator's, gone with its store."""
         self.join_seen = self.admitted
         self._control_ready = False
-        if self.comm.rank == 0:
+        # one process of the job: the first member's rank 0 (every plane has a member 0)
+        if self.comm.rank == 0 and getattr(self.comm, "plane", 0) == 0:
             for key, value in ((JOIN_COUNT, self.admitted), (CODE_COUNT, self.code_applied)):
                 have = int(store.add(key, 0))
                 if have < value:

@@ -157,7 +157,7 @@ def worker_main(argv: list[str] | None = None) -> None:
                       heartbeat_period=a.heartbeat, staleness=a.staleness,
                       pg_timeout=a.pg_timeout, joining=a.standby, backend=cfg.backend,
                       supervisor_staleness=a.supervisor_staleness, rank=a.rank, ranks=ranks)
-        if a.etcd and ranks == 1:  # groups of several ranks: exit 5 as before (not yet)
+        if a.etcd:  # outlive the supervisor: re-attach to the standby's store
             from unbroken.runtime.reattach import Reattach
 
             reattach = Reattach(a.etcd, a.job)
@@ -242,7 +242,7 @@ def worker_main(argv: list[str] | None = None) -> None:
     jf.close()
     if reattach is not None and comm is not None:  # an adopting supervisor is not our
         try:  # parent: it cannot waitpid
-            comm.store.set(exit_key(a.uid), str(int(code)))
+            comm.store.set(exit_key(a.uid, a.rank), str(int(code)))
         except Exception:
             pass
     hard_exit(code)
@@ -269,7 +269,7 @@ def _train(runner, comm, reattach, a, journal):
                 store = reattach.connect(*reattach.wait(a.reattach_timeout))
                 comm.reattach(store, reattach.hb_client)
                 runner.reattached(store)
-                report(store, a.uid, runner, a.reattach_timeout, t0)
+                report(store, a.uid, runner, a.reattach_timeout, t0, rank=a.rank)
             except (ReattachFailed, RuntimeError) as exc:  # torch's connect errors too
                 raise CoordinatorLostError(f"no takeover: {exc}") from None
             journal({"event": Event.ADOPTED, "step": runner.step, "checkpoint": path,

@@ -29,14 +29,14 @@ from pathlib import Path
 from unbroken.core.coordination import Adoption, adoption
 from unbroken.protocol import exit_key, reattach_key
 
-__all__ = ["AdoptedProc", "collect", "history", "journal_sizes", "known_uids"]
+__all__ = ["AdoptedProc", "collect", "history", "journal_sizes", "known_uids", "stop_paused"]
 
 
 class AdoptedProc:
     """A running worker this supervisor did not start (``pid``; ``None``: it never came)."""
 
-    def __init__(self, pid: int | None, uid: int, store) -> None:
-        self.pid, self.uid, self.store = pid or 0, uid, store
+    def __init__(self, pid: int | None, uid: int, store, rank: int = 0) -> None:
+        self.pid, self.uid, self.store, self.rank = pid or 0, uid, store, rank
         self.returncode: int | None = None
         self.sentinel = None
         if pid:
@@ -52,7 +52,7 @@ class AdoptedProc:
         if self.returncode is None:
             if not select.select([self.sentinel], [], [], 0)[0]:
                 return None
-            key = exit_key(self.uid)
+            key = exit_key(self.uid, self.rank)
             try:
                 self.returncode = int(self.store.get(key)) if self.store.check([key]) \
                     else -signal.SIGKILL
@@ -117,18 +117,47 @@ def known_uids(jdir: Path) -> set[int]:
     return {int(f.stem.split("-")[1]) for f in jdir.glob("group-*.jsonl")}
 
 
-def collect(store, uids: set[int], timeout: float) -> tuple[Adoption | None, str, dict]:
+def collect(store, uids: set[int], timeout: float, ranks: int = 1
+            ) -> tuple[Adoption | None, str, dict]:
     """Wait up to ``timeout`` s for the re-attach reports of the newest generation's members
-    among ``uids``; returns the decision, its reason and the reports."""
+    among ``uids``; returns the decision, its reason and the reports (uid -> rank 0's report,
+    with ``pids``: every rank's, rank order). A group of ``ranks`` ranks has reported once all
+    of them have: a rank cannot train without its siblings."""
     reports: dict[int, dict] = {}
+    partial: dict[int, dict[int, dict]] = {}
     deadline = time.monotonic() + timeout
     while True:
         for u in sorted(uids - set(reports)):
-            if store.check([reattach_key(u)]):
-                reports[u] = json.loads(store.get(reattach_key(u)))
+            got = partial.setdefault(u, {})
+            for k in range(ranks):
+                if k not in got and store.check([reattach_key(u, k)]):
+                    got[k] = json.loads(store.get(reattach_key(u, k)))
+            if len(got) == ranks:
+                reports[u] = {**got[0], "pids": [int(got[k]["pid"]) for k in range(ranks)]}
                 uids |= {int(m) for m in reports[u]["members"]}
         final = time.monotonic() >= deadline
         got, why = adoption(reports, final)
         if got is not None or final:
+            # ranks of a group that did not all come: paused, never to train (the group is
+            # adopted as lost, or nothing is): they go, as the group's fence would
+            for u, rs in partial.items():
+                if u not in reports:
+                    for r in rs.values():
+                        _kill(int(r["pid"]))
             return got, why, reports
         time.sleep(0.02)  # a poll of store keys (the reports come in 10s of ms)
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def stop_paused(reports: dict[int, dict]) -> None:
+    """Nothing adopted: the members paused at a boundary (every rank) go; the restart from
+    the checkpoint replaces them."""
+    for r in reports.values():
+        for pid in r.get("pids", [r["pid"]]):
+            _kill(int(pid))

@@ -137,13 +137,19 @@ class StackedCluster(LocalCluster):
         for u in [*self.spares, *(range(cfg.groups) if adopt_from is None else ())]:
             self.spawn(u, standby=u in self.spares)
 
-    def adopt(self, members, pids: dict[int, int]) -> None:
-        """Take over running members started by another supervisor (``supervise.adopt``);
-        one without a pid never re-attached and is handed over as dead."""
+    def adopt(self, members, pids: dict[int, list[int]]) -> None:
+        """Take over running members started by another supervisor (``supervise.adopt``):
+        ``pids[uid]``, its ranks' pids in rank order; one without pids never re-attached and
+        is handed over as dead. A group of several ranks is a :class:`RankGroup` again (one
+        rank's failure fences it, the death notice first)."""
         from unbroken.supervise.adopt import AdoptedProc
 
+        ranks = self.cfg.ranks_per_group
         for u in members:
-            self.procs[u] = AdoptedProc(pids.get(u), u, self.store)
+            got = pids.get(u) or [None] * ranks
+            procs = [AdoptedProc(pid, u, self.store, rank=k) for k, pid in enumerate(got)]
+            self.procs[u] = procs[0] if ranks == 1 else RankGroup(
+                procs, on_lost=lambda u=u: self._lost_notice(u))
             self.uids.append(u)
 
     def spawn(self, uid: int, *, standby: bool = False, extra: list[str] = ()) -> None:

@@ -49,7 +49,7 @@ from unbroken.core.faults import Fault, format_faults
 from unbroken.events import Event
 from unbroken.fsio import copy_atomic, sha256_file
 from unbroken.protocol import ADOPTED, ExitCode
-from unbroken.supervise.adopt import collect, history, journal_sizes, known_uids
+from unbroken.supervise.adopt import collect, history, journal_sizes, known_uids, stop_paused
 from unbroken.supervise.attempt import Attempt
 from unbroken.supervise.heartbeat import SupervisorHeartbeat
 from unbroken.supervise.launch import make_cluster
@@ -120,9 +120,9 @@ class Supervisor:
             self._exclusions = taken.get("exclusions")  # the evictions its guard booked
             out = Path(self.spec.out)  # where the job's journals end now: the report covers
             self._before = journal_sizes(out / "journal.jsonl", out / "groups")  # them too
-            if self.spec.local_nodes or self.spec.nodes or self.spec.ranks_per_group > 1:
-                # node agents end their workers with the directory, and groups of several
-                # ranks do not re-attach yet: continue from the newest checkpoint
+            if self.spec.local_nodes or self.spec.nodes:
+                # node agents end their workers with the directory: continue from the newest
+                # checkpoint
                 self.spec = replace(self.spec, **_continue(Path(self.spec.out)))
             else:  # adopt the members where they stopped (a restart only if that fails)
                 self._adopting = True
@@ -382,18 +382,14 @@ class Supervisor:
         checkpoint."""
         t0 = time.time()
         adopted, why, reports = collect(c.store, known_uids(jdir) | set(range(self.spec.groups)),
-                                        self.adopt_timeout)
+                                        self.adopt_timeout, self.spec.ranks_per_group)
         self._line(f"standby: {why}")
         if adopted is None:
-            for r in reports.values():  # paused at a boundary: the restart replaces them
-                try:
-                    os.kill(int(r["pid"]), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            stop_paused(reports)  # paused at a boundary: the restart replaces them
             self.emit({"event": Event.RESTART_REQUESTED, "reason": f"takeover: {why}",
                        "attempt": 1, "backoff_s": 0.0})
             return None
-        c.adopt(adopted.members, {u: int(r["pid"]) for u, r in reports.items()})
+        c.adopt(adopted.members, {u: r["pids"] for u, r in reports.items()})
         self._before = journal_sizes(Path(self.spec.out) / "journal.jsonl", jdir)
         stopped = [r["stopped_t"] for r in reports.values() if "stopped_t" in r]
         self.emit({"event": Event.TAKEOVER, "leader": self.coordinator.state.me,
