@@ -144,7 +144,8 @@ def report(store, uid: int, runner, timeout: float, stopped_t: float, rank: int 
     reports the pause)."""
     comm = runner.comm
     store.set(reattach_key(uid, rank), json.dumps({
-        "uid": uid, "rank": rank, "pid": os.getpid(), "slot": runner.slot_of.get(uid), "step": runner.step,
+        "uid": uid, "rank": rank, "pid": os.getpid(), "slot": runner.slot_of.get(uid),
+        "step": runner.step,
         "gen": comm.generation, "members": comm.members,
         "slot_of": {str(u): s for u, s in runner.slot_of.items()}, "stopped_t": stopped_t,
         "t": time.time()}))

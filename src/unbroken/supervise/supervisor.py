@@ -277,7 +277,8 @@ class Supervisor:
         from unbroken.nodes.directory import NodeStartError
 
         try:
-            with job_nodes(spec, self._line, self.coordinator) as directory:  # node agents: one for the job's life
+            # node agents: one directory for the job's life (named in etcd with --store)
+            with job_nodes(spec, self._line, self.coordinator) as directory:
                 done, ended = self._attempts(faults, cfg, out, jdir, xid_log, spares, guard,
                                              holders, directory)
         except NodeStartError as e:  # the agents did not come: the run cannot start
