@@ -96,7 +96,7 @@ COORD_EPOCH = "coord/epoch"
 
 #: set by a standby supervisor once it adopted the running members that re-attached to its
 #: store: they train on (``runtime.reattach``)
-ADOPTED = "coord/adopted"
+ADOPTED = "coord/adopted"  # the standby's go: JSON list of the uids it adopted
 
 
 def plane_ns(rank: int) -> str:

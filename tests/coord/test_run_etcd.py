@@ -6,6 +6,7 @@ a SIGKILLed active supervisor is replaced by its standby, which adopts the runni
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -349,3 +350,65 @@ def test_node_agents_follow_the_job_through_etcd_to_the_standby(cli, cluster, tm
     print(f"node agents: supervisor SIGKILL -> next commit under the standby (a restart "
           f"from the checkpoint): {took_s:.2f} s (lease ttl 2 s)")
     assert rep["params_sha256"] is not None and rep["params_sha256"] == ref["params_sha256"]
+
+
+def _worker_pid(out: Path, uid: int) -> int:
+    """Group ``uid``'s worker (its command line names its uid and the run's journals)."""
+    for d in Path("/proc").iterdir():
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode() + " "
+        except OSError:
+            continue
+        if d.name.isdigit() and f"--uid {uid} " in cmd and str(out / "groups") in cmd:
+            return int(d.name)
+    raise AssertionError(f"no worker of group {uid} running")
+
+
+@pytest.mark.timeout(240)
+def test_a_member_killed_with_its_supervisor_is_adopted_as_lost_and_masked(cli, cluster,
+                                                                           tmp_path):
+    """The host of the supervisor held one member too: both SIGKILLed at once. The standby
+    waits ``--adopt-timeout`` for the missing member, adopts the others, counts it lost; the
+    survivors mask it (redundancy 2) and finish the job exactly once."""
+    steps = 1500
+    job = (*RUN, "--steps", str(steps), "--ckpt-every", "50", "--seed", "6")
+    ref = cli(*job, "--out", str(tmp_path / "ref"), "--json", timeout=150)
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    ref = json.loads(ref.stdout)
+    out = tmp_path / "run"
+    ha = (*job, "--out", str(out), "--store", cluster.url, "--job", "withmember",
+          "--lease-ttl", "2", "--adopt-timeout", "3", "--json")
+    active = _start(*ha)
+    standby = None
+    try:
+        _wait(lambda: len(_commits(out)) > 0, 120, "a first commit", active)
+        standby = _start(*ha, "--standby")
+        state = EtcdJobState(Etcd(cluster.endpoints), "withmember", "reader")
+        _wait(lambda: state.standbys(), 120, "the standby's announcement", active)
+        victim = _worker_pid(out, 2)
+        top = max(e["step"] for e in _commits(out))
+        _wait(lambda: max(e["step"] for e in _commits(out)) >= top + 50, 120, "50 more steps",
+              active)
+        os.kill(victim, signal.SIGKILL)
+        active.send_signal(signal.SIGKILL)
+        t_kill = time.time()
+        active.wait(timeout=10)
+        rc = standby.wait(timeout=150)
+        err, rep = standby.stderr.read(), json.loads(standby.stdout.read() or "{}")
+    finally:
+        for p in (active, standby):
+            if p is not None and p.poll() is None:
+                p.kill()
+    assert rc == 0, err[-3000:]
+    took = [json.loads(x) for x in (out / "journal.jsonl").read_text().splitlines()
+            if '"takeover"' in x]
+    assert len(took) == 1 and took[0]["missing"] == [2], (took, err[-3000:])
+    adopted = _events(out, "adopted")
+    assert len(adopted) == 2 and not [e for e in _events(out, "restore") if e["t"] > t_kill]
+    assert rep["exactly_once"] is True and rep["steps"] == steps
+    assert rep["ledger"]["missing"] == 0 and rep["ledger"]["duplicated"] == 0
+    # masked by the survivors: the same gradients, summed in another order
+    assert rep["final_loss"] == pytest.approx(ref["final_loss"], abs=1e-6)
+    took_s = min(e["t"] for e in _commits(out) if e["t"] > max(e["t"] for e in adopted)) - t_kill
+    print(f"supervisor and a member SIGKILLed -> next commit: {took_s:.2f} s "
+          f"(lease ttl 2 s, adopt timeout 3 s)")

@@ -48,3 +48,36 @@ def test_a_group_counts_once_all_its_ranks_reported_and_a_partial_one_is_stopped
         for p in paused:
             p.kill()
             p.wait(timeout=10)
+
+
+def test_a_member_reporting_after_the_adoption_is_fenced_by_the_go():
+    """The go names the adopted uids: a member the standby adopted as lost (it came after
+    the adopt timeout) reads it and leaves instead of training on beside its replacement."""
+    import threading
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from unbroken.protocol import ADOPTED
+    from unbroken.runtime.reattach import ReattachFailed, report
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=10))
+    runner = SimpleNamespace(comm=SimpleNamespace(generation=3, members=[0, 1]),
+                             slot_of={0: 0, 1: 1}, step=41)
+    got: dict[int, object] = {}
+
+    def member(uid: int) -> None:
+        try:
+            report(store.clone(), uid, runner, 10.0, 1.0)
+            got[uid] = "adopted"
+        except ReattachFailed as e:
+            got[uid] = str(e)
+    threads = [threading.Thread(target=member, args=(u,)) for u in (0, 1)]
+    for t in threads:
+        t.start()
+    store.set(ADOPTED, json.dumps([0]))  # uid 1 was adopted as lost
+    for t in threads:
+        t.join(timeout=20)
+    assert got[0] == "adopted"
+    assert "without this member" in str(got[1]) and "replaced" in str(got[1]), got

@@ -105,14 +105,19 @@ class Rendezvous:
         st = self.store
         try:  # my place, then who I am and what I expect in one key (two round trips)
             n = st.add(f"{self.ns}rdzv/{gen}/count", 1)
-        except Exception as exc:
+            report = self._take_offer()
+            st.set(f"{self.ns}rdzv/{gen}/joined/{n}",
+                   json.dumps([self.uid, [int(u) for u in expect], report]))
+            if n == 1:
+                return self._lead(gen, t_start + self.rendezvous_timeout), True
+            return self.member_list(gen), False
+        except dist.DistNetworkError as exc:  # the store's host is gone (not a timeout): a
+            # member with a standby to re-attach to goes there (runtime.reattach)
             raise StoreLostError(f"gen {gen}: the coordinator's store is gone") from exc
-        report = self._take_offer()
-        st.set(f"{self.ns}rdzv/{gen}/joined/{n}", json.dumps([self.uid, [int(u) for u in expect],
-                                                     report]))
-        if n == 1:
-            return self._lead(gen, t_start + self.rendezvous_timeout), True
-        return self.member_list(gen), False
+        except RendezvousError as exc:
+            if isinstance(exc.__cause__, dist.DistNetworkError):
+                raise StoreLostError(f"gen {gen}: the coordinator's store is gone") from exc
+            raise
 
     def _lead(self, gen: int, deadline: float) -> list[int]:
         """The leader: wait for the live members and the expected joiners (or the deadline),

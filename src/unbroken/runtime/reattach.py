@@ -17,7 +17,9 @@ its store goes away:
    generation and process group -- gloo's pairs never went through the store) and posts its
    report (:func:`report`: uid, pid, slot, step, generation, members), the standby's whole
    view of the running job;
-4. it waits for the standby's go (``protocol.ADOPTED``) and trains on from the same step.
+4. it waits for the standby's go (``protocol.ADOPTED``: the uids adopted) and trains on from
+   the same step -- or, not named there (it reported after the standby's adopt timeout and
+   was adopted as lost, its slot replaced), leaves with exit 5: a late reporter is fenced.
 
 Latency budget: etcd's watch wakes a member within milliseconds of the publication; the rest
 is the lease's TTL (the standby waits it out): the connects were made ahead. While a supervisor
@@ -151,6 +153,10 @@ def report(store, uid: int, runner, timeout: float, stopped_t: float, rank: int 
         "t": time.time()}))
     try:
         store.wait([ADOPTED], timedelta(seconds=timeout))
+        adopted = json.loads(store.get(ADOPTED))
     except Exception as exc:
         raise ReattachFailed(f"the new coordinator did not adopt this member within "
                              f"{timeout:g}s") from exc
+    if uid not in adopted:  # fenced: it came after the standby's adopt timeout
+        raise ReattachFailed(f"the new coordinator adopted {adopted} without this member "
+                             f"(it reported after the adopt timeout): it was replaced")

@@ -252,15 +252,19 @@ def _train(runner, comm, reattach, a, journal):
     """``runner.run()``; with ``reattach`` (``--etcd``), a lost coordinator is waited out:
     every member stopped after the same committed step, rank 0 checkpoints it (the fallback),
     each re-attaches to the store of the supervisor that took the lease over and, once
-    adopted, trains on from that step (``runtime.reattach``). No new coordinator in time:
-    the ``CoordinatorLostError`` goes on (exit 5 with the checkpoint)."""
+    adopted, trains on from that step (``runtime.reattach``). A member whose step failed as
+    the store went (a peer died with the supervisor: the re-form found no store) re-attaches
+    the same way, at its last committed step, and its re-entered step re-forms in the
+    standby's store without the peer. No new coordinator in time: the
+    ``CoordinatorLostError`` goes on (exit 5 with the checkpoint)."""
+    from unbroken.runtime.ftcomm import StoreLostError
     from unbroken.runtime.reattach import ReattachFailed, report
     from unbroken.runtime.stacked import CoordinatorLostError
 
     while True:
         try:
             return _profiled(runner.run, a.uid)
-        except CoordinatorLostError:
+        except (CoordinatorLostError, StoreLostError):
             if reattach is None:
                 raise
             t0 = time.time()

@@ -163,7 +163,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reattach-timeout", type=positive_float, default=60.0, metavar="S",
                    help="with --store etcd://: how long the members of a job whose supervisor "
                         "is lost wait for a standby (then each exits 5 with its checkpoint)")
-    p.add_argument("--adopt-timeout", type=positive_float, default=45.0, metavar="S",
+    p.add_argument("--adopt-timeout", type=positive_float, default=15.0, metavar="S",
                    help="with --store etcd://: how long a standby taking over waits for a "
                         "member to re-attach before it counts it lost and replaces it (below "
                         "--reattach-timeout: the members wait for its go that long)")

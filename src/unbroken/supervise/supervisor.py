@@ -82,7 +82,7 @@ class Supervisor:
         self.on_lease_lost: Callable[[], None] | None = None
         # a standby's store host, started while it waits: (handle, port, client, beat client)
         self._prestore = None
-        self.adopt_timeout = 45.0  # how long it waits for a member to re-attach (16 groups: 18 s)
+        self.adopt_timeout = 15.0  # its wait for a member to re-attach (they take < 0.1 s)
 
     # ------------------------------------------------------------------ public
     def check(self):
@@ -328,7 +328,10 @@ class Supervisor:
                               pending, xid_log, holders, restarting=attempt > 0,
                               skip_old=attempt > 0 or spec.resume or adopting, adopted=adopted)
                 if adopted is not None:
-                    c.store.set(ADOPTED, "1")  # the members train on (runtime.reattach)
+                    # the go names who was adopted: a member that reports later (after the
+                    # adopt timeout; adopted as lost, replaced) reads it and leaves
+                    c.store.set(ADOPTED, json.dumps(sorted(set(adopted.members)
+                                                           - set(adopted.missing))))
                     co.withdraw()  # connected: no member needs the announcement any more
                     # the job's events before this standby, for its report: read while
                     # the members train, not before the go (whole journals)
