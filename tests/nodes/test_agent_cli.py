@@ -44,7 +44,6 @@ def test_a_node_index_claimed_twice_is_one_line_exit_2(cli):
 
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=30))
-    addr = f"127.0.0.1:{store.port}"
     from unbroken.nodes.agent import claim
 
     assert claim(store, 0, {"pid": 4242, "host": "elsewhere"}) == 0  # a first agent's claim

@@ -32,8 +32,6 @@ def _run(cfg: TrainConfig, tmp, ckpt, resume: bool = False) -> dict[int, dict]:
 def sharded_checkpoint(tmp_path_factory):
     """A G=4, R=2 fsdp run of 12 steps whose newest checkpoint is then cut back to step 6 (as
     if the job had stopped there)."""
-    import shutil
-
     root = tmp_path_factory.mktemp("sharded")
     ckpt = root / "ckpt"
     _run(TrainConfig(groups=4, ranks_per_group=2, shard="fsdp", **BASE), root / "run", ckpt)
