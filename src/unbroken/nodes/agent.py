@@ -32,11 +32,12 @@ stores the coordinator already hosts (no second protocol):
 With ``--store etcd://... --job NAME`` (a job run with the same ``--store``) the agent finds
 the directory in etcd (``directory``: host, port, epoch) instead of being given its address,
 and outlives its coordinator: when the directory goes (the supervisor's process is gone), its
-workers stop with a checkpoint as before, and the agent -- the same process, its fork server
-warm -- waits in etcd for the directory of the standby that takes the lease over
-(``coord.follow``, ``--reattach-timeout`` s), claims the same node index there and follows
-the job on; the standby restarts the job from the checkpoint on its agents. A coordinator
-host that vanishes without a reset (the link is cut) still reads as a cut link: exit 10.
+workers pause after one committed step and re-attach to the standby's store
+(``runtime.reattach``), and the agent -- the same process, its fork server warm -- waits in
+etcd for the directory of the standby that takes the lease over (``coord.follow``,
+``--reattach-timeout`` s), claims the same node index there, keeps the workers the standby
+adopts (its ``adopt`` order; ``Agent.carried``) and follows the job on. A coordinator host
+that vanishes without a reset (the link is cut) still reads as a cut link: exit 10.
 
 The workers fork from a server that is a fork of the agent itself (``spawn.fork_server``): the
 agent has imported torch already, so a worker costs a fork, not a second import.
@@ -231,10 +232,15 @@ class Agent:
     RETRY_S = 0.25  # the attempt's store failed a call: tried again this much later
 
     def __init__(self, store, node: int, stderr_dir: str, *, host: str = "127.0.0.1",
-                 ifname: str | None = None, directory=None, reporter=None) -> None:
+                 ifname: str | None = None, directory=None, reporter=None,
+                 carried: dict | None = None) -> None:
         from unbroken.procwait import ExitWaiter
 
         self.st, self.node, self.stderr_dir = store, node, stderr_dir
+        # with the job in etcd (``--store``): the workers a lost coordinator left running,
+        # paused and re-attaching to its successor's store; its ``adopt`` order says which
+        # of them stay. None: a lost coordinator's workers end with it
+        self.carried = carried
         self.reporter = reporter  # nodes.health.NodeReporter: the machine's sample, XIDs
         self.host, self.ifname, self.directory = host, ifname, directory
         self.procs: dict[int, object] = {}
@@ -246,6 +252,8 @@ class Agent:
         self._posts_lock = threading.Lock()
 
     def run(self) -> int | None:
+        from torch.distributed import DistNetworkError  # imported already (run())
+
         errors = 0
         while True:
             live = [p for u, p in self.procs.items() if u not in self.reported]
@@ -262,9 +270,11 @@ class Agent:
                                if p.poll() is None}
                     self.reporter.tick(self.st, running, len(running))
                 errors = 0
-            except Exception:
+            except Exception as exc:
                 errors += 1
-                if errors >= 3 / self.RETRY_S:  # 3 s without the attempt's store
+                # closed (its process is gone: a client never reconnects), or 3 s without
+                # an answer
+                if isinstance(exc, DistNetworkError) or errors >= 3 / self.RETRY_S:
                     return self._store_lost()
                 time.sleep(self.RETRY_S)  # each failed call logs a C++ stack: a few, not 150
                 continue
@@ -299,12 +309,28 @@ class Agent:
                     p.send_signal(int(order["sig"]))
             elif op == "dump":
                 self._dump(order["uid"], int(order["n"]))
+            elif op == "adopt":
+                self._adopt(order["uids"])
             elif op == "exit":
                 self._kill_all()
                 self._report_exits()
                 self.st.set(node_left_key(self.node), "1")
                 return True
         return False
+
+    def _adopt(self, uids: list) -> None:
+        """This attempt's coordinator adopted ``uids`` of the workers carried over from the
+        last one: their exits are reported to it from now on; the others are stopped (paused
+        at a boundary, they would wait for a go that never comes)."""
+        carried = self.carried or {}
+        for u in list(carried):
+            p = carried.pop(u)
+            if u in uids:
+                self.procs[u] = p
+                self.st.set(node_pid_key(u), str(p.pid))
+            else:
+                p.kill()
+                p.wait(timeout=10)
 
     def _spawn(self, uid: int | str, argv: list[str], stderr: str | None) -> None:
         from unbroken import spawn
@@ -351,9 +377,12 @@ class Agent:
             self.st.set(key, value)
 
     def _kill_all(self) -> None:
-        for p in self.procs.values():
+        procs = [*self.procs.values(), *(self.carried or {}).values()]
+        if self.carried:
+            self.carried.clear()
+        for p in procs:
             p.kill()
-        for p in self.procs.values():
+        for p in procs:
             try:
                 p.wait(timeout=10)
             except Exception:  # pragma: no cover - a worker in D state
@@ -362,10 +391,15 @@ class Agent:
     def _store_lost(self) -> int | None:
         """The attempt's store is gone. With the directory still there the attempt ended
         under us (None: follow the job); otherwise the coordinator is gone: the workers stop
-        by themselves (exit 5 with a checkpoint, ``stacked_worker``), wait for them, go."""
+        by themselves (exit 5 with a checkpoint, ``stacked_worker``), wait for them, go --
+        or, with the job in etcd, they wait for the standby paused, and go with the agent to
+        its next attempt (:attr:`carried`)."""
         if self.directory is not None and alive(self.directory):
             self._kill_all()
             return None
+        if self.carried is not None:
+            self.carried.update({u: p for u, p in self.procs.items() if u not in self.reported})
+            return ExitCode.COORDINATOR_LOST
         deadline = time.monotonic() + 60
         for p in self.procs.values():
             try:
@@ -377,11 +411,12 @@ class Agent:
 
 def follow(directory, host: str, node: int, record: dict, stderr_dir: str, *,
            ifname: str | None, connect_timeout: float, rejoin: bool = False,
-           xid_log: str | None = None) -> int:
+           xid_log: str | None = None, carried: dict | None = None) -> int:
     """Follow the job's attempts in the directory until it ends: attach to each attempt's
     store, run its orders, leave it. Fenced: exit 10, or with ``rejoin`` ask to come back
     (what it ran is killed already) and, once the coordinator lifts the fence, carry on in
-    the attempt it was in (its orders not redone). Returns the exit code (AgentError: 2)."""
+    the attempt it was in (its orders not redone). ``carried``: see ``Agent.carried``.
+    Returns the exit code (AgentError: 2)."""
     from unbroken.nodes.health import NodeReporter
 
     seen, errors, tick = 0, 0, 0.05
@@ -435,7 +470,8 @@ def follow(directory, host: str, node: int, record: dict, stderr_dir: str, *,
             st.set(node_key(node), json.dumps(record))
             reporter.attach(rec.get("out") or stderr_dir)
             agent, attached = Agent(st, node, stderr_dir, host=host, ifname=ifname,
-                                    directory=directory, reporter=reporter), n
+                                    directory=directory, reporter=reporter,
+                                    carried=carried), n
             code = agent.run()
         if code == ExitCode.FENCED and rejoin:
             continue  # the directory's fence follows the attempt's: wait there
@@ -505,6 +541,7 @@ def run(a: argparse.Namespace) -> int:
               "spares": a.spares}
     stderr_dir = a.stderr_dir or tempfile.mkdtemp(prefix="unbroken-node-")
     node, epoch = a.node, None
+    carried: dict | None = {} if a.store is not None else None  # see Agent.carried
     while True:
         host, port, epoch = locate(epoch)
         directory = connect(host, port, a.connect_timeout)
@@ -514,7 +551,7 @@ def run(a: argparse.Namespace) -> int:
         try:
             code = follow(directory, host, node, record, stderr_dir,
                           ifname=gloo_ifname(host, port), connect_timeout=a.connect_timeout,
-                          rejoin=a.rejoin, xid_log=a.xid_log)
+                          rejoin=a.rejoin, xid_log=a.xid_log, carried=carried)
         finally:
             beat.stop()
         if code != ExitCode.COORDINATOR_LOST or a.store is None:

@@ -140,6 +140,9 @@ class NodeCluster(StackedCluster):
         self._watcher: threading.Thread | None = None
         self._stop_r, self._stop_w = os.pipe()
         kw.setdefault("store_process", True)
+        # a standby's cluster: the agents' running workers are adopted (:meth:`adopt`), not
+        # dropped when the agents attach
+        self._adopting = kw.get("adopt_from") is not None
         try:
             super().__init__(cfg, journal_dir, **kw)
         except BaseException:  # the agents refused the job: nothing of this attempt stays
@@ -170,8 +173,44 @@ class NodeCluster(StackedCluster):
         self.directory.publish(self.port, self.out)
         self.directory.await_nodes(lambda k: self.store.check([node_key(k)]), live,
                                    "attached to the attempt")
+        if not self._adopting:  # what the agents still run of the last attempt goes
+            for k in live:
+                self.order(k, {"op": "adopt", "uids": []})
         self._watcher = threading.Thread(target=self._watch, name="node-watch", daemon=True)
         self._watcher.start()
+
+    def adopt(self, members, pids: dict[int, list[int]],
+              nodes: dict[int, int | None] | None = None) -> None:
+        """Take over the members a lost coordinator's agents still run (``supervise.adopt``):
+        ``pids[uid]``, its ranks' pids, ``nodes[uid]`` the node whose agent started them
+        (their re-attach reports). Each agent is told which of its workers stay (``adopt``
+        order: it reports their exits to this attempt from now on) and kills the others;
+        a member without pids, or on a node lost meanwhile, is handed over as dead."""
+        from unbroken.supervise.rankgroup import RankGroup
+
+        if self._watcher is None:
+            self._start_agents()
+        r, keep = self.cfg.ranks_per_group, {}
+        for u in members:
+            node, got = (nodes or {}).get(u), pids.get(u)
+            ok = bool(got) and node is not None and node not in self.lost
+            self.node_of[u] = node if ok else -1
+            procs = []
+            for k in range(r):
+                key = rank_proc(u, k, r)
+                p = self.procs[key] = self.remote[key] = RemoteProc(self, key, self.node_of[u])
+                if ok:
+                    p._pid = int(got[k])
+                    keep.setdefault(node, []).append(key)
+                else:
+                    p._exited(-signal.SIGKILL)
+                procs.append(self.procs.pop(key) if r > 1 else p)
+            if r > 1:
+                self.procs[u] = RankGroup(procs, on_lost=lambda u=u: self._lost_notice(u))
+            self.uids.append(u)
+        for k in range(self.nodes):
+            if k not in self.lost:
+                self.order(k, {"op": "adopt", "uids": keep.get(k, [])})
 
     def order(self, node: int, order: dict, store=None) -> None:
         """Post ``order`` to ``node``'s agent (it reads them in sequence); ``store``: the

@@ -140,13 +140,16 @@ class Reattach:
         return store
 
 
-def report(store, uid: int, runner, timeout: float, stopped_t: float, rank: int = 0) -> None:
+def report(store, uid: int, runner, timeout: float, stopped_t: float, rank: int = 0,
+           node: int | None = None) -> None:
     """Post this member's view (the standby adopts from these; each rank of a group posts
     its own), then wait for the go. ``stopped_t``: when it stopped training (the standby
-    reports the pause)."""
+    reports the pause); ``node``: the node agent that started it (its parent, which reports
+    its exit to the standby), None for the supervisor's own child."""
     comm = runner.comm
     store.set(reattach_key(uid, rank), json.dumps({
-        "uid": uid, "rank": rank, "pid": os.getpid(), "slot": runner.slot_of.get(uid),
+        "uid": uid, "rank": rank, "pid": os.getpid(), "node": node,
+        "slot": runner.slot_of.get(uid),
         "step": runner.step,
         "gen": comm.generation, "members": comm.members,
         "slot_of": {str(u): s for u, s in runner.slot_of.items()}, "stopped_t": stopped_t,

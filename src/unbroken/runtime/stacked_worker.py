@@ -273,9 +273,11 @@ def _train(runner, comm, reattach, a, journal):
                 store = reattach.connect(*reattach.wait(a.reattach_timeout))
                 comm.reattach(store, reattach.hb_client)
                 runner.reattached(store)
-                report(store, a.uid, runner, a.reattach_timeout, t0, rank=a.rank)
+                report(store, a.uid, runner, a.reattach_timeout, t0, rank=a.rank, node=a.node)
             except (ReattachFailed, RuntimeError) as exc:  # torch's connect errors too
                 raise CoordinatorLostError(f"no takeover: {exc}") from None
+            if a.node is not None:  # the standby may fence the node as its predecessor could
+                _fence(store, a.node)
             journal({"event": Event.ADOPTED, "step": runner.step, "checkpoint": path,
                      "waited_s": round(time.time() - t0, 3),
                      "ahead": reattach.hb_client is not None,

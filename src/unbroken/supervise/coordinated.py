@@ -26,11 +26,12 @@ whatever holds the durable state; this file is everything that changes when etcd
   continues from the newest durable checkpoint in the shared ``--out``.
 
 Node agents (``--nodes``) started with ``--store`` find the job's directory in etcd
-(:meth:`JobCoordinator.publish_directory`) and follow it to the standby's. Groups of several
-ranks re-attach rank by rank and are adopted whole (``supervise.adopt.collect``). Known limit:
-node agents end their workers with the coordinator's directory: there the standby restarts
-from the checkpoint. The spare pool and the guard's
-eviction history are recorded as they change; a standby restores the exclusions.
+(:meth:`JobCoordinator.publish_directory`) and follow it to the standby's, keeping the workers
+it adopts (``NodeCluster.adopt``). Groups of several ranks re-attach rank by rank and are
+adopted whole (``supervise.adopt.collect``). With ``--local-nodes`` the agents are the
+supervisor's children and die with it: there the standby restarts from the checkpoint. The
+spare pool and the guard's eviction history are recorded as they change; a standby restores
+the exclusions.
 When etcd is unavailable the pending fields wait (newer values replacing older ones) and are
 retried, once a line says so; training itself does not wait on etcd.
 """

@@ -35,9 +35,8 @@ def make_cluster(cfg, jdir: Path, spares: int, spec: JobSpec, ckdir: Path, *, re
         node_of, _warning = on_live_nodes(cfg.groups, spec.ft.redundancy, directory.live())
         return NodeCluster(cfg, str(jdir), directory=directory, node_of=node_of,
                            out=str(Path(spec.out).resolve()),
-                           node_staleness=spec.ft.node_staleness, **kw)
-    # re-attaching to a standby (``extra_argv``: --etcd) is the local launcher's only: node
-    # agents end their workers with the coordinator's directory
+                           node_staleness=spec.ft.node_staleness, adopt_from=adopt_from,
+                           extra_argv=list(extra_argv), **kw)
     if store_host is not None:  # a standby's store, started while it stood by
         kw.update(store_host=store_host[0], store_port=store_host[1],
                   store_client=store_host[2])  # (handle, port, a client connected then)

@@ -137,11 +137,12 @@ class StackedCluster(LocalCluster):
         for u in [*self.spares, *(range(cfg.groups) if adopt_from is None else ())]:
             self.spawn(u, standby=u in self.spares)
 
-    def adopt(self, members, pids: dict[int, list[int]]) -> None:
+    def adopt(self, members, pids: dict[int, list[int]], nodes=None) -> None:
         """Take over running members started by another supervisor (``supervise.adopt``):
         ``pids[uid]``, its ranks' pids in rank order; one without pids never re-attached and
         is handed over as dead. A group of several ranks is a :class:`RankGroup` again (one
-        rank's failure fences it, the death notice first)."""
+        rank's failure fences it, the death notice first). ``nodes``: for node agents only
+        (``NodeCluster.adopt``); these are this machine's children's children."""
         from unbroken.supervise.adopt import AdoptedProc
 
         ranks = self.cfg.ranks_per_group

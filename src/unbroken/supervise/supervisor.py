@@ -53,7 +53,7 @@ from unbroken.supervise.adopt import collect, history, journal_sizes, known_uids
 from unbroken.supervise.attempt import Attempt
 from unbroken.supervise.heartbeat import SupervisorHeartbeat
 from unbroken.supervise.launch import make_cluster
-from unbroken.supervise.nodes import job_nodes
+from unbroken.supervise.nodes import job_nodes, reachable_host
 from unbroken.supervise.outcome import Ended, Restart, RunError, RunResult, params_sha256
 from unbroken.supervise.outdir import prepare, read_journal, repair_journals
 from unbroken.supervise.spec import (JobSpec, check, check_sharding_of, load_trainer, spares_for,
@@ -120,11 +120,12 @@ class Supervisor:
             self._exclusions = taken.get("exclusions")  # the evictions its guard booked
             out = Path(self.spec.out)  # where the job's journals end now: the report covers
             self._before = journal_sizes(out / "journal.jsonl", out / "groups")  # them too
-            if self.spec.local_nodes or self.spec.nodes:
-                # node agents end their workers with the directory: continue from the newest
-                # checkpoint
+            if self.spec.local_nodes:
+                # its own node agents ended with it, and their workers: continue from the
+                # newest checkpoint
                 self.spec = replace(self.spec, **_continue(Path(self.spec.out)))
-            else:  # adopt the members where they stopped (a restart only if that fails)
+            else:  # adopt the members where they stopped (a restart only if that fails);
+                # under node agents (--nodes) the agents keep theirs for this one
                 self._adopting = True
         if not self._adopting:
             co.withdraw()  # nobody re-attaches: its announcement is of no more use
@@ -314,7 +315,9 @@ class Supervisor:
             beat = SupervisorHeartbeat(c.store, max(spec.ft.heartbeat,
                                            spec.ft.supervisor_staleness / 10), beat_client)
             if co is not None:
-                co.publish_store(c.store, c.port)
+                # where the members re-attach from: other machines' with --nodes
+                co.publish_store(c.store, c.port, reachable_host() if spec.nodes else
+                                 "127.0.0.1")
             adopted = self._adopt(c, jdir) if adopting else None
             if adopting and adopted is None:  # restart from the checkpoint it left instead
                 co.withdraw()
@@ -389,11 +392,13 @@ class Supervisor:
                                         self.adopt_timeout, self.spec.ranks_per_group)
         self._line(f"standby: {why}")
         if adopted is None:
-            stop_paused(reports)  # paused at a boundary: the restart replaces them
+            if getattr(c, "directory", None) is None:  # node agents stop theirs themselves
+                stop_paused(reports)  # paused at a boundary: the restart replaces them
             self.emit({"event": Event.RESTART_REQUESTED, "reason": f"takeover: {why}",
                        "attempt": 1, "backoff_s": 0.0})
             return None
-        c.adopt(adopted.members, {u: r["pids"] for u, r in reports.items()})
+        c.adopt(adopted.members, {u: r["pids"] for u, r in reports.items()},
+                {u: r.get("node") for u, r in reports.items()})
         self._before = journal_sizes(Path(self.spec.out) / "journal.jsonl", jdir)
         stopped = [r["stopped_t"] for r in reports.values() if "stopped_t" in r]
         self.emit({"event": Event.TAKEOVER, "leader": self.coordinator.state.me,
