@@ -330,7 +330,10 @@ class Agent:
                 self.st.set(node_pid_key(u), str(p.pid))
             else:
                 p.kill()
-                p.wait(timeout=10)
+                try:
+                    p.wait(timeout=10)
+                except Exception:  # pragma: no cover - a worker in D state
+                    pass
 
     def _spawn(self, uid: int | str, argv: list[str], stderr: str | None) -> None:
         from unbroken import spawn
