@@ -212,6 +212,10 @@ class NodeCluster(StackedCluster):
             if k not in self.lost:
                 self.order(k, {"op": "adopt", "uids": keep.get(k, [])})
 
+    def drop_paused(self, reports: dict[int, dict]) -> None:
+        """Nothing adopted: their pids are other machines'; their agents stop them (the next
+        attempt's ``adopt []`` order, or this one's ``exit`` at :meth:`close`)."""
+
     def order(self, node: int, order: dict, store=None) -> None:
         """Post ``order`` to ``node``'s agent (it reads them in sequence); ``store``: the
         calling thread's own client (default: the main thread's)."""

@@ -111,13 +111,13 @@ class Rendezvous:
             if n == 1:
                 return self._lead(gen, t_start + self.rendezvous_timeout), True
             return self.member_list(gen), False
-        except dist.DistNetworkError as exc:  # the store's host is gone (not a timeout): a
+        except (dist.DistNetworkError, RendezvousError) as exc:
+            # the store's host is gone (closed, not a timeout; member_list's wait wraps it): a
             # member with a standby to re-attach to goes there (runtime.reattach)
+            if not isinstance(exc, dist.DistNetworkError) \
+                    and not isinstance(exc.__cause__, dist.DistNetworkError):
+                raise
             raise StoreLostError(f"gen {gen}: the coordinator's store is gone") from exc
-        except RendezvousError as exc:
-            if isinstance(exc.__cause__, dist.DistNetworkError):
-                raise StoreLostError(f"gen {gen}: the coordinator's store is gone") from exc
-            raise
 
     def _lead(self, gen: int, deadline: float) -> list[int]:
         """The leader: wait for the live members and the expected joiners (or the deadline),

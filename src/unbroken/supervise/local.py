@@ -153,6 +153,13 @@ class StackedCluster(LocalCluster):
                 procs, on_lost=lambda u=u: self._lost_notice(u))
             self.uids.append(u)
 
+    def drop_paused(self, reports: dict[int, dict]) -> None:
+        """Nothing adopted: the members that re-attached (``reports``, paused at a boundary)
+        are stopped here by pid; the restart from the checkpoint replaces them."""
+        from unbroken.supervise.adopt import stop_paused
+
+        stop_paused(reports)
+
     def spawn(self, uid: int, *, standby: bool = False, extra: list[str] = ()) -> None:
         """Start worker ``uid`` (a warm spare with ``standby``): one process, or a group of
         ``ranks_per_group`` (``procs[uid]`` is then their :class:`RankGroup`). It dies with

@@ -49,7 +49,7 @@ from unbroken.core.faults import Fault, format_faults
 from unbroken.events import Event
 from unbroken.fsio import copy_atomic, sha256_file
 from unbroken.protocol import ADOPTED, ExitCode
-from unbroken.supervise.adopt import collect, history, journal_sizes, known_uids, stop_paused
+from unbroken.supervise.adopt import collect, history, journal_sizes, known_uids
 from unbroken.supervise.attempt import Attempt
 from unbroken.supervise.heartbeat import SupervisorHeartbeat
 from unbroken.supervise.launch import make_cluster
@@ -392,8 +392,7 @@ class Supervisor:
                                         self.adopt_timeout, self.spec.ranks_per_group)
         self._line(f"standby: {why}")
         if adopted is None:
-            if getattr(c, "directory", None) is None:  # node agents stop theirs themselves
-                stop_paused(reports)  # paused at a boundary: the restart replaces them
+            c.drop_paused(reports)  # paused at a boundary: the restart replaces them
             self.emit({"event": Event.RESTART_REQUESTED, "reason": f"takeover: {why}",
                        "attempt": 1, "backoff_s": 0.0})
             return None
