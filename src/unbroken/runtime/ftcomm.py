@@ -40,8 +40,9 @@ Known limits (by design of this building block)
 * ``allreduce`` returning True means *this* rank received every contribution. A peer can still
   have failed in the same op (it died after sending). Step-level agreement on commit, and the
   state broadcast after a re-form, belong to the training loop.
-* A second failure *during* ``reform`` (e.g. the leader dying mid-rendezvous) is surfaced as
-  :class:`RendezvousError` after ``rendezvous_timeout``, not masked.
+* A second failure *during* ``reform``: a member that dies in it, even between counting
+  itself in and writing its record, is not waited for; the *leader* dying mid-rendezvous is
+  surfaced as :class:`RendezvousError` after ``rendezvous_timeout``, not masked.
 * Scale-up is by admission only: a joining process (``joining=True``) runs no collective
   until the members name the generation it enters (``reform(expect=[uid])`` on their side,
   ``join(gen)`` on its side); the state copy is the training loop's business.

@@ -126,20 +126,18 @@ class Rendezvous:
         joined: list[int] = []
         expected: set[int] = set()
         reports: dict[int, Any] = {}
+        unread: list[int] = []  # places counted whose record was not there at the last look
+        read_to = 0
         while True:
             count = st.add(f"{self.ns}rdzv/{gen}/count", 0)
-            if count > len(joined):
-                # one round trip for everyone who joined since the last look, not two per
-                # member: at 32 members on 2 cores every trip waits for the store's turn.
-                # Blocks on a key not yet set, as get did: a joiner sets it just after
-                # it counts itself
-                for v in st.multi_get([f"{self.ns}rdzv/{gen}/joined/{i}"
-                                       for i in range(len(joined) + 1, count + 1)]):
-                    u, exp, r = json.loads(v)
-                    joined.append(int(u))
-                    expected.update(int(x) for x in exp)
+            unread += range(read_to + 1, count + 1)
+            read_to = count
+            if unread:
+                for u, exp, r in self._records(gen, unread):
+                    joined.append(u)
+                    expected.update(exp)
                     if r is not None:
-                        reports[int(u)] = r
+                        reports[u] = r
             peer_died = st.check([gloo_error_key(old, self.ns)])
             live = self._live(rendezvous_staleness(
                 self._staleness(), self.heartbeat_period, peer_died))
@@ -165,6 +163,26 @@ class Rendezvous:
             {"members": new, "reports": {str(u): r for u, r in reports.items()}}))
         self._keep_reports(gen, new, reports)
         return new
+
+    def _records(self, gen: int, places: list[int]) -> list[tuple[int, list[int], Any]]:
+        """The join records at ``places`` that are in the store now, as (uid, expected
+        joiners, report); the places read are taken off ``places``, the others stay for the
+        next look. A member writes its record just after it counts itself, but one killed in
+        between never does: a blocking read of its place held the leader for the store's
+        timeout (60 s) and then failed the rendezvous. One round trip (``check``) when every
+        record is there, as it nearly always is, plus one (``multi_get``) to read them: at 32
+        members on 2 cores every trip waits for the store's turn."""
+        keys = [f"{self.ns}rdzv/{gen}/joined/{i}" for i in places]
+        there = keys if self.store.check(keys) else [k for k in keys if self.store.check([k])]
+        if not there:
+            return []
+        got = set(there)
+        places[:] = [i for i, k in zip(places, keys) if k not in got]
+        out = []
+        for v in self.store.multi_get(there):
+            u, exp, r = json.loads(v)
+            out.append((int(u), [int(x) for x in exp], r))
+        return out
 
     # ------------------------------------------------------------------ joiner's side
     def join(self, gen: int, timeout: float | None = None) -> list[int]:
