@@ -91,12 +91,15 @@ def _start(*args: str) -> subprocess.Popen:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("groups, ranks", [(3, 1), (8, 1), (3, 2)])  # 16: bench/
-def test_sigkilled_supervisor_the_standby_finishes_the_job_exactly_once(cli, cluster,
-                                                                        tmp_path, groups, ranks):
+@pytest.mark.parametrize("groups, ranks, steps", [(3, 1, 1500), (8, 1, 700), (3, 2, 900)])
+def test_sigkilled_supervisor_the_standby_finishes_the_job_exactly_once(cli, cluster, tmp_path,
+                                                                        groups, ranks, steps):
     """``ranks`` 2: each group two ranks with the model sharded over them (FSDP2); every rank
-    re-attaches its own plane and the standby adopts a group once both ranks reported."""
-    steps = 1500  # 5-15 ms a step: still training once the standby is warm (3-6 s)
+    re-attaches its own plane and the standby adopts a group once both ranks reported.
+    ``steps``: still training once the standby is warm (3-8 s after the first commit) and 50
+    steps on: it was warm at step 812 of 3 groups (~9 ms a step), 220 of 8 (~25 ms), 348 of
+    3 x 2 (~20 ms) on a quiet 2-core machine. Fewer at the slower steps: each step here runs
+    twice (the reference), and these were the suite's slowest tests (16 groups: bench/)."""
     job = (*RUN, "--steps", str(steps), "--ckpt-every", "50", "--seed", "3",
            "--groups", str(groups),
            *(("--ranks-per-group", str(ranks), "--shard", "fsdp") if ranks > 1 else ()))
