@@ -129,6 +129,22 @@ def regimes(level: np.ndarray, floor: float) -> np.ndarray:
     return np.where(np.isfinite(r), r, -1).astype(np.int64)
 
 
+def nanmedian_last(a: np.ndarray) -> np.ndarray:
+    """``np.nanmedian(a, axis=-1)``, the same values to the bit, without numpy's path for a
+    short axis: under 600 values numpy takes each row's median through masked arrays, ~0.13
+    ms a call for a (48, 8) history, and the baselines call it three times a block (fitting a
+    detector spent 81 of its 144 s there). Sorted, NaN go last; the median is the middle of
+    the values that are not NaN (the mean of the two middle ones for an even count, as
+    numpy's); NaN for a row of NaN."""
+    s = np.sort(a, axis=-1)
+    n = (~np.isnan(a)).sum(axis=-1, keepdims=True)
+    lo = np.take_along_axis(s, np.maximum(n - 1, 0) // 2, axis=-1)[..., 0]
+    hi = np.take_along_axis(s, np.maximum(n // 2 - (n == 0), 0), axis=-1)[..., 0]
+    n = n[..., 0]
+    with np.errstate(all="ignore"):  # inf + -inf is NaN, as numpy's median gives
+        return np.where(n == 0, np.nan, np.where(n % 2 == 1, lo, (lo + hi) / 2))
+
+
 def _blocks(z: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
     """Per-block median and robust spread (1.4826 MAD) of each row; NaN for blocks with fewer
     than a sixth of their scrapes."""
@@ -139,8 +155,8 @@ def _blocks(z: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
     zb = zb.reshape(U, nb, block)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        med = np.nanmedian(zb, axis=2)
-        mad = 1.4826 * np.nanmedian(np.abs(zb - med[..., None]), axis=2)
+        med = nanmedian_last(zb)
+        mad = 1.4826 * nanmedian_last(np.abs(zb - med[..., None]))
     few = np.isfinite(zb).sum(axis=2) < max(1, block // 6)
     med[few] = np.nan
     mad[few] = np.nan
@@ -167,9 +183,9 @@ def own_baseline(z: np.ndarray, block: int, history: int, gate: float
         warnings.simplefilter("ignore", RuntimeWarning)
         for j in range(nb):
             enough = np.isfinite(buf_m).sum(axis=1) >= min(MIN_BLOCKS, history)
-            b = np.nanmedian(buf_m, axis=1)
-            between = 1.4826 * np.nanmedian(np.abs(buf_m - b[:, None]), axis=1)
-            within = np.nanmedian(buf_s, axis=1)
+            b = nanmedian_last(buf_m)
+            between = 1.4826 * nanmedian_last(np.abs(buf_m - b[:, None]))
+            within = nanmedian_last(buf_s)
             base[:, j] = np.where(enough, b, np.nan)
             spread[:, j] = np.where(enough, np.hypot(within, between), np.nan)
             if j == 0:
