@@ -44,8 +44,10 @@ etcd:
 	   $(SUDO) apt-get install -y -q etcd-server etcd-client)) || \
 	  echo "etcd could not be installed: the coordinator's etcd tests will be skipped"
 
+# two xdist workers: the tests that start processes or serve a port one at a time on one, the
+# pure tests on the other (tests/conftest.py); plain `pytest` runs them all in one process
 test: $(STAMP) learn-tools etcd
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -n 2 --dist loadgroup
 
 bench: $(STAMP) learn-tools etcd
 	$(VENV)/bin/python bench/rectlr_latency.py

@@ -30,9 +30,21 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 _PROCESS_FIXTURES = ("cli", "demo")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """Keep ``-m "not mp"`` honest: a test that runs the CLI through a fixture but is not marked
-    ``mp`` is a collection error, not a slow surprise in the pure run."""
+    ``mp`` is a collection error, not a slow surprise in the pure run.
+
+    Under ``-n 2 --dist loadgroup`` (``make test``) the tests that start processes or serve a
+    port form two groups, each run one test at a time on one xdist worker: the etcd
+    coordinator's (``tests/coord``, its heaviest) and the others. So at most two such tests
+    share the two cores, and never two of the etcd takeovers; the pure tests fill in. (The
+    workers see ``loadgroup``, not ``dist``: xdist sets their ``dist`` to "no".)"""
+    if getattr(config.option, "loadgroup", False):
+        for item in items:
+            if item.get_closest_marker("mp") or item.get_closest_marker("server"):
+                coord = item.path.parent.name == "coord"
+                item.add_marker(pytest.mark.xdist_group("etcd" if coord else "procs"))
     unmarked = []
     for item in items:
         uses = [f for f in _PROCESS_FIXTURES if f in item.fixturenames]

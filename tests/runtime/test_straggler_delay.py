@@ -67,6 +67,9 @@ def test_persistent_straggler_is_3x_slower_and_changes_nothing_but_time(tmp_path
             # for a ring they agree, up to the journal line written between two samples
             assert 0 < e["rx_bytes"] <= e["tx_bytes"] < e["rx_bytes"] + 10_000, e
     cpu = {u: statistics.median(e["cpu"] for e in events(slow[u], "commit")) for u in slow}
-    # against the others' median: on 2 cores one of them may itself be starved to ~0.5 (CI
-    # saw {0: 0.64, 2: 0.85, 3: 0.50} beside the straggler's 0.33)
-    assert cpu[1] < 0.6 * statistics.median(cpu[u] for u in (0, 2, 3)), cpu
+    # sleeping 2/3 of its part, the straggler cannot read above ~1/3 whatever the load; the
+    # others read their share of a loaded machine, which may itself be ~0.5 (CI saw {0: 0.64,
+    # 2: 0.85, 3: 0.50} beside the straggler's 0.33, and {0: 0.48, 2: 0.45, 3: 0.72} beside
+    # 0.30 with the pure tests on the other core), so against their median the margin is
+    # smaller than against an idle machine's. A busy-wait would read like the others
+    assert cpu[1] < 0.4 and cpu[1] < 0.7 * statistics.median(cpu[u] for u in (0, 2, 3)), cpu
