@@ -215,9 +215,10 @@ def cmd_run(a: argparse.Namespace) -> dict:
     from unbroken import spawn
 
     spawn.quick_resolver()  # before its first store connection (spawn.RESOLVER_OPTIONS)
+    flags = _store_flags(a)  # before the trainer is built: a bad flag answers in a second
     sup = Supervisor(spec)
     sup.check()  # bad input (the trainer included): one line before any process starts
-    sup.coordinator = _coordinator(a, spec, sup)
+    sup.coordinator = _coordinator(a, spec, sup, flags)
     if sup.coordinator is not None and getattr(a, "argv", None) is not None:
         from unbroken.supervise.coordinated import stand_by_again
 
@@ -233,9 +234,10 @@ def cmd_run(a: argparse.Namespace) -> dict:
     return res.report
 
 
-def _coordinator(a: argparse.Namespace, spec, sup):
-    """``--store etcd://``: the job's durable state and lease (``supervise.coordinated``),
-    checked before any process starts; None with the embedded TCPStore."""
+def _store_flags(a: argparse.Namespace):
+    """``--store``, ``--job``, ``--standby`` and the two timeouts, checked without building
+    anything (UsageError, one line): the parsed etcd store and job name, or None for the
+    embedded TCPStore."""
     from unbroken.core.coordination import check_job_name, parse_store
 
     try:
@@ -251,6 +253,16 @@ def _coordinator(a: argparse.Namespace, spec, sup):
         raise UsageError(f"--adopt-timeout {a.adopt_timeout:g}: must be below "
                          f"--reattach-timeout {a.reattach_timeout:g} (the members wait that "
                          f"long for the standby's go)")
+    return store, job
+
+
+def _coordinator(a: argparse.Namespace, spec, sup, flags):
+    """``--store etcd://``: the job's durable state and lease (``supervise.coordinated``),
+    opened before any process starts; None with the embedded TCPStore (``flags`` None, else
+    ``_store_flags``'s store and job)."""
+    if flags is None:
+        return None
+    store, job = flags
     from unbroken.supervise.coordinated import job_identity, open_job
 
     sup.adopt_timeout = a.adopt_timeout
