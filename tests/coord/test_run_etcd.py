@@ -298,34 +298,37 @@ def test_agent_store_bad_input_is_one_line_exit_2(cli, cluster):
 
 
 @pytest.mark.timeout(300)
-def test_node_agents_follow_the_job_through_etcd_to_the_standby(cli, cluster, tmp_path):
+@pytest.mark.parametrize("ranks, steps", [(1, 1500), (2, 900)])
+def test_node_agents_follow_the_job_through_etcd_to_the_standby(cli, cluster, tmp_path, ranks,
+                                                                 steps):
     """``unbroken agent --store``: the agents find the job's directory in etcd, not at an
     address they were given. SIGKILL the active supervisor (its directory and stores go): the
     agents' workers pause after one committed step and re-attach to the standby's store; the
     same agent processes wait in etcd for the standby's directory, claim their node again and
     keep the workers the standby adopts. No restart: exactly once, the failure-free
-    trajectory bit for bit."""
-    steps = 1500
-    job = (*RUN, "--groups", "4", "--steps", str(steps), "--ckpt-every", "50", "--seed", "4")
+    trajectory bit for bit. ``ranks`` 2: every rank of a group (FSDP2) on its group's node
+    re-attaches its own plane; the standby adopts a group once both reported."""
+    job = (*RUN, "--groups", "4", "--steps", str(steps), "--ckpt-every", "50", "--seed", "4",
+           *(("--ranks-per-group", str(ranks), "--shard", "fsdp") if ranks > 1 else ()))
     ref = cli(*job, "--out", str(tmp_path / "ref"), "--json", timeout=200)
     assert ref.returncode == 0, ref.stderr[-2000:]
     ref = json.loads(ref.stdout)
 
     out = tmp_path / "run"
-    ha = (*job, "--nodes", "2", "--out", str(out), "--store", cluster.url, "--job", "agents",
-          "--lease-ttl", "2", "--json")
+    ha = (*job, "--nodes", "2", "--out", str(out), "--store", cluster.url, "--job",
+          f"agents{ranks}", "--lease-ttl", "2", "--json")
     active = _start(*ha)
     agents, standby = [], None
     try:
         # stderr to files: the agents' store clients log a C++ stack per failed call
         agents = [subprocess.Popen(
             [sys.executable, "-m", "unbroken", "agent", "--store", cluster.url, "--job",
-             "agents", "--node", str(k), "--connect-timeout", "60"],
+             f"agents{ranks}", "--node", str(k), "--connect-timeout", "60"],
             stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"agent-{k}.err", "w"))
             for k in (0, 1)]
         _wait(lambda: len(_commits(out)) > 0, 120, "a first commit", active)
         standby = _start(*ha, "--standby")
-        state = EtcdJobState(Etcd(cluster.endpoints), "agents", "reader")
+        state = EtcdJobState(Etcd(cluster.endpoints), f"agents{ranks}", "reader")
         _wait(lambda: state.standbys(), 120, "the standby's announcement", active)
         first = state.read()["directory"]
         top = max(e["step"] for e in _commits(out))
@@ -353,8 +356,8 @@ def test_node_agents_follow_the_job_through_etcd_to_the_standby(cli, cluster, tm
     assert len(adopted) == 4 and len({e["step"] for e in adopted}) == 1, adopted
     took_s = min(e["t"] for e in _commits(out) if e["t"] > max(e["t"] for e in adopted)) \
         - t_kill
-    print(f"node agents: supervisor SIGKILL -> next commit under the standby (adopted, no "
-          f"restart): {took_s:.2f} s (lease ttl 2 s)")
+    print(f"node agents, {ranks} rank(s) a group: supervisor SIGKILL -> next commit under the "
+          f"standby (adopted, no restart): {took_s:.2f} s (lease ttl 2 s)")
     assert rep["params_sha256"] is not None and rep["params_sha256"] == ref["params_sha256"]
 
 
