@@ -85,21 +85,40 @@ def _wait(cond, timeout: float, what: str, proc: subprocess.Popen):
     return v
 
 
+def _standby_after_lease(ha, state: EtcdJobState, active: subprocess.Popen,
+                         out: Path) -> subprocess.Popen:
+    """Start the standby as soon as ``active`` holds the lease, and wait until it is
+    announced (warm, its store up) and the job has committed a step. Its warm-up (3-8 s of
+    imports and a fork server) then overlaps the active's own start-up, not the job's steps:
+    started at the first commit, under a loaded suite it was still warming when a job of
+    700-1500 steps had ended."""
+    _wait(lambda: "leader" in state.read(), 120, "the active's lease", active)
+    standby = _start(*ha, "--standby")
+    try:
+        _wait(lambda: state.standbys() and _commits(out), 120,
+              "the standby's announcement and a first commit", active)
+    except BaseException:
+        standby.kill()
+        raise
+    return standby
+
+
 def _start(*args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "unbroken", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("groups, ranks, steps", [(3, 1, 1500), (8, 1, 700), (3, 2, 900)])
+@pytest.mark.parametrize("groups, ranks, steps", [(3, 1, 2500), (8, 1, 1000), (3, 2, 1200)])
 def test_sigkilled_supervisor_the_standby_finishes_the_job_exactly_once(cli, cluster, tmp_path,
                                                                         groups, ranks, steps):
     """``ranks`` 2: each group two ranks with the model sharded over them (FSDP2); every rank
     re-attaches its own plane and the standby adopts a group once both ranks reported.
-    ``steps``: still training once the standby is warm (3-8 s after the first commit) and 50
-    steps on: it was warm at step 812 of 3 groups (~9 ms a step), 220 of 8 (~25 ms), 348 of
-    3 x 2 (~20 ms) on a quiet 2-core machine. Fewer at the slower steps: each step here runs
-    twice (the reference), and these were the suite's slowest tests (16 groups: bench/)."""
+    ``steps``: still training once the standby (started with the active) is warm and 50 steps
+    on: killed at step 705 of 3 groups (~6 ms a step), 207 of 8 (~25 ms), 315 of 3 x 2 (~20
+    ms) on a quiet 2-core machine; a loaded suite stretches the standby's start more than the
+    steps. Fewer at the slower steps: each step here runs twice (the reference), and these
+    were the suite's slowest tests (16 groups: bench/)."""
     job = (*RUN, "--steps", str(steps), "--ckpt-every", "50", "--seed", "3",
            "--groups", str(groups),
            *(("--ranks-per-group", str(ranks), "--shard", "fsdp") if ranks > 1 else ()))
@@ -114,11 +133,9 @@ def test_sigkilled_supervisor_the_standby_finishes_the_job_exactly_once(cli, clu
     active = _start(*ha)
     standby = None
     try:
-        _wait(lambda: len(_commits(out)) > 0, 120, "a first commit", active)
-        standby = _start(*ha, "--standby")
         # warm, it says so in etcd with its store; the members connect to that ahead
         state = EtcdJobState(Etcd(cluster.endpoints), f"ha{groups}x{ranks}", "reader")
-        _wait(lambda: state.standbys(), 120, "the standby's announcement", active)
+        standby = _standby_after_lease(ha, state, active, out)
         (name, info), = state.standbys().items()
         assert info["pid"] == standby.pid and info["store"]["port"] > 0, info
         top = max(e["step"] for e in _commits(out))
@@ -148,8 +165,8 @@ def test_sigkilled_supervisor_the_standby_finishes_the_job_exactly_once(cli, clu
     assert all(e["reattach_timeout"] == 40 for e in adopted), adopted  # the flag reached them
     t_go = max(e["t"] for e in adopted)
     took_s = min(e["t"] for e in _commits(out) if e["t"] > t_go) - t_kill
-    print(f"{groups} groups x {ranks} ranks: supervisor SIGKILL -> next commit under the standby: "
-          f"{took_s:.2f} s (lease ttl 2 s)")
+    print(f"{groups} groups x {ranks} ranks: supervisor SIGKILL at step {top + 50}+ of {steps} "
+          f"-> next commit under the standby: {took_s:.2f} s (lease ttl 2 s)")
     assert rep["exactly_once"] is True and rep["ledger"]["missing"] == 0
     assert rep["ledger"]["duplicated"] == 0
     assert rep["steps"] == steps  # the report covers the whole job, not the standby's part
@@ -326,10 +343,8 @@ def test_node_agents_follow_the_job_through_etcd_to_the_standby(cli, cluster, tm
              f"agents{ranks}", "--node", str(k), "--connect-timeout", "60"],
             stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"agent-{k}.err", "w"))
             for k in (0, 1)]
-        _wait(lambda: len(_commits(out)) > 0, 120, "a first commit", active)
-        standby = _start(*ha, "--standby")
         state = EtcdJobState(Etcd(cluster.endpoints), f"agents{ranks}", "reader")
-        _wait(lambda: state.standbys(), 120, "the standby's announcement", active)
+        standby = _standby_after_lease(ha, state, active, out)
         first = state.read()["directory"]
         top = max(e["step"] for e in _commits(out))
         _wait(lambda: max(e["step"] for e in _commits(out)) >= top + 50, 120, "50 more steps",
@@ -379,7 +394,7 @@ def test_a_member_killed_with_its_supervisor_is_adopted_as_lost_and_masked(cli, 
     """The host of the supervisor held one member too: both SIGKILLed at once. The standby
     waits ``--adopt-timeout`` for the missing member, adopts the others, counts it lost; the
     survivors mask it (redundancy 2) and finish the job exactly once."""
-    steps = 1500
+    steps = 2500  # ~6 ms a step: still training once the standby is warm (step ~700 here)
     job = (*RUN, "--steps", str(steps), "--ckpt-every", "50", "--seed", "6")
     ref = cli(*job, "--out", str(tmp_path / "ref"), "--json", timeout=150)
     assert ref.returncode == 0, ref.stderr[-2000:]
@@ -390,10 +405,8 @@ def test_a_member_killed_with_its_supervisor_is_adopted_as_lost_and_masked(cli, 
     active = _start(*ha)
     standby = None
     try:
-        _wait(lambda: len(_commits(out)) > 0, 120, "a first commit", active)
-        standby = _start(*ha, "--standby")
         state = EtcdJobState(Etcd(cluster.endpoints), "withmember", "reader")
-        _wait(lambda: state.standbys(), 120, "the standby's announcement", active)
+        standby = _standby_after_lease(ha, state, active, out)
         victim = _worker_pid(out, 2)
         top = max(e["step"] for e in _commits(out))
         _wait(lambda: max(e["step"] for e in _commits(out)) >= top + 50, 120, "50 more steps",
