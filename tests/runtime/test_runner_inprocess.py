@@ -9,6 +9,7 @@ fake at a given all-reduce, never a signal, and nothing waits on a clock. Not ``
 
 from __future__ import annotations
 
+import json
 import threading
 from datetime import timedelta
 from typing import Any, Callable
@@ -24,10 +25,10 @@ from unbroken.protocol import STOP_KEY, join_key  # noqa: E402
 from unbroken.runtime.config import TrainConfig  # noqa: E402
 from unbroken.core.ledger import DivergenceError, check_ledger, ledger_records  # noqa: E402
 from unbroken.runtime.stacked import StackedRunner, StopRequested  # noqa: E402
-from unbroken.runtime.trainer import reference_run  # noqa: E402
+from unbroken.runtime.trainer import grad_into, reference_run  # noqa: E402
 from unbroken.runtime.hooks import StepHooks  # noqa: E402
 from unbroken.testing.faults import (Faults, FaultSpec, FaultyTrainer, GradFaults,  # noqa: E402
-                                     SelfFaults, build)
+                                     SelfFaults, TrainerProxy, build)
 
 CFG = TrainConfig(groups=4, redundancy=2, steps=10, seed=3)
 UIDS = list(range(CFG.groups))
@@ -396,6 +397,56 @@ def test_a_settle_that_broke_half_way_ends_in_one_fresh_plan(reference, stores):
         assert job.commits(u)[4]["gen"] == 2
     assert [e["fresh"] for e in job.events(0, "replan")] == [False, True]
     assert [e["fresh"] for e in job.events(3, "replan")] == [True]
+    job.ledger_ok()
+
+
+class _RaisesOnce(TrainerProxy):
+    """The training code fails once: at ``step`` for any of ``types`` (all: None)."""
+
+    def __init__(self, inner, step: int, types: set[int] | None = None) -> None:
+        super().__init__(inner)
+        self.step, self.types, self.fired = step, types, False
+
+    def grad(self, step, shard_type, out=None):
+        if step == self.step and not self.fired and (self.types is None
+                                                     or shard_type in self.types):
+            self.fired = True
+            raise RuntimeError(f"user code bug at step {step}, type {shard_type}")
+        return grad_into(self.inner, step, shard_type, out)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("where", ["own", "patch"])
+def test_training_code_failing_in_the_step_a_group_dies_in_is_one_incident_then_a_retry(
+        reference, stores, where):
+    # group 1 dies at step 4's all-reduce. "own": every member's code raised computing its
+    # own step-4 gradient, so the survivors re-plan with nothing computed (a soak run failed
+    # here: "plan assigns types {2} that were never computed"). "patch": the code raises
+    # only in group 0's patch of type 1. Either way the error goes in-band with the next op,
+    # every survivor meets the same code incident, and the guard's retry recomputes step 4
+    # under the new plan: nothing lost, nothing counted twice
+    victim, at, survivors = 1, 4, [0, 2, 3]
+    raising = survivors if where == "own" else [0]
+    types = None if where == "own" else {1}
+
+    def prepare(u: int, r: StackedRunner) -> None:
+        if u in raising:
+            r.trainer = _RaisesOnce(r.trainer, at, types)
+
+    job = Job(CFG, stores, hooks={victim: {"die_at_call": at}}, prepare=prepare,
+              runner=lambda *a, **kw: StackedRunner(*a, verdicts=True, **kw))
+    job.group.store.set(f"verdict/{at}/0", json.dumps({"action": "retry"}))  # the guard's
+    job.run()
+    assert set(job.error) == {victim} and isinstance(job.error[victim], MemberDied)
+    for u in survivors:
+        assert max_diff(job.result[u], reference) < 1e-9, u
+        assert [(e["kind"], e["step"], e["errors"]) for e in job.events(u, "incident")] \
+            == [("code", at, len(raising))], u
+        assert [e["step"] for e in job.events(u, "step_error")] == ([at] if u in raising
+                                                                    else [])
+        assert [(e["step"], e["patch"]) for e in job.events(u, "replan")] == [(at, {"0": [1]})]
+        assert job.commits(u)[at]["plan"] == {"0": 0, "1": 0, "2": 2, "3": 3}
+    assert json.loads(job.group.store.get(f"incident/{at}/0"))["kind"] == "code"
     job.ledger_ok()
 
 

@@ -144,13 +144,20 @@ class Recovery:
                 return True
         for w, ts in d.patch.items():
             self.computed.setdefault(w, set()).update(ts)
-        mine = [] if fresh else d.patch.get(self.my_slot, ())
+        # a member whose training code failed this step computes nothing more: its next op
+        # carries the error in-band (``_pack``), every member meets it as one incident, and
+        # the guard's verdict recomputes the step under this plan (a retry) or leaves it
+        mine = [] if fresh or self.step_error is not None else d.patch.get(self.my_slot, ())
         if mine:
             self.hooks.before_patch(self)
         t_patch = time.time()
         for t in mine:
-            self.grads[t] = self.trainer.grad(self.step, t)
-        if not fresh:
+            try:
+                self.grads[t] = self.trainer.grad(self.step, t)
+            except Exception as exc:  # as in the step's own compute: in-band, not a crash
+                self._step_failed(exc)
+                break
+        if not fresh and self.step_error is None:
             missing = set(self.contrib.get(self.my_slot, ())) - set(self.grads)
             assert not missing, f"plan assigns types {missing} that were never computed"
         # the recovery's phases as this member saw them: noticed (detected_at), the new
