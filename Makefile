@@ -44,10 +44,12 @@ etcd:
 	   $(SUDO) apt-get install -y -q etcd-server etcd-client)) || \
 	  echo "etcd could not be installed: the coordinator's etcd tests will be skipped"
 
-# two xdist workers: the tests that start processes or serve a port one at a time on one, the
-# pure tests on the other (tests/conftest.py); plain `pytest` runs them all in one process
+# two xdist workers, a test module at a time each (its module fixtures, an etcd cluster, a
+# reference run, built once), so two process tests may run side by side; then the `timing`
+# tests alone, which compare the speeds of processes; plain `pytest` runs all in one process
 test: $(STAMP) learn-tools etcd
-	$(VENV)/bin/python -m pytest -q -n 2 --dist loadgroup
+	$(VENV)/bin/python -m pytest -q -n 2 --dist loadscope -m "not timing"
+	$(VENV)/bin/python -m pytest -q -m timing
 
 bench: $(STAMP) learn-tools etcd
 	$(VENV)/bin/python bench/rectlr_latency.py

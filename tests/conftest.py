@@ -2,8 +2,15 @@
 
 Markers (registered in pyproject.toml): ``mp`` for a test that starts OS processes (worker
 clusters, the CLI or the demo in a subprocess, a process pool, py-spy on live processes),
-``server`` for one that serves on a local port (the Prometheus exporter). The pure tests alone:
-``pytest -m "not mp and not server"``; the default ``pytest`` runs everything.
+``server`` for one that serves on a local port (the Prometheus exporter), ``timing`` for one
+that compares the speeds of processes (``make test`` runs those alone, after the rest). The
+pure tests alone: ``pytest -m "not mp and not server"``; the default ``pytest`` runs everything.
+
+``make test`` runs on two pytest-xdist workers with ``--dist loadscope`` (a module at a time
+each), so two process tests may run side by side. Not ``loadgroup``: pytest-xdist 3.8 marks a
+group by rewriting ``item._nodeid``, which pytest 9.2 no longer reads, so its groups are
+silently ignored (this file put every process test in one group until 2026-12-07, and they
+ran two at a time all along).
 """
 
 from __future__ import annotations
@@ -30,22 +37,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 _PROCESS_FIXTURES = ("cli", "demo")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """Keep ``-m "not mp"`` honest: a test that runs the CLI through a fixture but is not marked
-    ``mp`` is a collection error, not a slow surprise in the pure run.
-
-    Under ``-n 2 --dist loadgroup`` (``make test``) the tests that start processes or serve a
-    port form one group, run one test at a time on one xdist worker as without xdist; the pure
-    tests take the other worker, so a process test shares the cores with at most one pure
-    test (their bounds hold beside one busy loop). Two groups of process tests side by side
-    ran in 13 minutes instead of 17, but their timing bounds failed now and then (a guard's
-    straggler margin, a remote node's run). (The workers see ``loadgroup``, not ``dist``:
-    xdist sets their ``dist`` to "no".)"""
-    if getattr(config.option, "loadgroup", False):
-        for item in items:
-            if item.get_closest_marker("mp") or item.get_closest_marker("server"):
-                item.add_marker(pytest.mark.xdist_group("procs"))
+    ``mp`` is a collection error, not a slow surprise in the pure run."""
     unmarked = []
     for item in items:
         uses = [f for f in _PROCESS_FIXTURES if f in item.fixturenames]

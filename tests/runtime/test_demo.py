@@ -98,6 +98,7 @@ def test_demo_guard_logs_xid_decisions_without_disturbing_training(demo, tmp_pat
     assert any(e["event"] == "detector_warning" and "line 2" in e["message"] for e in events)
 
 
+@pytest.mark.timing
 @pytest.mark.timeout(200)
 def test_demo_guard_flags_a_straggler_within_the_configured_rounds(demo, tmp_path):
     # group 2 computes 60 ms slower per shard from step 10; without spares, group 0 carries
@@ -119,6 +120,7 @@ def test_demo_guard_flags_a_straggler_within_the_configured_rounds(demo, tmp_pat
     assert lads["fail-slow group 2"]["mode"] == "log-only"
 
 
+@pytest.mark.timing
 @pytest.mark.timeout(200)
 def test_acting_guard_evicts_the_straggler_and_a_spare_takes_its_slot(demo, tmp_path):
     rep = demo("--steps", "110", "--faults", "slow:2@10", "--guard", "act", "--spares", "2",

@@ -17,7 +17,7 @@ from helpers import events  # noqa: E402
 from unbroken.runtime.config import TrainConfig  # noqa: E402
 from unbroken.supervise.local import StackedCluster  # noqa: E402
 
-pytestmark = pytest.mark.mp
+pytestmark = [pytest.mark.mp, pytest.mark.timing]
 
 # a gradient of a few ms, so a 3x slowdown is tens of ms: well above the timer's and the
 # scheduler's noise on a loaded 2-core machine

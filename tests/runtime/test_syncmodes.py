@@ -35,6 +35,7 @@ def _intervals(journal: list[dict], first: int) -> list[float]:
     return [t[k] - t[k - 1] for k in range(first + 1, CFG.steps)]
 
 
+@pytest.mark.timing
 @pytest.mark.timeout(120)
 def test_mask_leaves_a_3x_straggler_out_sooner_than_sync_with_the_same_parameters(tmp_path):
     import torch
