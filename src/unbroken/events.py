@@ -119,6 +119,7 @@ class Event(enum.StrEnum):
     """step, waited_s, checkpoint: the store went away, and instead of exiting this member
     re-attached to the store of the supervisor that took the lease over, and trains on from
     the same step (``--etcd``, ``runtime.reattach``); waited_s: from its stop to the go;
+    checkpoint_s: of that, writing the durable checkpoint of the paused state (rank 0);
     ahead: it had connected to that store before the takeover (the standby announced it)."""
     HEALTH = "health"
     """uid, step, compute_s, rate, cpu, ... [, error]: a health sample (detect/health.py's

@@ -269,6 +269,7 @@ def _train(runner, comm, reattach, a, journal):
                 raise
             t0 = time.time()
             path = runner.save_checkpoint_now()
+            t_saved = time.time()
             try:
                 store = reattach.connect(*reattach.wait(a.reattach_timeout))
                 comm.reattach(store, reattach.hb_client)
@@ -280,6 +281,7 @@ def _train(runner, comm, reattach, a, journal):
                 _fence(store, a.node)
             journal({"event": Event.ADOPTED, "step": runner.step, "checkpoint": path,
                      "waited_s": round(time.time() - t0, 3),
+                     "checkpoint_s": round(t_saved - t0, 3),
                      "ahead": reattach.hb_client is not None,
                      "reattach_timeout": a.reattach_timeout, "t": time.time()})
 

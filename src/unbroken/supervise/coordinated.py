@@ -82,14 +82,15 @@ class JobCoordinator:
     def lost(self) -> bool:
         return self.keeper is not None and self.keeper.lost.is_set()
 
-    def stand_by(self, stopped: Callable[[], bool], store: int | None = None) -> bool:
+    def stand_by(self, stopped: Callable[[], bool], store: int | None = None,
+                 host: str = "127.0.0.1") -> bool:
         """Wait for the lease (a standby): True once held, False if the job finished.
-        ``store``: the port of this standby's store, up already: announced with it, the
-        members connect to it ahead (``runtime.reattach``)."""
+        ``store``: the port of this standby's store, up already, at ``host``: announced with
+        it, the members connect to it ahead (``runtime.reattach``)."""
         try:  # the operator's view: a warm standby waits (renewed each round of the wait)
             self.state.announce({"pid": os.getpid(), "host": socket.gethostname(),
                                  "since": time.time(),
-                                 **({"store": {"host": "127.0.0.1", "port": store}}
+                                 **({"store": {"host": host, "port": store}}
                                     if store else {})}, max(5, 3 * self.ttl))
         except EtcdError as e:
             self.line(f"standby: not announced in etcd: {e}")

@@ -27,6 +27,9 @@ def make_cluster(cfg, jdir: Path, spares: int, spec: JobSpec, ckdir: Path, *, re
               drill={g: [(f.kind, f.step) for f in fs] for g, fs in drill.items() if fs},
               verdicts=spec.ft.guard == "act", store_process=True,
               supervisor_staleness=spec.ft.supervisor_staleness)
+    if store_host is not None:  # a standby's store, started while it stood by
+        kw.update(store_host=store_host[0], store_port=store_host[1],
+                  store_client=store_host[2])  # (handle, port, a client connected then)
     if directory is not None:  # the same surface, the workers under node agents
         from unbroken.core.nodes import on_live_nodes
         from unbroken.nodes.cluster import NodeCluster
@@ -37,8 +40,5 @@ def make_cluster(cfg, jdir: Path, spares: int, spec: JobSpec, ckdir: Path, *, re
                            out=str(Path(spec.out).resolve()),
                            node_staleness=spec.ft.node_staleness, adopt_from=adopt_from,
                            extra_argv=list(extra_argv), **kw)
-    if store_host is not None:  # a standby's store, started while it stood by
-        kw.update(store_host=store_host[0], store_port=store_host[1],
-                  store_client=store_host[2])  # (handle, port, a client connected then)
     return StackedCluster(cfg, str(jdir), adopt_from=adopt_from, extra_argv=list(extra_argv),
                           **kw)

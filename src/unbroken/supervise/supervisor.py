@@ -101,12 +101,13 @@ class Supervisor:
             self._checked = self.check()
             if not spawn.wait_warm(300):  # a takeover must not pay torch's import (~1 s)
                 self._line("standby: the fork server is not warm yet; standing by anyway")
-            elif not (self.spec.local_nodes or self.spec.nodes):  # node agents: their own
+            else:
                 self._start_prestore()
         old = self._install_signals()
         try:  # a standby waits for the lease first; Ctrl-C meanwhile ends it
             took = co.stand_by(lambda: self.signal_received is not None,
-                               store=self._prestore[1] if self._prestore else None) \
+                               store=self._prestore[1] if self._prestore else None,
+                               host=self._store_host()) \
                 if co.state.lease == 0 else True
         finally:
             self._restore_signals(old)
@@ -304,11 +305,10 @@ class Supervisor:
                              extra_argv=co.worker_argv() if co is not None else (),
                              adopt_from=max([spec.groups - 1, *known_uids(jdir)]) + 1
                              if adopting else None,
-                             store_host=self._prestore if directory is None else None)
+                             store_host=self._prestore)
             beat_client = None
-            if directory is None and self._prestore is not None:
+            if self._prestore is not None:
                 beat_client, self._prestore = self._prestore[3], None  # the cluster's now
-            self._drop_prestore()  # node agents bring their own
             # ten beats per window the members judge it by: faster is store traffic that
             # tells them nothing more. Beating from the store's start: members re-attaching
             # to it judge this supervisor from then on, while the others still come
@@ -316,8 +316,7 @@ class Supervisor:
                                            spec.ft.supervisor_staleness / 10), beat_client)
             if co is not None:
                 # where the members re-attach from: other machines' with --nodes
-                co.publish_store(c.store, c.port, reachable_host() if spec.nodes else
-                                 "127.0.0.1")
+                co.publish_store(c.store, c.port, self._store_host())
             adopted = self._adopt(c, jdir) if adopting else None
             if adopting and adopted is None:  # restart from the checkpoint it left instead
                 co.withdraw()
@@ -375,6 +374,13 @@ class Supervisor:
         client = dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False,
                                timeout=timedelta(seconds=10))
         self._prestore = (host, port, client, client.clone())
+
+    def _store_host(self) -> str:
+        """Where the members reach this supervisor's store: its address on the default route
+        with agents on other machines (``--nodes``), else loopback. A standby announces its
+        store under the same name it will publish at a takeover: the members match the two
+        to use the connection they made ahead."""
+        return reachable_host() if self.spec.nodes else "127.0.0.1"
 
     def _drop_prestore(self) -> None:
         if self._prestore is not None:
