@@ -37,3 +37,30 @@ def test_tail_started_past_the_old_lines_reads_only_new_ones(tmp_path):
         w.write(json.dumps({"event": "commit", "step": 10}) + "\n")
     assert [e["step"] for e in tail.read()] == [10]
     tail.close()
+
+
+def test_an_attempt_drains_what_its_processes_wrote_after_its_loop_stopped_reading(tmp_path):
+    # a restart ends the attempt's loop while the survivors still train until the cluster is
+    # closed: their lines were skipped by the next attempt's tails (a remote-agents run that
+    # trained 80 steps reported 52, and its drill's kill fired again after the restart)
+    from unbroken.core.faults import Fault
+    from unbroken.supervise.attempt import Attempt
+
+    path = tmp_path / "group-0.jsonl"
+    run = Attempt.__new__(Attempt)  # only what drain() uses: the tails, fired, emit
+    run.tails, run.fired, got = {0: JournalTail(path)}, set(), []
+    run.emit = lambda ev, src=None: got.append((ev["event"], ev.get("step"), src))
+    with open(path, "w") as w:
+        w.write(json.dumps({"event": "commit", "step": 6}) + "\n")
+    assert [e["step"] for e in run.tails[0].read()] == [6]  # the loop's last read
+    run.tails[0].close()  # the attempt's end closes its tails
+    with open(path, "a") as w:  # then the survivors go on until they are killed
+        for k in (7, 8):
+            w.write(json.dumps({"event": "commit", "step": k}) + "\n")
+        w.write(json.dumps({"event": "fault", "kind": "kill", "group": 0, "uid": 0,
+                            "step": 9, "at": 9}) + "\n")
+    run.drain()
+    assert got == [("commit", 7, "group-0"), ("commit", 8, "group-0"), ("fault", 9, "group-0")]
+    assert run.fired == {Fault("kill", 0, 9)}  # not injected again by the next attempt
+    run.drain()
+    assert len(got) == 3  # each line once

@@ -325,6 +325,7 @@ class Supervisor:
                 attempt = 1
                 continue
             guard.new_attempt()
+            run = None
             try:
                 run = Attempt(spec, self.emit, lambda: self.signal_received, c, fired, guard,
                               pending, xid_log, holders, restarting=attempt > 0,
@@ -350,6 +351,8 @@ class Supervisor:
                 c.close()
                 for ev in getattr(c, "drain_events", list)():  # found while it closed
                     self.emit(ev)
+                if run is not None:  # what its processes wrote until the close
+                    run.drain()
             if ended is None and done is None:
                 ended = self._backoff(backoff)
         return done, ended
