@@ -48,6 +48,12 @@ __all__ = ["Attempt"]
 HUNG_DUMP_S = 3.0
 
 
+def _fired(ev: dict) -> Fault:
+    """The schedule's fault a ``fault`` event reports (``at``: the step it was scheduled for,
+    when a slot's late holder fired it after)."""
+    return Fault(ev["kind"], ev["group"], ev.get("at", ev["step"]))
+
+
 class Attempt:
     """One attempt of the job: tails every group's journal, feeds the guard, carries out the
     guard's orders and the launcher's own duties (death notices, spares), until every member
@@ -139,7 +145,7 @@ class Attempt:
         for u, tail in self.tails.items():
             for ev in tail.read():
                 if ev.get("event") == Event.FAULT:
-                    self.fired.add(Fault(ev["kind"], ev["group"], ev.get("at", ev["step"])))
+                    self.fired.add(_fired(ev))
                 self.emit(ev, src=f"group-{u}")
             tail.close()
 
@@ -229,7 +235,7 @@ class Attempt:
         name, emit = ev.get("event"), self.emit
         if name == Event.FAULT:
             self.victims.add(ev.get("uid", ev["group"]))
-            self.fired.add(Fault(ev["kind"], ev["group"], ev.get("at", ev["step"])))
+            self.fired.add(_fired(ev))
         if name in (Event.STOPPED, Event.COORDINATOR_LOST) and ev.get("checkpoint"):
             self.checkpoint = ev["checkpoint"]
         if name == Event.RESTORE and self.restarting and not self.restored \
