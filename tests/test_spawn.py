@@ -144,3 +144,39 @@ def test_an_exit_status_read_by_two_threads_stays_the_real_one(entries, tmp_path
     w._collect()
     w._collect()
     assert w.returncode == 7 and w.poll() == 7 and w.wait(timeout=1) == 7
+
+
+@pytest.mark.timeout(60)
+def test_a_launcher_holding_more_than_1024_descriptors_still_waits_on_its_workers(entries,
+                                                                                  tmp_path):
+    """A test process that had run many jobs held descriptors past 1024, and every wait on a
+    worker raised ``select``'s "filedescriptor out of range" instead of waiting (a supervisor
+    of many groups gets there too). The waits poll: no limit on the number."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the hard descriptor limit {hard} is under 1200")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held = []
+    try:
+        while len(held) < 1030:  # what is left free is numbered past 1024
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        w = spawn.start("spawn_entries:wait_forever", [], stderr_path=str(tmp_path / "e"),
+                        channel=True)
+        assert w.sentinel >= 1024 and w._channel >= 1024
+        with pytest.raises(ValueError):  # what the waits did before
+            select.select([w.sentinel], [], [], 0)
+        assert w.receive(timeout=30) == "ready"
+        assert w.poll() is None
+        with pytest.raises(subprocess.TimeoutExpired):
+            w.wait(timeout=0.05)
+        waiter = ExitWaiter()
+        t0 = time.monotonic()
+        w.kill()
+        waiter.wait([w], timeout=20)  # wakes at the exit, not at the timeout
+        assert time.monotonic() - t0 < 10 and w.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -5,20 +5,40 @@ between deaths it should cost nothing. ``Popen.wait(timeout)`` polls (it sleeps 
 doubling to 50 ms, and calls ``waitpid`` in between), so a loop that waited 20 ms on one
 member burnt a fifth of a core of the supervisor on this 2-core box: CPU the training
 processes, which share the cores, did not get. A pidfd (Linux >= 5.3) becomes readable when
-its process exits, so one ``select`` on the members' pidfds sleeps in the kernel until a death
+its process exits, so one ``poll`` of the members' pidfds sleeps in the kernel until a death
 or the timeout. Where pidfds are missing, the fallback is ``Popen.wait`` on one process.
 Workers started by :mod:`unbroken.spawn` carry their own ``sentinel`` (readable at their end),
-which is selected on the same way.
+which is waited on the same way.
+
+Every wait on file descriptors goes through :func:`readable` (``poll``), never ``select``:
+``select`` takes no descriptor numbered 1024 or more (``FD_SETSIZE``), and a long-lived
+supervisor of many groups (a sentinel, a channel and store sockets each) or a test process
+that ran many jobs gets there: the wait then raised ``ValueError`` instead of waiting.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import select
 import subprocess
-from typing import Iterable
+from typing import Any, Iterable, Sequence
 
-__all__ = ["ExitWaiter"]
+__all__ = ["ExitWaiter", "readable"]
+
+_ANY = select.POLLIN | select.POLLPRI | select.POLLHUP | select.POLLERR
+
+
+def readable(fds: Sequence[Any], timeout: float | None) -> list[Any]:
+    """Those of ``fds`` (descriptors, or objects with ``fileno()``) that are readable (data,
+    end of file, an exited pidfd, an error) within ``timeout`` seconds (None: until one is),
+    as ``select``'s first list."""
+    p, of = select.poll(), {}
+    for f in fds:
+        of[f if isinstance(f, int) else f.fileno()] = f
+        p.register(f, _ANY)
+    ms = None if timeout is None else max(0, math.ceil(timeout * 1000))
+    return [of[fd] for fd, _ev in p.poll(ms)]
 
 
 class ExitWaiter:
@@ -44,7 +64,7 @@ class ExitWaiter:
         for pid in [pid for pid in self._fds if pid not in running]:
             self._close(pid)
         if not live:
-            select.select([], [], [], timeout)
+            readable([], timeout)
             return
         # unbroken.spawn workers carry a sentinel; a group of ranks (supervise.rankgroup) one
         # per rank
@@ -67,7 +87,7 @@ class ExitWaiter:
             except subprocess.TimeoutExpired:
                 pass
             return
-        select.select(fds, [], [], timeout)
+        readable(fds, timeout)
 
     def _open(self, pid: int) -> int:
         fd = os.pidfd_open(pid)

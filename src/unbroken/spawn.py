@@ -42,7 +42,6 @@ import importlib
 import json
 import os
 import pickle
-import select
 import signal
 import socket
 import struct
@@ -50,6 +49,8 @@ import subprocess
 import sys
 import threading
 from typing import Any, Sequence
+
+from unbroken.procwait import readable
 
 __all__ = ["PRELOAD", "Worker", "start", "warm", "wait_warm", "pdeathsig", "tell", "fork_server",
            "quick_resolver"]
@@ -101,13 +102,13 @@ class Worker:
         self._collecting = threading.Lock()
 
     def poll(self) -> int | None:
-        if self.returncode is None and select.select([self.sentinel], [], [], 0)[0]:
+        if self.returncode is None and readable([self.sentinel], 0):
             self._collect()
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is None:
-            if not select.select([self.sentinel], [], [], timeout)[0]:
+            if not readable([self.sentinel], timeout):
                 raise subprocess.TimeoutExpired(self.args, timeout)
             self._collect()
         return self.returncode
@@ -149,7 +150,7 @@ class Worker:
         ``EOFError`` when it ended without sending."""
         buf = b""
         while not buf.endswith(b"\n"):
-            if not select.select([self._channel], [], [], timeout)[0]:
+            if not readable([self._channel], timeout):
                 raise TimeoutError(f"nothing from {self.args[0]} within {timeout}s")
             chunk = os.read(self._channel, 4096)
             if not chunk:
@@ -179,7 +180,7 @@ class _Server:
     def wait_warm(self, timeout: float | None) -> bool:
         """Block (up to ``timeout`` s; the caller holds ``lock``) until the server has
         imported :data:`PRELOAD`: True, False on a timeout or a dead server."""
-        if not self.warm and select.select([self.sock], [], [], timeout)[0]:
+        if not self.warm and readable([self.sock], timeout):
             self.warm = _recv_exact(self.sock, len(_READY)) == _READY
         return self.warm
 
@@ -336,7 +337,7 @@ def _serve(fd: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the launcher's
     while True:
         try:
-            ready = select.select([sock, wake_r], [], [])[0]
+            ready = readable([sock, wake_r], None)
         except InterruptedError:
             ready = []
         if wake_r in ready:

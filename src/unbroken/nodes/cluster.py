@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import subprocess
 import threading
@@ -45,6 +44,7 @@ from unbroken.core.membership import beat_clock, observe, starved_observer
 from unbroken.core.nodes import rejoining, spare_node, stale_nodes
 from unbroken.events import Event
 from unbroken.nodes.health import HEALTH_S
+from unbroken.procwait import readable
 from unbroken.protocol import (NODE_EXITS, group_of, node_exit_key, node_fenced_key,
                                node_hb_key, node_health_key, node_key, node_left_key,
                                node_order_key, node_orders_key, node_pid_key, node_rejoin_key,
@@ -73,7 +73,7 @@ class RemoteProc:
             while not st.check([key]):
                 if self.returncode is not None or time.monotonic() > deadline:
                     return -1  # its node went before it started
-                select.select([self.sentinel], [], [], 0.02)  # or until it is known dead
+                readable([self.sentinel], 0.02)  # or until it is known dead
             self._pid = int(st.get(key))
         return self._pid
 
@@ -86,7 +86,7 @@ class RemoteProc:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        if self.returncode is None and not select.select([self.sentinel], [], [], timeout)[0]:
+        if self.returncode is None and not readable([self.sentinel], timeout):
             raise subprocess.TimeoutExpired(self.args, timeout)
         return self.returncode
 
@@ -319,7 +319,7 @@ class NodeCluster(StackedCluster):
         while True:
             fds = [self._stop_r] + [a.sentinel for k, a in self.agents.items()
                                     if k not in self.lost]
-            if self._stop_r in select.select(fds, [], [], self.TICK_S)[0]:
+            if self._stop_r in readable(fds, self.TICK_S):
                 return
             try:
                 for k, a in list(self.agents.items()):
@@ -351,7 +351,7 @@ class NodeCluster(StackedCluster):
                     health_due = now + HEALTH_S
                     self._read_health(st, live)
             except Exception:  # the store is going away (close): nothing left to watch
-                if self._stop_r in select.select([self._stop_r], [], [], 0)[0]:
+                if self._stop_r in readable([self._stop_r], 0):
                     return
 
     def _read_health(self, st, live: list[int]) -> None:

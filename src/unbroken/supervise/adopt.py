@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import time
 from pathlib import Path
 
 from unbroken.core.coordination import Adoption, adoption
+from unbroken.procwait import readable
 from unbroken.protocol import exit_key, reattach_key
 
 __all__ = ["AdoptedProc", "collect", "history", "journal_sizes", "known_uids", "stop_paused"]
@@ -50,7 +50,7 @@ class AdoptedProc:
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            if not select.select([self.sentinel], [], [], 0)[0]:
+            if not readable([self.sentinel], 0):
                 return None
             key = exit_key(self.uid, self.rank)
             try:
@@ -64,7 +64,7 @@ class AdoptedProc:
         import subprocess
 
         if self.poll() is None:
-            if not select.select([self.sentinel], [], [], timeout)[0]:
+            if not readable([self.sentinel], timeout):
                 raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
         return self.poll()
 
