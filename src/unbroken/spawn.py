@@ -50,7 +50,7 @@ import sys
 import threading
 from typing import Any, Sequence
 
-from unbroken.procwait import readable
+from unbroken.procwait import close_quietly, readable
 
 __all__ = ["PRELOAD", "Worker", "start", "warm", "wait_warm", "pdeathsig", "tell", "fork_server",
            "quick_resolver"]
@@ -125,12 +125,7 @@ class Worker:
         self.returncode = _STATUS.unpack(data)[0] if len(data) == _STATUS.size else 255
 
     def __del__(self) -> None:
-        for fd in (self.sentinel, self._channel):
-            if fd is not None:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+        close_quietly(self.sentinel, self._channel)
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:

@@ -44,7 +44,7 @@ from unbroken.core.membership import beat_clock, observe, starved_observer
 from unbroken.core.nodes import rejoining, spare_node, stale_nodes
 from unbroken.events import Event
 from unbroken.nodes.health import HEALTH_S
-from unbroken.procwait import readable
+from unbroken.procwait import close_quietly, readable
 from unbroken.protocol import (NODE_EXITS, group_of, node_exit_key, node_fenced_key,
                                node_hb_key, node_health_key, node_key, node_left_key,
                                node_order_key, node_orders_key, node_pid_key, node_rejoin_key,
@@ -100,14 +100,8 @@ class RemoteProc:
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)
 
-    def __del__(self) -> None:
-        for fd in (getattr(self, "sentinel", None), getattr(self, "_w", None)):
-            if fd is None:  # __init__ failed before its pipe (seen: EMFILE in a suite run)
-                continue
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+    def __del__(self) -> None:  # getattr: __init__ failed before its pipe (seen: EMFILE)
+        close_quietly(getattr(self, "sentinel", None), getattr(self, "_w", None))
 
 
 class NodeCluster(StackedCluster):

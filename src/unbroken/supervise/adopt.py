@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from unbroken.core.coordination import Adoption, adoption
-from unbroken.procwait import readable
+from unbroken.procwait import close_quietly, readable
 from unbroken.protocol import exit_key, reattach_key
 
 __all__ = ["AdoptedProc", "collect", "history", "journal_sizes", "known_uids", "stop_paused"]
@@ -47,6 +47,9 @@ class AdoptedProc:
         if self.sentinel is None:  # gone before it could be adopted
             self.returncode = -signal.SIGKILL
             self.sentinel = os.open(os.devnull, os.O_RDONLY)  # always readable
+
+    def __del__(self) -> None:
+        close_quietly(getattr(self, "sentinel", None))
 
     def poll(self) -> int | None:
         if self.returncode is None:
