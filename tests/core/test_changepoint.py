@@ -169,3 +169,27 @@ def test_nanmedian_last_is_numpys_to_the_bit(shape):
         assert got.shape == want.shape
         assert np.array_equal(got, want, equal_nan=True), (a, got, want)
         assert np.array_equal(np.signbit(got), np.signbit(want))
+
+
+@pytest.mark.parametrize("families", [1, 2, 3, 6])
+def test_top_two_picks_what_a_partition_of_the_stack_picks(families):
+    """The detector's best and second-best family, bit for bit the values ``np.partition``
+    over the stack picks (ties included), 0 for the second of one family; with a NaN the
+    partition's order (NaN last) holds."""
+    rng = np.random.default_rng(families)
+    for tied in (False, True):
+        qs = [rng.choice([0.0, 0.5, 1.5], size=(4, 50)) if tied else rng.gamma(1.0, size=(4, 50))
+              for _ in range(families)]
+        first, second = C.top_two(qs)
+        if families == 1:
+            assert first is qs[0] and not second.any()
+            continue
+        top = np.partition(np.stack(qs), families - 2, axis=0)
+        assert np.array_equal(first, top[-1]) and np.array_equal(second, top[-2])
+        assert (first >= second).all()
+    if families > 1:
+        qs[0][0, 0] = np.nan
+        first, second = C.top_two(qs)
+        top = np.partition(np.stack(qs), families - 2, axis=0)
+        assert np.array_equal(first, top[-1], equal_nan=True)
+        assert np.array_equal(second, top[-2], equal_nan=True)
