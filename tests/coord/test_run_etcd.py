@@ -103,6 +103,28 @@ def _standby_after_lease(ha, state: EtcdJobState, active: subprocess.Popen,
     return standby
 
 
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """``reference(*job)``: the failure-free run of ``job`` (its ``--json`` report), run once
+    per module: tests of the same job (same seed and steps) share it. A reference is a whole
+    job with nothing to hide it behind, and these were the suite's longest module."""
+    runs: dict[tuple, dict] = {}
+
+    def get(*job: str, timeout: float = 200) -> dict:
+        args = dict(zip(job[1::2], job[2::2]))  # job[0] is the command; a flag given twice:
+        args.pop("--ckpt-every", None)           # the last one; the period changes no step
+        key = (job[0], *sorted(args.items()))
+        if key not in runs:
+            out = tmp_path_factory.mktemp("ref")
+            p = subprocess.run([sys.executable, "-m", "unbroken", *job, "--out", str(out),
+                                "--json"], capture_output=True, text=True, timeout=timeout)
+            assert p.returncode == 0, p.stderr[-2000:]
+            runs[key] = json.loads(p.stdout)
+        return runs[key]
+
+    return get
+
+
 def _start(*args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "unbroken", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -110,8 +132,9 @@ def _start(*args: str) -> subprocess.Popen:
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("groups, ranks, steps", [(3, 1, 2500), (8, 1, 1000), (3, 2, 1200)])
-def test_sigkilled_supervisor_the_standby_finishes_the_job_exactly_once(cli, cluster, tmp_path,
-                                                                        groups, ranks, steps):
+def test_sigkilled_supervisor_the_standby_finishes_the_job_exactly_once(reference, cluster,
+                                                                        tmp_path, groups, ranks,
+                                                                        steps):
     """``ranks`` 2: each group two ranks with the model sharded over them (FSDP2); every rank
     re-attaches its own plane and the standby adopts a group once both ranks reported.
     ``steps``: still training once the standby (started with the active) is warm and 50 steps
@@ -122,9 +145,7 @@ def test_sigkilled_supervisor_the_standby_finishes_the_job_exactly_once(cli, clu
     job = (*RUN, "--steps", str(steps), "--ckpt-every", "50", "--seed", "3",
            "--groups", str(groups),
            *(("--ranks-per-group", str(ranks), "--shard", "fsdp") if ranks > 1 else ()))
-    ref = cli(*job, "--out", str(tmp_path / "ref"), "--json", timeout=150)
-    assert ref.returncode == 0, ref.stderr[-2000:]
-    ref = json.loads(ref.stdout)
+    ref = reference(*job)
 
     out = tmp_path / "run"
     ha = (*job, "--out", str(out), "--store", cluster.url, "--job", f"ha{groups}x{ranks}",
@@ -199,18 +220,17 @@ def test_one_etcd_member_killed_mid_run_training_goes_on(cluster, tmp_path):
 
 
 @pytest.mark.timeout(240)
-def test_two_etcd_members_lost_the_job_pauses_then_resumes_when_one_returns(cli, cluster,
+def test_two_etcd_members_lost_the_job_pauses_then_resumes_when_one_returns(reference, cluster,
                                                                            tmp_path):
     """Without a quorum the supervisor cannot renew its lease: once it runs out, it must not
     act, so it becomes a standby of its own job (the same process, re-executed), its store
     goes and every member stops after one committed step. Nothing commits while etcd has no
     quorum; when a member returns, the lease is taken again and the paused members are
     adopted where they stopped: no restore, exactly once, the failure-free trajectory."""
-    steps = 2000  # ~5 ms a step: still training when the lease (2 s) runs out
-    job = (*RUN, "--steps", str(steps), "--ckpt-every", "100", "--seed", "5")
-    ref = cli(*job, "--out", str(tmp_path / "ref"), "--json", timeout=200)
-    assert ref.returncode == 0, ref.stderr[-2000:]
-    ref = json.loads(ref.stdout)
+    steps = 2500  # ~6 ms a step: still training when the lease (2 s) runs out
+    # the job of test_sigkilled_supervisor...[3-1-2500]: one reference run for both
+    job = (*RUN, "--steps", str(steps), "--ckpt-every", "100", "--seed", "3")
+    ref = reference(*job)
 
     out = tmp_path / "run"
     run = _start(*job, "--out", str(out), "--store", cluster.url, "--job", "quorum",
@@ -316,8 +336,8 @@ def test_agent_store_bad_input_is_one_line_exit_2(cli, cluster):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("ranks, steps", [(1, 1500), (2, 900)])
-def test_node_agents_follow_the_job_through_etcd_to_the_standby(cli, cluster, tmp_path, ranks,
-                                                                 steps):
+def test_node_agents_follow_the_job_through_etcd_to_the_standby(reference, cluster, tmp_path,
+                                                                 ranks, steps):
     """``unbroken agent --store``: the agents find the job's directory in etcd, not at an
     address they were given. SIGKILL the active supervisor (its directory and stores go): the
     agents' workers pause after one committed step and re-attach to the standby's store; the
@@ -327,9 +347,7 @@ def test_node_agents_follow_the_job_through_etcd_to_the_standby(cli, cluster, tm
     re-attaches its own plane; the standby adopts a group once both reported."""
     job = (*RUN, "--groups", "4", "--steps", str(steps), "--ckpt-every", "50", "--seed", "4",
            *(("--ranks-per-group", str(ranks), "--shard", "fsdp") if ranks > 1 else ()))
-    ref = cli(*job, "--out", str(tmp_path / "ref"), "--json", timeout=200)
-    assert ref.returncode == 0, ref.stderr[-2000:]
-    ref = json.loads(ref.stdout)
+    ref = reference(*job)
 
     out = tmp_path / "run"
     ha = (*job, "--nodes", "2", "--out", str(out), "--store", cluster.url, "--job",
@@ -392,16 +410,14 @@ def _worker_pid(out: Path, uid: int) -> int:
 
 
 @pytest.mark.timeout(240)
-def test_a_member_killed_with_its_supervisor_is_adopted_as_lost_and_masked(cli, cluster,
+def test_a_member_killed_with_its_supervisor_is_adopted_as_lost_and_masked(reference, cluster,
                                                                            tmp_path):
     """The host of the supervisor held one member too: both SIGKILLed at once. The standby
     waits ``--adopt-timeout`` for the missing member, adopts the others, counts it lost; the
     survivors mask it (redundancy 2) and finish the job exactly once."""
     steps = 2500  # ~6 ms a step: still training once the standby is warm (step ~700 here)
-    job = (*RUN, "--steps", str(steps), "--ckpt-every", "50", "--seed", "6")
-    ref = cli(*job, "--out", str(tmp_path / "ref"), "--json", timeout=150)
-    assert ref.returncode == 0, ref.stderr[-2000:]
-    ref = json.loads(ref.stdout)
+    job = (*RUN, "--steps", str(steps), "--ckpt-every", "50", "--seed", "3")  # a shared reference
+    ref = reference(*job)
     out = tmp_path / "run"
     ha = (*job, "--out", str(out), "--store", cluster.url, "--job", "withmember",
           "--lease-ttl", "2", "--adopt-timeout", "3", "--json")
