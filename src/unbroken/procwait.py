@@ -43,9 +43,9 @@ def readable(fds: Sequence[Any], timeout: float | None) -> list[Any]:
 
 def close_quietly(*fds: int | None) -> None:
     """Close the descriptors given (None and already-closed ones are skipped): what an object
-    owning a sentinel does when it is collected. A bare ``int`` from ``os.pipe`` or
-    ``pidfd_open`` is not closed by the garbage collector, and a test process that ran a few
-    hundred jobs kept every one (a full suite's worker passed 1,024)."""
+    owning a sentinel does when it is collected: a bare ``int`` from ``os.pipe`` or
+    ``pidfd_open`` is not closed by the garbage collector, and a process that starts many
+    jobs (a test process) would keep every one."""
     for fd in fds:
         if fd is not None:
             try:
