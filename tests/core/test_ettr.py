@@ -348,3 +348,29 @@ def test_a_restore_and_its_redone_steps_are_the_flips_whatever_answers_the_slow_
     assert slow.lost_s == pytest.approx(18 * 0.05)
     assert flip.lost_s == pytest.approx(t29 - t28 - 0.1)
     assert r.other_lost_s == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_nan_whose_step_another_failure_replanned_is_absorbed_not_unresolved():
+    """A NaN injected into step 50's gradient of group 2 while group 1's death broke that
+    step's op: the survivors' replan recomputed step 50, no member ever saw the NaN (no
+    incident). The NaN is masked, "absorbed" by that replan, and charged nothing: the second
+    the step lost is the kill's. Without the replan (or with the incident) it is not."""
+    ev = journal(fault_step=50)
+    tf = next(e["t"] for e in ev if e["event"] == "fault")
+    ev.append({"event": "fault", "kind": "nan", "group": 2, "uid": 2, "step": 50,
+               "t": tf + 0.001, "src": "group-2"})
+    ev.sort(key=lambda e: e["t"])
+    r = ettr_report(ev)
+    kill, nan = sorted(r.faults, key=lambda f: f.kind)
+    assert nan.kind == "nan" and nan.masked and nan.how.startswith("absorbed by the replan")
+    assert nan.lost_s == pytest.approx(0.0) and kill.lost_s == pytest.approx(1.0)
+    # the NaN found at step 50 (an incident): the guard answers it, not the replan
+    seen = ev + [{"event": "incident", "kind": "implicit", "step": 50, "t": tf + 0.002,
+                  "src": "group-0"}]
+    (nan,) = [f for f in ettr_report(sorted(seen, key=lambda e: e["t"])).faults
+              if f.kind == "nan"]
+    assert nan.how == "unresolved" and not nan.masked
+    # no replan of that step: nothing recomputed it
+    alone = [e for e in ev if e["event"] != "replan"]
+    (nan,) = [f for f in ettr_report(alone).faults if f.kind == "nan"]
+    assert nan.how == "unresolved" and not nan.masked

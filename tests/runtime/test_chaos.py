@@ -60,6 +60,14 @@ def test_soak_a_slot_fails_again_and_every_fault_is_answered_exactly_once(demo, 
     lost = rep["time_lost_per_fault"]
     assert len(lost) == 10
     for f in lost:
+        if f["kind"] == "nan" and f["how"].startswith("absorbed by the replan"):
+            # another failure broke the NaN's step (CI, 2026-12-07, under a busy loop: the slow
+            # group's eviction landed on step 18 too): the survivors recomputed it, the NaN
+            # never committed and nobody saw it (core.ettr's ABSORBABLE)
+            assert any(e["event"] == "replan" and e["step"] == f["step"] for e in events), f
+            assert not [e for e in events if e["event"] == "incident" and
+                        e["kind"] == "implicit" and e["step"] == f["step"]], f
+            continue
         assert f["how"].startswith(SOAK.get(f["kind"], ("replan", "restart"))), (f, spec)
         assert f["detect_s"] is not None, (f, spec)
     # time lost: a hang waits out the heartbeat timeout, a straggler runs slow for the rounds

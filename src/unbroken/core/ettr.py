@@ -50,6 +50,11 @@ Definitions used here, all derived from the journal:
   runtime reports, see ``RESOLVED_BY``) ends at the guard's first ``resolved`` event for that
   incident kind: ``detect_s = detected_t - t_fault``, ``decide_s = t - detected_t``; a
   resolution that restored a checkpoint (``restart``) is not masked.
+* **A one-step corruption absorbed** (``nan``, see ``ABSORBABLE``): when another failure broke
+  the op of the step the NaN was injected into, the survivors' replan recomputed that step's
+  gradients and the NaN never reached a commit: no member journals its incident. With a
+  ``replan`` of that step after the fault and no incident of its kind at that step, the fault
+  is masked, ``how`` "absorbed by ...", and charged nothing (the replan is the other fault's).
 * **Which fault a restart answers** -- the guard's restore journals a ``restart`` naming its
   ``incident`` (older journals: a ``restart`` at the time of a ``resolved`` line with
   ``restart``); it answers that incident's fault only, never another fault still open (a slow
@@ -76,6 +81,8 @@ _FAILURE = frozenset({Event.FAULT, Event.DETECTED, Event.REPLAN, Event.WIPEOUT, 
 _DISRUPTIVE = _FAILURE | {Event.JOIN}
 #: injected fault kind -> the incident kind whose ``resolved`` event ends it
 RESOLVED_BY = {"nan": "implicit", "flip": "sdc", "update": "code", "xid": "xid"}
+#: kinds that corrupt one computation of one step only: a recompute of that step erases them
+ABSORBABLE = frozenset({"nan"})
 #: pre-failure clean intervals needed before they alone define step_s: a run's first steps warm
 #: up, and 4 of them (a kill at the demo's step 5) read 0.088 s against a 0.05 s steady step,
 #: so productive time exceeded wall time and ETTR read 1.0 with three faults
@@ -195,6 +202,18 @@ def _first(events, pred, after: float):
     return None
 
 
+def _absorbed_by(evs: list[dict], f: dict, incident: str | None, tf: float) -> dict | None:
+    """The replan that recomputed the step of a one-step corruption ``f`` before any member
+    found it (``ABSORBABLE``), or None: a ``replan`` of ``f``'s step after it, and no
+    ``incident`` of its kind at that step."""
+    k = f.get("step")
+    if f.get("kind") not in ABSORBABLE or not isinstance(k, int) or any(
+            e.get("event") == Event.INCIDENT and e.get("step") == k and e.get("kind") == incident
+            for e in evs):
+        return None
+    return _first(evs, lambda e: e.get("event") == Event.REPLAN and e.get("step") == k, tf)
+
+
 def _member_since(evs: list[dict], g, before: float) -> float:
     """When ``g`` was last named a member (a replan, join or wipe-out listing it) at or before
     ``before``; the journal's start if never: an answer after that can be its fault's."""
@@ -311,7 +330,12 @@ def ettr_report(events: list[dict], *, window: int = 20) -> EttrReport:
         end_t: float | None = None
         next_commit = False  # recompute up to the next commit (a replan's patched step)
         masked, how, rung = False, "unresolved", None
-        if res is not None and res["event"] == Event.RESOLVED:
+        absorbed = _absorbed_by(evs, f, incident, tf) if res is None else None
+        if absorbed is not None:
+            masked, rung = True, "mask"
+            how = (f"absorbed by the replan of step {kf} (its gradients recomputed, the "
+                   f"corruption never committed)")
+        elif res is not None and res["event"] == Event.RESOLVED:
             seen = _num(res.get("detected_t"))
             end_t = float(res["t"])
             if seen is not None:
