@@ -69,10 +69,9 @@ def test_a_worker_gets_argv_env_cwd_its_own_process_group_and_its_exit_code(entr
     assert err.read_text() == "to stderr\n"
 
 
-@pytest.mark.timeout(60)
-def test_signals_exceptions_and_the_sentinel_behave_like_popen(entries, tmp_path):
-    w = spawn.start("spawn_entries:wait_forever", [], stderr_path=str(tmp_path / "e1"),
-                    channel=True)
+def _running_then_killed(w: spawn.Worker) -> None:
+    """``w`` (``wait_forever``) says it is ready, runs (poll None, a short wait times out);
+    SIGKILLed, an ExitWaiter wakes on its sentinel, not at the timeout, and its code is -9."""
     assert w.receive(timeout=30) == "ready"
     assert w.poll() is None
     with pytest.raises(subprocess.TimeoutExpired):
@@ -80,9 +79,16 @@ def test_signals_exceptions_and_the_sentinel_behave_like_popen(entries, tmp_path
     waiter = ExitWaiter()
     t0 = time.monotonic()
     w.send_signal(signal.SIGKILL)
-    waiter.wait([w], timeout=20)  # wakes on the sentinel, not on the timeout
+    waiter.wait([w], timeout=20)
     assert time.monotonic() - t0 < 10
-    assert w.poll() == -signal.SIGKILL
+    assert w.wait(timeout=10) == -signal.SIGKILL and w.poll() == -signal.SIGKILL
+
+
+@pytest.mark.timeout(60)
+def test_signals_exceptions_and_the_sentinel_behave_like_popen(entries, tmp_path):
+    w = spawn.start("spawn_entries:wait_forever", [], stderr_path=str(tmp_path / "e1"),
+                    channel=True)
+    _running_then_killed(w)
     w.kill()  # a no-op once it has ended, as Popen.kill
     bad = spawn.start("spawn_entries:fail", [], stderr_path=str(tmp_path / "e2"))
     assert bad.wait(timeout=30) == 1
@@ -167,15 +173,7 @@ def test_a_launcher_holding_more_than_1024_descriptors_still_waits_on_its_worker
         assert w.sentinel >= 1024 and w._channel >= 1024
         with pytest.raises(ValueError):  # what the waits did before
             select.select([w.sentinel], [], [], 0)
-        assert w.receive(timeout=30) == "ready"
-        assert w.poll() is None
-        with pytest.raises(subprocess.TimeoutExpired):
-            w.wait(timeout=0.05)
-        waiter = ExitWaiter()
-        t0 = time.monotonic()
-        w.kill()
-        waiter.wait([w], timeout=20)  # wakes at the exit, not at the timeout
-        assert time.monotonic() - t0 < 10 and w.wait(timeout=10) == -signal.SIGKILL
+        _running_then_killed(w)
     finally:
         for fd in held:
             os.close(fd)
