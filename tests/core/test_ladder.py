@@ -334,6 +334,7 @@ def test_faults_on_other_machines_open_their_own_incident():
         assert d.rung is Rung.MASK and "try 1/" in why, why  # never the budget's requeue
         state = advance(state, Tried(d), policy)
         assert state.incident_groups == frozenset({g}) and state.incident_start == t
+        state = advance(state, Committed(1), policy)  # training went on between them
     # the same machine again joins its incident: the second mask, then eviction/retry
     d, why = decide(Fault("death", (3,), maskable=True), state, policy, 130.0)
     assert d.rung is Rung.MASK and "try 2/" in why
@@ -344,3 +345,39 @@ def test_faults_on_other_machines_open_their_own_incident():
     d, why = decide(Fault("implicit"), state, policy, 141.0)
     state2 = advance(state, Tried(d), policy)
     assert state2.incident_start == 120.0 and state2.incident_groups == frozenset({3})
+
+
+def test_faults_with_no_step_between_them_are_one_incident():
+    """A node that takes two groups, then replacements that die as they start (their node is
+    gone): no step is committed between the faults, so each new group joins the incident and
+    the ladder climbs to a restart instead of opening a fresh incident per replacement (seen:
+    4,990 respawns onto no live node in three minutes)."""
+    policy = LadderPolicy()
+    state = LadderState()
+    rungs = []
+    for uid, kind, t in ((0, "death", 0.0), (2, "death", 0.1), (1, "wipe-out", 0.3),
+                         (3, "wipe-out", 0.31), (5, "wipe-out", 0.32)):
+        d, why = decide(Fault(kind, (uid,), maskable=kind == "death"), state, policy, t)
+        state = advance(state, Tried(d), policy)
+        rungs.append((d.rung, why.split(":")[0]))
+    assert rungs == [(Rung.MASK, "mask (try 1/2)"), (Rung.MASK, "mask (try 2/2)"),
+                     (Rung.RETRY, "retry (try 1/2)"), (Rung.RETRY, "retry (try 2/2)"),
+                     (Rung.RESTART, "restart (try 1/2)")], rungs
+    assert state.incident_groups == frozenset({0, 1, 2, 3, 5})
+
+
+def test_a_replacement_carries_its_predecessors_incident():
+    from unbroken.core.ladder import Assigned
+
+    policy = LadderPolicy()
+    d, _ = decide(Fault("wipe-out", (1,)), LadderState(), policy, 0.0)
+    state = advance(LadderState(), Tried(d), policy)
+    state = advance(state, Committed(2), policy)  # survivors train on meanwhile
+    assert advance(state, Assigned(old=7, new=9), policy) == state  # not in the incident
+    state = advance(state, Assigned(old=1, new=9), policy)
+    assert state.incident_groups == frozenset({1, 9})
+    d, why = decide(Fault("wipe-out", (9,)), state, policy, 1.0)
+    assert d.rung is Rung.RETRY and "try 2/2" in why, why  # climbs, not a new incident
+    # once the incident closed, nothing carries over
+    closed = advance(state, Committed(policy.resolved_after), policy)
+    assert advance(closed, Assigned(old=1, new=11), policy) == closed

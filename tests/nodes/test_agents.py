@@ -10,6 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from unbroken.events import Event  # noqa: E402
+from unbroken.protocol import ExitCode  # noqa: E402
 from unbroken.runtime.trainer import reference_run  # noqa: E402
 from unbroken.supervise import JobSpec, Supervisor  # noqa: E402
 from unbroken.supervise.spec import FTConfig, check, train_config  # noqa: E402
@@ -96,3 +97,30 @@ def _journal(tmp_path) -> list[dict]:
     from helpers import read_journal
 
     return read_journal(tmp_path / "run" / "journal.jsonl")
+
+
+@pytest.mark.timeout(240)
+def test_every_node_lost_climbs_the_ladder_and_ends_instead_of_respawning_forever(tmp_path):
+    """Both nodes killed: the replacements have no live node to start on and die as they are
+    placed. Without progress between those deaths they are one incident, so the ladder climbs
+    retry -> restart and the job ends with one line saying why, its processes gone (before:
+    each replacement opened a fresh incident and was respawned again, thousands a minute,
+    until the descriptors ran out)."""
+    import os
+
+    spec = JobSpec(trainer="mlp", groups=4, steps=400, faults="node:0@4,node:1@8",
+                   local_nodes=2, out=str(tmp_path / "run"), timeout=200,
+                   ft=FTConfig(node_staleness=1.0))
+    res = Supervisor(spec).run()
+    events = _journal(tmp_path)
+    assert res.code == ExitCode.NO_PROGRESS and "every node was lost" in res.message, res
+    assigns = [e for e in events if e["event"] == Event.ASSIGN]
+    rungs = [e["rung"] for e in events if e["event"] == Event.LADDER]
+    assert len(assigns) <= 6, len(assigns)  # two masked deaths, two retries, no loop
+    assert "restart" in rungs, rungs
+    assert len({e["node"] for e in events if e["event"] == Event.NODE_LOST}) == 2
+    me = os.getpid()
+    with open(f"/proc/{me}/task/{me}/children") as f:
+        left = [open(f"/proc/{p}/cmdline").read() for p in f.read().split()]
+    # no agent, worker or store behind (this process's fork server lives as long as it does)
+    assert not [c for c in left if "spawn import _serve" not in c], left

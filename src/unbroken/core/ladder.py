@@ -70,7 +70,13 @@ Rules chosen here (not in the references)
   spend its attempts and time budget on unrelated machines until the ladder gave up on a job
   that masking keeps healthy (``sim.ladder`` found exactly that at a 5-minute MTBF). A fault
   naming no group (NaN, SDC) may be a consequence of anything in flight, so it joins the open
-  incident; so does a fault on a group the incident already named (a recurring problem).
+  incident; so does a fault on a group the incident already named (a recurring problem),
+  or on the spare that replaced one (``Assigned``).
+* **No step, no new incident.** Separation needs a committed step since the incident began:
+  faults with no progress between them are one incident (a node taking several groups at
+  once; replacements that die as they start because no node is left). Otherwise each new
+  replacement uid opened a fresh incident and the ladder retried in place forever (seen:
+  4,990 respawns onto no live node in three minutes, until the descriptors ran out).
 * **One vote at a time.** A replay collects every member's digests and names the corrupt
   machine by majority; evicting another member while it is in flight leaves the vote short
   ("1/1 agree -> no culprit") and the corrupt machine stays. So a *soft* eviction verdict --
@@ -115,6 +121,7 @@ __all__ = [
     "LadderState",
     "Decision",
     "Tried",
+    "Assigned",
     "Committed",
     "Replayed",
     "decide",
@@ -244,7 +251,19 @@ class Replayed:
     """The open replay was answered (its digests came back, or the attempt it ran in ended)."""
 
 
-Outcome = Tried | Committed | Replayed
+@dataclass(frozen=True)
+class Assigned:
+    """The slot of ``old`` (a group the ladder answered) went to ``new``: the replacement
+    carries its predecessor's open incident. Without this, each replacement's uid is a group
+    the incident never named, so a slot whose replacements keep failing (their node is gone,
+    their start-up breaks) would open a fresh incident per replacement and retry forever
+    instead of climbing to restart, requeue and give-up."""
+
+    old: int
+    new: int
+
+
+Outcome = Tried | Committed | Replayed | Assigned
 
 
 def _check_time(name: str, t: object) -> float:
@@ -357,9 +376,12 @@ def decide(fault: Fault, state: LadderState, policy: LadderPolicy, now: float,
 
 
 def _separate(groups: tuple[int, ...], state: LadderState) -> bool:
-    """A fault on groups the open incident never named starts an incident of its own."""
+    """A fault on groups the open incident never named starts an incident of its own, once a
+    step was committed since the incident began: faults with no progress between them are one
+    incident (a node that takes two groups, or replacements that die as they start, must
+    climb the ladder, not reset it with every new group they name)."""
     return (state.incident_start is not None and bool(groups) and bool(state.incident_groups)
-            and not set(groups) & state.incident_groups)
+            and state.steps > 0 and not set(groups) & state.incident_groups)
 
 
 def _make(rung: Rung, fault: Fault, state: LadderState, policy: LadderPolicy, now: float,
@@ -431,11 +453,16 @@ def advance(state: LadderState, outcome: Outcome, policy: LadderPolicy | None = 
     when ``ok``, the code version switched (ROLLBACK, or a lazily applied update; a rolled-back
     version is rejected for good).
     ``Committed`` counts steps: ``policy.resolved_after`` of them close the incident, and
-    ``policy.good_after`` on the running version make it the last good one.
+    ``policy.good_after`` on the running version make it the last good one. ``Assigned``
+    extends the open incident to the replacement of a group it named.
     """
     policy = policy if policy is not None else LadderPolicy()
     if isinstance(outcome, Replayed):
         return replace(state, replay_since=None)
+    if isinstance(outcome, Assigned):
+        if state.incident_start is None or outcome.old not in state.incident_groups:
+            return state  # the incident is closed (or never named it): nothing carries over
+        return replace(state, incident_groups=state.incident_groups | {outcome.new})
     if isinstance(outcome, Committed):
         n = outcome.steps
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
@@ -451,7 +478,7 @@ def advance(state: LadderState, outcome: Outcome, policy: LadderPolicy | None = 
                            incident_groups=frozenset())
         return replace(state, running_steps=running_steps, last_good=last_good, steps=steps)
     if not isinstance(outcome, Tried):
-        raise LadderError(f"outcome {outcome!r} is not Tried, Committed or Replayed")
+        raise LadderError(f"outcome {outcome!r} is not Tried, Committed, Replayed or Assigned")
     d = outcome.decision
     if d.rung is None:
         return state  # gave up: nothing was carried out

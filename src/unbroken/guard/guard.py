@@ -15,6 +15,7 @@ from typing import Callable
 
 from unbroken.core.actions import Action, PostCode, PostVerdict, Replace, actions_for
 from unbroken.core.ladder import (
+    Assigned,
     Committed,
     Decision,
     Fault,
@@ -114,6 +115,11 @@ class Guard:
                                            quarantined(self.state, self.policy, t)))
             self._tried(d)
         return d
+
+    def on_assigned(self, new: int, old: int) -> None:
+        """Spare ``new`` took the slot of ``old``: a failure of ``new`` before the incident
+        closed climbs the ladder from where ``old``'s left it (``core.ladder.Assigned``)."""
+        self.state = advance(self.state, Assigned(old, new), self.policy)
 
     def on_member_lost(self, uid: int, how: str, now: float) -> Decision:
         """A member died (``how`` = "exit") or hung (the survivors re-formed without it:

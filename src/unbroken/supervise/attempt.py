@@ -406,6 +406,7 @@ class Attempt:
         # the slot's next scheduled faults (the old holder's unfired ones included: it is gone)
         drill = holder_faults([f for f in self.pending if f not in self.fired], slot)
         self.c.assign(spare, slot, [(f.kind, f.step) for f in drill])
+        self.guard.on_assigned(spare, uid)
         self.emit({"event": Event.ASSIGN, "uid": spare, "slot": slot,
                    **({"fresh": True} if fresh else {})})
         for _ in range(refill(len(self.pool))):  # keep one warm for the next fault (its

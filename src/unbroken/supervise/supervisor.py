@@ -298,6 +298,11 @@ class Supervisor:
             if attempt > 0 and directory is not None:  # agents that died during the backoff
                 for k, why in directory.fence_silent(3 * spec.ft.node_staleness).items():
                     self.emit({"event": Event.NODE_LOST, "node": k, "reason": why, "uids": []})
+                if not directory.live():  # nothing to restart on: the checkpoint waits
+                    ended = Ended(ExitCode.NO_PROGRESS,
+                                  "every node was lost: no node is left to restart the job on; "
+                                  "--resume continues from the last checkpoint on new nodes")
+                    break
             co, adopting = self.coordinator, self._adopting and attempt == 0
             c = make_cluster(cfg, jdir, spares, spec, out / "ckpt",
                              resume=attempt > 0 or spec.resume, pending=pending,
