@@ -72,6 +72,19 @@ def _commits(out: Path) -> list[dict]:
     return _events(out, "commit")
 
 
+def _last_step(out: Path, uid: int, before: float) -> int:
+    """The newest step group ``uid`` committed before ``before`` (its own journal)."""
+    steps = []
+    for line in (out / "groups" / f"group-{uid}.jsonl").read_text().splitlines():
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue
+        if e.get("event") == "commit" and e["t"] < before:
+            steps.append(e["step"])
+    return max(steps)
+
+
 def _wait(cond, timeout: float, what: str, proc: subprocess.Popen):
     deadline = time.monotonic() + timeout
     while not (v := cond()):
@@ -441,12 +454,27 @@ def test_a_member_killed_with_its_supervisor_is_adopted_as_lost_and_masked(refer
             if p is not None and p.poll() is None:
                 p.kill()
     assert rc == 0, err[-3000:]
-    took = [json.loads(x) for x in (out / "journal.jsonl").read_text().splitlines()
-            if '"takeover"' in x]
-    assert len(took) == 1 and took[0]["missing"] == [2], (took, err[-3000:])
+    assert rep["exactly_once"] is True and rep["steps"] == steps
+    from helpers import read_journal
+
+    journal = read_journal(out / "journal.jsonl")
+    answer = min(e["t"] for e in journal  # the standby's: no survivor trains on before it
+                 if e["event"] in ("takeover", "restart_requested") and e["t"] > t_kill)
+    stopped = {u: _last_step(out, u, answer) for u in (0, 1)}
+    if len(set(stopped.values())) > 1:
+        # the victim died inside a step's all-reduce that completed on one survivor only (gloo's
+        # ring finishes unevenly) and the store that recovery re-forms through died with the
+        # supervisor: the survivors stopped a step apart, with no common boundary to adopt.
+        # The designed fallback: restart from rank 0's stop checkpoint, nothing recomputed twice
+        why = [e["reason"] for e in journal if e["event"] == "restart_requested"]
+        assert len(why) == 1 and "different steps" in why[0], (stopped, why)
+        assert rep["final_loss"] == pytest.approx(ref["final_loss"], abs=1e-6)
+        print(f"survivors stopped at {stopped}: restarted from the checkpoint, not adopted")
+        return
+    took = [e for e in journal if e["event"] == "takeover"]
+    assert len(took) == 1 and took[0]["missing"] == [2], (took, stopped, err[-3000:])
     adopted = _events(out, "adopted")
     assert len(adopted) == 2 and not [e for e in _events(out, "restore") if e["t"] > t_kill]
-    assert rep["exactly_once"] is True and rep["steps"] == steps
     assert rep["ledger"]["missing"] == 0 and rep["ledger"]["duplicated"] == 0
     # masked by the survivors: the same gradients, summed in another order
     assert rep["final_loss"] == pytest.approx(ref["final_loss"], abs=1e-6)
