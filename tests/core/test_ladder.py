@@ -347,11 +347,11 @@ def test_faults_on_other_machines_open_their_own_incident():
     assert state2.incident_start == 120.0 and state2.incident_groups == frozenset({3})
 
 
-def test_faults_with_no_step_between_them_are_one_incident():
-    """A node that takes two groups, then replacements that die as they start (their node is
-    gone): no step is committed between the faults, so each new group joins the incident and
-    the ladder climbs to a restart instead of opening a fresh incident per replacement (seen:
-    4,990 respawns onto no live node in three minutes)."""
+def test_unmaskable_faults_with_no_step_between_them_are_one_incident():
+    """A node that takes two groups (masked, each its own incident), then replacements that
+    die as they start (their node is gone): no step is committed between the wipe-outs, so
+    each new uid joins the incident and the ladder climbs to a restart instead of opening a
+    fresh incident per replacement (seen: 4,990 respawns onto no live node in 3 minutes)."""
     policy = LadderPolicy()
     state = LadderState()
     rungs = []
@@ -360,10 +360,14 @@ def test_faults_with_no_step_between_them_are_one_incident():
         d, why = decide(Fault(kind, (uid,), maskable=kind == "death"), state, policy, t)
         state = advance(state, Tried(d), policy)
         rungs.append((d.rung, why.split(":")[0]))
-    assert rungs == [(Rung.MASK, "mask (try 1/2)"), (Rung.MASK, "mask (try 2/2)"),
+    assert rungs == [(Rung.MASK, "mask (try 1/2)"), (Rung.MASK, "mask (try 1/2)"),
                      (Rung.RETRY, "retry (try 1/2)"), (Rung.RETRY, "retry (try 2/2)"),
                      (Rung.RESTART, "restart (try 1/2)")], rungs
-    assert state.incident_groups == frozenset({0, 1, 2, 3, 5})
+    assert state.incident_groups == frozenset({1, 2, 3, 5})
+    # once a step was committed, a wipe-out on groups the incident never named is its own
+    state = advance(state, Committed(1), policy)
+    d, why = decide(Fault("wipe-out", (8,)), state, policy, 0.4)
+    assert d.separate and "retry (try 1/2)" in why, why
 
 
 def test_a_replacement_carries_its_predecessors_incident():
