@@ -8,7 +8,7 @@ which ``Scenario.paper_shortcut`` keeps as an option; the default model must hol
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from unbroken.core import placement
@@ -70,24 +70,43 @@ def test_failures_never_beat_the_failure_free_run_with_jitter(case):
 
 @settings(max_examples=8, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
-@given(scenarios(jitter=True), st.floats(1.0, 50.0), st.floats(2.0, 8.0))
+@given(scenarios(jitter=False), st.floats(1.0, 50.0), st.floats(2.0, 8.0))
 def test_shorter_mtbf_never_lowers_expected_ttt(case, steps_per_failure, factor):
-    """MTBF m against m * factor (factor >= 2), mean over 5 seeds, same checkpoint interval:
-    with failure intervals drawn as unit draws scaled by the MTBF, the shorter MTBF shortens
-    every interval of a seed in proportion. The MTBF is at least one failure-free step (the
-    domain of the closed forms, ``theory.caveats``): below it almost every all-reduce breaks
-    and what a failure costs depends on where the check points fall, not on how many there
-    are."""
+    """MTBF m against m * factor (factor >= 2), same checkpoint interval and seeds: the mean
+    TTT over 10 seeds may not fall by more than 3 standard errors of the paired difference.
+
+    An expectation, not a per-seed order. Common random numbers couple the two runs only up to
+    each group's first failure: later intervals come off one stream in the order failures are
+    noticed and start at the check point that noticed them, and a restart resets the layout
+    and depth, so one seed's shorter-MTBF run can come out faster (the first hypothesis
+    example that showed it, SPARe r=2 at 5 steps per failure, Weibull 0.5: 1.954 against
+    1.957 over seeds 0-4, but 1.989 against 1.884 over 400 seeds). Which examples hypothesis
+    draws also shifts with the modules a process has imported (it mixes constants from local
+    source into its draws even derandomized), so a strict order on a few seeds passed or
+    failed by which test files ran beside it.
+
+    The domain, and why: the MTBF is at least one failure-free step (the domain of the
+    closed forms, ``theory.caveats``): below it almost every all-reduce breaks and what a
+    failure costs depends on where the check points fall, not on how many there are. No
+    jitter: with it a masked failure leaves fewer groups to wait for, and where that smaller
+    straggler saves more than the failure costs (1.5 T_a + shrink, cheap at a short
+    all-reduce) more failures really do train faster (rep r=4, T_a = 0.1 s, 87 s steps: the
+    mean over 200 seeds falls from 11,759 s failure-free to 11,755 s at 7 masked failures).
+    Only completed runs: a run stopped at the cap has a floor, not a TTT. The shortcut still
+    fails this (a masked step then costs less than a whole all-reduce)."""
     sc, strategy, r, k, seed = case
     sc = sc.with_(mtbf=(sc.t_compute + sc.allreduce) * steps_per_failure)
-    seeds = range(seed, seed + 5)
+    seeds = range(seed, seed + 10)
 
-    def mean_ttt(s: Scenario) -> float:
-        return float(np.mean([simulate(s, strategy, r, seed=x, ckpt_every=k,
-                                       max_ttt_over_t0=20).ttt_over_t0 for x in seeds]))
+    def ttts(s: Scenario) -> np.ndarray:
+        runs = [simulate(s, strategy, r, seed=x, ckpt_every=k, max_ttt_over_t0=20)
+                for x in seeds]
+        assume(all(run.completed for run in runs))
+        return np.array([run.ttt_over_t0 for run in runs])
 
-    short, long_ = mean_ttt(sc), mean_ttt(sc.with_(mtbf=sc.mtbf * factor))
-    assert short >= long_ * (1 - 1e-9)
+    short, long_ = ttts(sc), ttts(sc.with_(mtbf=sc.mtbf * factor))
+    d = short - long_
+    assert d.mean() >= -3 * d.std(ddof=1) / np.sqrt(d.size) - 1e-9 * long_.mean()
 
 
 def test_the_paper_shortcut_does_beat_failure_free_at_a_long_allreduce():

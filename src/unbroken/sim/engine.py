@@ -188,6 +188,7 @@ class _Run:
     def __init__(self, sc: Scenario, strategy: str, r: int, seed: int, k_ckpt: int) -> None:
         self.sc, self.strategy, self.r, self.seed, self.k_ckpt = sc, strategy, r, seed, k_ckpt
         self.deadline: float | None = None
+        self.t_cap = math.inf
         self.n = sc.groups
         self.draws = _Draws(sc, seed)
         self.t = 0.0
@@ -251,7 +252,11 @@ class _Run:
         now = np.full(self.n, start)
         nf = self.next_fail
         while True:
-            hit = np.flatnonzero(nf < now + t_r)
+            # A group still recovering at the cap stops being redrawn: the run ends there
+            # (stopped="cap"). At a per-group MTBF far below T_r a restart practically never
+            # finishes (every group needs one interval longer than T_r), and this loop would
+            # spin on it past any cap.
+            hit = np.flatnonzero((nf < now + t_r) & (now < self.t_cap))
             if hit.size == 0:
                 break
             now[hit] = np.maximum(now[hit], nf[hit])
@@ -383,7 +388,7 @@ class _Run:
         one_step = self.step_spare if self.strategy == "spare" else self.step_ckpt_or_rep
         depth_of = (lambda: self.depth) if self.strategy == "spare" else (lambda: self.r)
         stopped = None
-        self.deadline = deadline
+        self.deadline, self.t_cap = deadline, t_cap
         next_report = time.monotonic() + 0.2
         while self.step < sc.steps:
             if self.t >= t_cap:
