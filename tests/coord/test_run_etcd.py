@@ -55,9 +55,9 @@ def test_bad_stores_are_one_line_exit_2_and_start_nothing(cli, cluster, tmp_path
     assert not out.exists()  # nothing started: not even the run directory
 
 
-def _events(out: Path, kind: str) -> list[dict]:
+def _events(out: Path, kind: str, uid: int | str = "*") -> list[dict]:
     evs = []
-    for f in sorted((out / "groups").glob("group-*.jsonl")):
+    for f in sorted((out / "groups").glob(f"group-{uid}.jsonl")):
         for line in f.read_text().splitlines():
             try:
                 e = json.loads(line)
@@ -74,15 +74,7 @@ def _commits(out: Path) -> list[dict]:
 
 def _last_step(out: Path, uid: int, before: float) -> int:
     """The newest step group ``uid`` committed before ``before`` (its own journal)."""
-    steps = []
-    for line in (out / "groups" / f"group-{uid}.jsonl").read_text().splitlines():
-        try:
-            e = json.loads(line)
-        except ValueError:
-            continue
-        if e.get("event") == "commit" and e["t"] < before:
-            steps.append(e["step"])
-    return max(steps)
+    return max(e["step"] for e in _events(out, "commit", uid) if e["t"] < before)
 
 
 def _wait(cond, timeout: float, what: str, proc: subprocess.Popen):
