@@ -539,6 +539,10 @@ def run(a: argparse.Namespace) -> int:
             raise AgentError(f"{flag} {v}: must be >= 0")
     import torch.distributed  # noqa: F401 - before the fork server: its workers inherit it
 
+    # an agent is started by hand or by a node's init system, not by unbroken: its own store
+    # connects (at a takeover too) must not wait out the resolver's default 5 s on a dropped
+    # reverse lookup (spawn.RESOLVER_OPTIONS)
+    spawn.quick_resolver()
     spawn.fork_server()  # no thread yet: this process is still safe to fork
     record = {"pid": os.getpid(), "host": socket.gethostname(), "slots": a.slots,
               "spares": a.spares}

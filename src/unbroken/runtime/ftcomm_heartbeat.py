@@ -396,3 +396,11 @@ class Heartbeat:
                 errors += 1
                 if errors >= 3:  # three periods without the coordinator: it is gone
                     owner._store_gone()  # a waiting op judges what that means for it
+                    # and no more calls on it: each failed one costs a reverse DNS query
+                    # (torch formats the socket's address), ten a second per member while
+                    # the job waits for a standby; enough of them crowd the resolver, whose
+                    # dropped queries then stalled the takeover's own connects 1-5 s. The
+                    # verdict is final (``store_lost`` holds until a re-attach, which brings
+                    # a heartbeat of its own), so nothing is judged here any more.
+                    self._stop.wait()
+                    return
