@@ -16,13 +16,22 @@ mlp`` as real processes:
   ``lease_s`` kill -> the standby holds the lease, ``setup_s`` -> its store published,
   ``reports_s`` -> every member re-attached, ``go_s`` -> the go, ``first_step_s`` -> the
   first commit.
+* ``agents`` (``--agents-ranks 1,2``): the same kill with the workers under two node agents
+  that follow the job through etcd (``unbroken agent --store ... --job``, started here as an
+  operator would), 4 groups of R ranks each (``--shard fsdp`` for R > 1): the agents outlive
+  the coordinator and keep their workers, which the standby adopts. Per R the same fields as
+  ``loss``, and ``r2_over_r1``: the ratio of the medians. ``after_lease_s`` (here and in
+  ``loss``): the kill -> commit time past the lease's expiry, what the takeover itself costs
+  (the TTL is a setting), and ``r2_over_r1_after_lease`` its ratio.
 * ``overhead``: the same failure-free job (4 groups, ``--steps``) with the embedded TCPStore
   and with etcd, alternated ``--repeats`` times; the report's median step time ``step_s`` of
   each, their medians and ``ratio`` = etcd / tcp. Nothing per step is written to etcd; the
   etcd revisions the etcd runs added are reported (``etcd_writes_per_run``).
 
 Usage: ``.venv/bin/python bench/coordinator_loss.py [--repeats 3] [--groups 4,16]
-[--steps 1500] [--kill-at 40] [--lease-ttl 2] [--out docs/bench/coordinator_loss.json]``.
+[--agents-ranks 1,2] [--steps 1500] [--kill-at 40] [--lease-ttl 2] [--skip-overhead]
+[--out docs/bench/coordinator_loss.json]`` (an empty ``--groups`` or ``--agents-ranks``
+skips that part).
 """
 
 from __future__ import annotations
@@ -92,12 +101,22 @@ def _poll(cond, proc: subprocess.Popen, timeout: float) -> None:
 
 
 def loss(cluster: EtcdCluster, groups: int, steps: int, kill_at: int, ttl: int, out: Path,
-         job: str) -> dict:
+         job: str, ranks: int | None = None) -> dict:
+    """``ranks``: the workers run under two node agents (``--nodes 2``), R ranks a group;
+    None: under the supervisor itself."""
     args = (*JOB, "--groups", str(groups), "--steps", str(steps), "--ckpt-every", "20",
             "--out", str(out), "--store", cluster.url, "--job", job, "--lease-ttl", str(ttl))
+    if ranks is not None:
+        args += ("--nodes", "2", *(("--ranks-per-group", str(ranks), "--shard", "fsdp")
+                                   if ranks > 1 else ()))
     active = _start(*args)
-    standby = None
+    standby, agents = None, []
     try:
+        if ranks is not None:  # started by hand, as on the nodes: they outlive a coordinator
+            agents = [subprocess.Popen(
+                [sys.executable, "-m", "unbroken", "agent", "--store", cluster.url, "--job",
+                 job, "--node", str(k), "--connect-timeout", "120"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for k in (0, 1)]
         _poll(lambda: bool(_events(out, "commit")), active, 300)
         standby = _start(*args, "--standby")
         _poll(lambda: _standing_by(cluster, job), active, 300)
@@ -107,8 +126,9 @@ def loss(cluster: EtcdCluster, groups: int, steps: int, kill_at: int, ttl: int, 
         active.wait(timeout=30)
         rc = standby.wait(timeout=600)
         rep = json.loads(standby.stdout.read() or "{}")
+        agent_rcs = [p.wait(timeout=60) for p in agents]
     finally:
-        for p in (active, standby):
+        for p in (active, standby, *agents):
             if p is not None and p.poll() is None:
                 p.kill()
     # adopted (no restart): every member journals "adopted" at the go; a restart: "restore"
@@ -129,7 +149,8 @@ def loss(cluster: EtcdCluster, groups: int, steps: int, kill_at: int, ttl: int, 
             "kill_to_commit_s": first - t_kill, "pause_s": first - last, "split": split,
             "resumed_at": (adopted or restores)[0].get("step"),
             "exactly_once": rep.get("exactly_once"),
-            "connected_ahead": sum(bool(e.get("ahead")) for e in adopted)}
+            "connected_ahead": sum(bool(e.get("ahead")) for e in adopted),
+            **({"agent_rcs": agent_rcs} if agents else {})}
 
 
 def step_time(cluster: EtcdCluster | None, steps: int, out: Path, job: str) -> dict:
@@ -157,33 +178,57 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--kill-at", type=int, default=40)
     ap.add_argument("--lease-ttl", type=int, default=2)
+    ap.add_argument("--agents-ranks", default="1,2",
+                    help="ranks a group of the runs under node agents (4 groups)")
+    ap.add_argument("--skip-overhead", action="store_true")
     ap.add_argument("--out", default=None, help="also write the JSON object here")
     a = ap.parse_args()
     res: dict = {"lease_ttl_s": a.lease_ttl, "kill_at": a.kill_at, "steps": a.steps,
-                 "repeats": a.repeats, "loss": {}, "overhead": {}}
+                 "repeats": a.repeats, "loss": {}, "agents": {}, "overhead": {}}
+
+    def runs_of(key: str, make) -> dict:
+        runs = []
+        for r in range(a.repeats):
+            runs.append(make(r))
+            print(f"{key} run {r}: {runs[-1]}", file=sys.stderr)
+        # past the lease's expiry: what the takeover itself costs (the TTL is a setting)
+        past = [x["kill_to_commit_s"] - x["split"]["lease_s"] for x in runs if x["split"]]
+        return {"kill_to_commit_s": _summary([x["kill_to_commit_s"] for x in runs]),
+                "after_lease_s": _summary(past) if past else None,
+                "pause_s": _summary([x["pause_s"] for x in runs]), "runs": runs}
+
     with tempfile.TemporaryDirectory() as tmp, EtcdCluster(Path(tmp), n=3) as cluster:
         root = Path(tmp)
-        for g in [int(x) for x in a.groups.split(",")]:
-            runs = []
-            for r in range(a.repeats):
-                runs.append(loss(cluster, g, a.steps, a.kill_at, a.lease_ttl,
-                                 root / f"loss-{g}-{r}", f"loss-{g}-{r}"))
-                print(f"groups {g} run {r}: {runs[-1]}", file=sys.stderr)
-            res["loss"][str(g)] = {"kill_to_commit_s": _summary([x["kill_to_commit_s"]
-                                                                for x in runs]),
-                                   "pause_s": _summary([x["pause_s"] for x in runs]),
-                                   "runs": runs}
+        for g in [int(x) for x in a.groups.split(",") if x]:
+            res["loss"][str(g)] = runs_of(f"groups {g}", lambda r, g=g: loss(
+                cluster, g, a.steps, a.kill_at, a.lease_ttl, root / f"loss-{g}-{r}",
+                f"loss-{g}-{r}"))
+        for k in [int(x) for x in a.agents_ranks.split(",") if x]:
+            res["agents"][str(k)] = runs_of(f"agents R={k}", lambda r, k=k: loss(
+                cluster, 4, a.steps, a.kill_at, a.lease_ttl, root / f"agents-{k}-{r}",
+                f"agents-{k}-{r}", ranks=k))
+        if "1" in res["agents"] and "2" in res["agents"]:
+            one, two = res["agents"]["1"], res["agents"]["2"]
+            res["agents"]["r2_over_r1"] = (two["kill_to_commit_s"]["median"]
+                                           / one["kill_to_commit_s"]["median"])
+            if one["after_lease_s"] and two["after_lease_s"]:
+                res["agents"]["r2_over_r1_after_lease"] = (two["after_lease_s"]["median"]
+                                                           / one["after_lease_s"]["median"])
+        if a.skip_overhead:
+            res.pop("overhead")
         tcp, etc = [], []
-        for r in range(a.repeats):
+        for r in range(0 if a.skip_overhead else a.repeats):
             tcp.append(step_time(None, a.steps, root / f"tcp-{r}", ""))
             etc.append(step_time(cluster, a.steps, root / f"etcd-{r}", f"ovh-{r}"))
             print(f"overhead run {r}: tcp {tcp[-1]} etcd {etc[-1]}", file=sys.stderr)
-        t_med = statistics.median(x["step_s"] for x in tcp)
-        e_med = statistics.median(x["step_s"] for x in etc)
-        res["overhead"] = {"groups": 4, "tcp_step_s": _summary([x["step_s"] for x in tcp]),
-                           "etcd_step_s": _summary([x["step_s"] for x in etc]),
-                           "ratio": e_med / t_med,
-                           "etcd_writes_per_run": [x["etcd_writes"] for x in etc]}
+        if not a.skip_overhead:
+            t_med = statistics.median(x["step_s"] for x in tcp)
+            e_med = statistics.median(x["step_s"] for x in etc)
+            res["overhead"] = {"groups": 4,
+                               "tcp_step_s": _summary([x["step_s"] for x in tcp]),
+                               "etcd_step_s": _summary([x["step_s"] for x in etc]),
+                               "ratio": e_med / t_med,
+                               "etcd_writes_per_run": [x["etcd_writes"] for x in etc]}
     text = json.dumps(res, indent=1)
     print(text)
     if a.out:
