@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from unbroken.core.nodes import (HealthPolicy, check_room, health_problems, gloo_interface, on_live_nodes, place_groups,
+from unbroken.core.nodes import (HealthPolicy, check_room, health_problems, gloo_interface, no_node_left, on_live_nodes, place_groups,
                                  rejoining, spare_node, stale_nodes)
 
 
@@ -62,6 +62,13 @@ def test_a_restart_places_the_groups_on_the_nodes_still_live():
     assert node_of == [3, 3, 3, 3] and "it takes 2 nodes" in warning
     with pytest.raises(ValueError, match="every node was lost"):
         on_live_nodes(6, 2, [])
+
+
+def test_a_restart_with_no_live_node_left_is_refused_with_the_way_on():
+    assert no_node_left([2]) is None and no_node_left(iter([0, 1])) is None
+    why = no_node_left([])
+    assert why.startswith("every node was lost") and "--resume" in why
+    assert no_node_left(iter(())) == why  # any iterable, read once
 
 
 def test_room_names_the_node_whose_slots_the_placement_overfills():

@@ -6,6 +6,8 @@
   member's (``core.membership``): silent for ``staleness`` s while the other agents beat as
   many periods as fit in it, or three times as long whatever they do (a starved coordinator
   judges nobody by the wall clock alone);
+* whether a restart has any node to run on (none live: the job ends, the checkpoint waits
+  for new nodes);
 * which fenced nodes come back (their agent asked, and beats again) as spare capacity;
 * where a new warm spare goes: the least loaded live node with room left;
 * whether the agents' declared room (``--slots``, ``--spares``) holds the placement;
@@ -34,7 +36,7 @@ from unbroken.core.anomaly import PeerPolicy, median, peer_outliers
 from unbroken.core.membership import Observation, silence_rule, silent_members
 from unbroken.core.placement import check_nodes, make_layout, node_placement, nodes_needed
 
-__all__ = ["place_groups", "on_live_nodes", "stale_nodes", "rejoining", "spare_node",
+__all__ = ["place_groups", "on_live_nodes", "no_node_left", "stale_nodes", "rejoining", "spare_node",
            "check_room", "gloo_interface", "HealthPolicy", "health_problems", "CUT_OFF_S",
            "BeatWatch", "watch_beat", "health_signals", "peer_health", "PEER_ROUNDS"]
 
@@ -91,11 +93,23 @@ def watch_beat(state: BeatWatch, calls: int, busy: bool, period: float,
     return BeatWatch(calls, ticks), None
 
 
+def no_node_left(live: Iterable[int]) -> str | None:
+    """Why a restart has nowhere to run (no node is live), or None when it has. The caller
+    ends the job there (exit 6): respawning onto nothing would only spin, and the last
+    checkpoint is what new nodes continue from."""
+    if any(True for _ in live):
+        return None
+    return ("every node was lost: no node is left to restart the job on; --resume continues "
+            "from the last checkpoint on new nodes")
+
+
 def on_live_nodes(groups: int, redundancy: int, live: list[int]) -> tuple[list[int], str | None]:
     """``place_groups`` on the nodes still live (a restart after node losses): group -> the
-    node index it runs on, and the warning. ValueError when no node is live."""
-    if not live:
-        raise ValueError("no node is left to run the job (every node was lost)")
+    node index it runs on, and the warning. ValueError (:func:`no_node_left`'s reason) when
+    no node is live."""
+    why = no_node_left(live)
+    if why is not None:
+        raise ValueError(why)
     node_of, warning = place_groups(groups, redundancy, min(len(live), groups))
     return [sorted(live)[k] for k in node_of], warning
 

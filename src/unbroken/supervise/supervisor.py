@@ -46,6 +46,7 @@ from typing import Any, Callable
 
 from unbroken import spawn
 from unbroken.core.faults import Fault, format_faults
+from unbroken.core.nodes import no_node_left
 from unbroken.events import Event
 from unbroken.fsio import copy_atomic, sha256_file
 from unbroken.protocol import ADOPTED, ExitCode
@@ -298,10 +299,9 @@ class Supervisor:
             if attempt > 0 and directory is not None:  # agents that died during the backoff
                 for k, why in directory.fence_silent(3 * spec.ft.node_staleness).items():
                     self.emit({"event": Event.NODE_LOST, "node": k, "reason": why, "uids": []})
-                if not directory.live():  # nothing to restart on: the checkpoint waits
-                    ended = Ended(ExitCode.NO_PROGRESS,
-                                  "every node was lost: no node is left to restart the job on; "
-                                  "--resume continues from the last checkpoint on new nodes")
+                why = no_node_left(directory.live())
+                if why is not None:  # nothing to restart on: the checkpoint waits
+                    ended = Ended(ExitCode.NO_PROGRESS, why)
                     break
             co, adopting = self.coordinator, self._adopting and attempt == 0
             c = make_cluster(cfg, jdir, spares, spec, out / "ckpt",
