@@ -1,7 +1,8 @@
 """Physical properties of the simulator over random scenarios (hypothesis, derandomized).
 
-Failures can only cost time: a run with failures never finishes before the same run without
-them, and a shorter MTBF never lowers the expected time-to-train. Both failed for the authors'
+Failures can only cost time: without jitter a run with failures never finishes before the
+same run without them (with jitter: never before a machine with neither), and a shorter MTBF
+never lowers the expected time-to-train. Both failed for the authors'
 shortcut (a step answered in the controller's fixed phase committed after half an all-reduce),
 which ``Scenario.paper_shortcut`` keeps as an option; the default model must hold them.
 """
@@ -56,16 +57,28 @@ def test_failures_never_beat_the_failure_free_run(case):
 @pytest.mark.slow
 @_settings
 @given(scenarios(jitter=True))
-def test_failures_never_beat_the_failure_free_run_with_jitter(case):
-    """With jitter: the same jitter stream (common random numbers), mean over seeds. Fewer
-    live groups wait for a slightly smaller straggler, but never by more than failures cost."""
+def test_failures_with_jitter_never_beat_a_failure_free_machine_without_jitter(case):
+    """With jitter, per seed: a run with failures never finishes before the same job on a
+    machine with neither failures nor jitter. Every committed step still costs its compute
+    and a whole all-reduce, and the slowest of the live groups is never faster than the
+    jitter-free compute (the max of >= 10 normals is below 0 once in ~1,000 steps, by a
+    hair; hence the 1e-6).
+
+    What is *not* claimed: that failures never beat the failure-free run with the same jitter.
+    That is false in the model and can be so on a machine: a masked failure leaves fewer
+    groups to wait for, and where the smaller straggler saves more than the failure cost (1.5
+    T_a plus the shrink, cheap at a short all-reduce), more failures really do train faster
+    (rep r=4, T_a = 0.1 s, 87 s steps: the mean over 200 seeds falls from 11,759 s failure-free
+    to 11,755 s at 7 masked failures). This test stated that until 2026-12-07 and passed by
+    the examples hypothesis drew. The weaker claim still separates the models: under
+    ``paper_shortcut`` it failed in 57 of 150 random scenarios of this domain (numpy seed 0,
+    checkpoint every 5 steps), the default model in none."""
     sc, strategy, r, k, seed = case
-    seeds = range(seed, seed + 3)
-    with_f = np.mean([simulate(sc, strategy, r, seed=s, ckpt_every=k,
-                               max_ttt_over_t0=20).wall_clock_s for s in seeds])
-    free = np.mean([simulate(sc.with_(mtbf=FAILURE_FREE_MTBF), strategy, r, seed=s,
-                             ckpt_every=k).wall_clock_s for s in seeds])
-    assert with_f >= free * (1 - 1e-9)
+    with_f = simulate(sc, strategy, r, seed=seed, ckpt_every=k, max_ttt_over_t0=20)
+    ideal = simulate(sc.with_(mtbf=FAILURE_FREE_MTBF, jitter=0.0), strategy, r, seed=seed,
+                     ckpt_every=k)
+    assert ideal.masked_failures == ideal.wipeouts == 0
+    assert with_f.wall_clock_s >= ideal.wall_clock_s * (1 - 1e-6)
 
 
 @settings(max_examples=8, deadline=None, derandomize=True,
