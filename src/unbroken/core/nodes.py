@@ -36,9 +36,10 @@ from unbroken.core.anomaly import PeerPolicy, median, peer_outliers
 from unbroken.core.membership import Observation, silence_rule, silent_members
 from unbroken.core.placement import check_nodes, make_layout, node_placement, nodes_needed
 
-__all__ = ["place_groups", "on_live_nodes", "no_node_left", "stale_nodes", "rejoining", "spare_node",
-           "check_room", "gloo_interface", "HealthPolicy", "health_problems", "CUT_OFF_S",
-           "BeatWatch", "watch_beat", "health_signals", "peer_health", "PEER_ROUNDS"]
+__all__ = ["place_groups", "on_live_nodes", "no_node_left", "stale_nodes", "rejoining",
+           "spare_node", "check_room", "gloo_interface", "HealthPolicy", "health_problems",
+           "CUT_OFF_S", "BeatWatch", "watch_beat", "health_signals", "peer_health",
+           "PEER_ROUNDS"]
 
 
 def place_groups(groups: int, redundancy: int, nodes: int) -> tuple[list[int], str | None]:
