@@ -216,12 +216,12 @@ def main() -> None:
                                                            / one["after_lease_s"]["median"])
         if a.skip_overhead:
             res.pop("overhead")
-        tcp, etc = [], []
-        for r in range(0 if a.skip_overhead else a.repeats):
-            tcp.append(step_time(None, a.steps, root / f"tcp-{r}", ""))
-            etc.append(step_time(cluster, a.steps, root / f"etcd-{r}", f"ovh-{r}"))
-            print(f"overhead run {r}: tcp {tcp[-1]} etcd {etc[-1]}", file=sys.stderr)
-        if not a.skip_overhead:
+        else:
+            tcp, etc = [], []
+            for r in range(a.repeats):
+                tcp.append(step_time(None, a.steps, root / f"tcp-{r}", ""))
+                etc.append(step_time(cluster, a.steps, root / f"etcd-{r}", f"ovh-{r}"))
+                print(f"overhead run {r}: tcp {tcp[-1]} etcd {etc[-1]}", file=sys.stderr)
             t_med = statistics.median(x["step_s"] for x in tcp)
             e_med = statistics.median(x["step_s"] for x in etc)
             res["overhead"] = {"groups": 4,
