@@ -209,7 +209,8 @@ def test_a_worker_keeps_freed_memory_instead_of_faulting_it_in_every_step(entrie
     # the control: a fresh interpreter with glibc's dynamic thresholds trims the heap after each
     # round and faults its 8 MiB (2,048 pages) in again; steady_malloc keeps it
     def fresh(steady: bool) -> float:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith("MALLOC_") and k != "UNBROKEN_STEADY_MALLOC"}
         out = subprocess.run(
             [sys.executable, "-c", f"import spawn_entries as e; print(e.faults_per_round({steady}))"],
             env=env, capture_output=True, text=True, timeout=30, check=True)

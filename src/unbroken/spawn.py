@@ -325,9 +325,9 @@ def steady_malloc() -> bool:
     then fault their pages in again, zeroed by the kernel. A worker forked from this server
     inherits the threshold the server's imports left, and there a GPT gradient step of
     ``bench/train_bars.py`` took ~380 minor faults and 0.6 ms of system time (~3 % of its
-    22 ms) against ~260 in a fresh process. With fixed thresholds: ~2 faults and the fresh
-    process's time (medians of 5 alternated runs: 22.33 -> 21.55 ms forked, 21.45 -> 21.44
-    fresh). The cost: up to ``TRIM_THRESHOLD`` of freed heap stays mapped in each worker."""
+    22 ms) against ~260 in a fresh process. With these thresholds: ~5 faults and no system
+    time (medians of 5 alternated runs: 21.9 ms of thread CPU forked, 21.7 fresh; 22.3 forked
+    before). The cost: up to ``TRIM_THRESHOLD`` of freed heap stays mapped in each worker."""
     if (os.environ.get("UNBROKEN_STEADY_MALLOC") == "0" or "MALLOC_MMAP_THRESHOLD_" in os.environ
             or "MALLOC_TRIM_THRESHOLD_" in os.environ):
         return False
