@@ -108,6 +108,26 @@ def _standby_after_lease(ha, state: EtcdJobState, active: subprocess.Popen,
     return standby
 
 
+def _kill_active(active: subprocess.Popen, standby: subprocess.Popen
+                 ) -> tuple[float, str, dict]:
+    """SIGKILL the active supervisor (its store host and workers go; the members live on)
+    and let the standby finish: (the kill's time, its stderr, its report)."""
+    active.send_signal(signal.SIGKILL)
+    t_kill = time.time()
+    active.wait(timeout=10)
+    rc = standby.wait(timeout=150)
+    err = standby.stderr.read()
+    assert rc == 0, err[-3000:]
+    return t_kill, err, json.loads(standby.stdout.read())
+
+
+def _reap(*procs: subprocess.Popen | None) -> None:
+    """Whatever failed, no supervisor outlives the test."""
+    for p in procs:
+        if p is not None and p.poll() is None:
+            p.kill()
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """``reference(*job)``: the failure-free run of ``job`` (its ``--json`` report), run once
@@ -130,9 +150,9 @@ def reference(tmp_path_factory):
     return get
 
 
-def _start(*args: str) -> subprocess.Popen:
+def _start(*args: str, env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "unbroken", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, env=env)
 
 
 @pytest.mark.timeout(300)
@@ -169,17 +189,9 @@ def test_sigkilled_supervisor_the_standby_finishes_the_job_exactly_once(referenc
         # etcd watch event and two connects)
         _wait(lambda: max(e["step"] for e in _commits(out)) >= top + 50, 120, "50 more steps",
               active)
-        active.send_signal(signal.SIGKILL)  # the process, its store host and workers go
-        t_kill = time.time()
-        active.wait(timeout=10)
-        rc = standby.wait(timeout=150)
-        err = standby.stderr.read()
-        rep = json.loads(standby.stdout.read())
+        t_kill, err, rep = _kill_active(active, standby)
     finally:
-        for p in (active, standby):
-            if p is not None and p.poll() is None:
-                p.kill()
-    assert rc == 0, err[-3000:]
+        _reap(active, standby)
     # taken over WITHOUT a restart: no restore; every member (the same processes, their
     # state in memory) stopped at one boundary, re-attached to the standby's store and
     # trained on from there. The old workers commit on after the kill until they see their
@@ -202,6 +214,58 @@ def test_sigkilled_supervisor_the_standby_finishes_the_job_exactly_once(referenc
     assert st["status"] == "done" and "leader" not in st
     assert state.standbys() == {}  # the new leader withdrew its announcement
     assert took_s < 15, took_s  # about 2 s on a quiet machine (bench/coordinator_loss.py)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("ranks, steps, at", [(1, 2500, 400), (2, 1200, 150)])
+def test_a_member_one_commit_behind_as_the_supervisor_dies_is_rolled_forward_by_the_standby(
+        reference, cluster, tmp_path, ranks, steps, at):
+    """The race of a peer dying mid-all-reduce with the supervisor: the op of step ``at``
+    completed on groups 0 and 1 (they committed it) but failed on group 2, and the
+    supervisor was SIGKILLed before group 2 could re-form (``DropCommit`` with a hold: it
+    fails the op only once its store is gone). So group 2 re-attaches at step ``at``, its
+    peers at ``at + 1``. The standby adopts all three -- no restart from the checkpoint --
+    and its first settle rolls group 2 forward with a peer's reduced buffer: exactly once,
+    the failure-free trajectory bit for bit. ``ranks`` 2: rank 0 of group 2 fails the op,
+    the group's agreement holds its rank 1 back too. The jobs of
+    test_sigkilled_supervisor...[3-1-2500] and [3-2-1200]: their references."""
+    job = (*RUN, "--steps", str(steps), "--ckpt-every", "50", "--seed", "3", "--groups", "3",
+           *(("--ranks-per-group", str(ranks), "--shard", "fsdp") if ranks > 1 else ()))
+    ref = reference(*job)
+    out = tmp_path / "run"
+    ha = (*job, "--out", str(out), "--store", cluster.url, "--job", f"behind{ranks}",
+          "--lease-ttl", "2", "--reattach-timeout", "40", "--adopt-timeout", "30", "--json")
+    # the hold (25 s) stays under the gloo timeout (30 s) of the peers waiting in step at + 1
+    faults = json.dumps({"drop_commit_at": {"2": at}, "drop_commit_hold_s": 25})
+    active = _start(*ha, env={**os.environ, "UNBROKEN_TEST_FAULTS": faults})
+    standby = None
+    try:
+        state = EtcdJobState(Etcd(cluster.endpoints), f"behind{ranks}", "reader")
+        standby = _standby_after_lease(ha, state, active, out)
+        _wait(lambda: all(any(e["step"] == at for e in _events(out, "commit", u))
+                          for u in (0, 1)), 120, f"groups 0 and 1 at step {at}", active)
+        # group 2 holds its failed op; its peers wait for it in step at + 1
+        assert not [e for e in _events(out, "commit", 2) if e["step"] >= at]
+        t_kill, err, rep = _kill_active(active, standby)
+    finally:
+        _reap(active, standby)
+    assert not [e for e in _events(out, "restore") if e["t"] > t_kill], err[-3000:]
+    adopted = {u: [e["step"] for e in _events(out, "adopted", u)] for u in range(3)}
+    assert adopted == {0: [at + 1], 1: [at + 1], 2: [at]}, adopted
+    took = [json.loads(x) for x in (out / "journal.jsonl").read_text().splitlines()
+            if '"takeover"' in x]
+    assert [(t["step"], t["behind"]) for t in took] == [(at + 1, [2])], took
+    (rf,) = _events(out, "roll_forward", 2)
+    assert rf["step"] == at and rf["t"] > t_kill, rf
+    (c,) = [e for e in _events(out, "commit", 2) if e["step"] == at]
+    assert c["rolled"] is True, c
+    t_go = max(e["t"] for u in range(3) for e in _events(out, "adopted", u))
+    took_s = min(e["t"] for e in _commits(out) if e["t"] > t_go) - t_kill
+    print(f"3 groups x {ranks} ranks: group 2 one commit behind at step {at}, supervisor "
+          f"SIGKILL -> next commit under the standby {took_s:.2f} s (lease ttl 2 s)")
+    assert rep["exactly_once"] is True and rep["ledger"]["missing"] == 0
+    assert rep["ledger"]["duplicated"] == 0 and rep["steps"] == steps
+    assert rep["params_sha256"] is not None and rep["params_sha256"] == ref["params_sha256"]
 
 
 @pytest.mark.timeout(150)
@@ -379,9 +443,7 @@ def test_node_agents_follow_the_job_through_etcd_to_the_standby(reference, clust
         err, rep = standby.stderr.read(), json.loads(standby.stdout.read() or "{}")
         codes = [a.wait(timeout=30) for a in agents]
     finally:
-        for p in (active, standby, *agents):
-            if p is not None and p.poll() is None:
-                p.kill()
+        _reap(active, standby, *agents)
     assert rc == 0, err[-3000:]
     said = [(tmp_path / f"agent-{k}.err").read_text() for k in (0, 1)]
     assert codes == [0, 0], said  # the same agent processes, through to the job's end
@@ -442,9 +504,7 @@ def test_a_member_killed_with_its_supervisor_is_adopted_as_lost_and_masked(refer
         rc = standby.wait(timeout=150)
         err, rep = standby.stderr.read(), json.loads(standby.stdout.read() or "{}")
     finally:
-        for p in (active, standby):
-            if p is not None and p.poll() is None:
-                p.kill()
+        _reap(active, standby)
     assert rc == 0, err[-3000:]
     assert rep["exactly_once"] is True and rep["steps"] == steps
     from helpers import read_journal

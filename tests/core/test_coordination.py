@@ -83,6 +83,26 @@ def test_adoption_names_the_missing_as_lost_and_refuses_split_boundaries():
     got, why = adoption(reps, final=True)
     assert got.members == (0, 2, 5) and got.missing == (2,) and "lost" in why
     assert got.slot_of == {0: 0, 5: 1, 2: 2}  # the dead uid 1's old slot entry dropped
-    # an older generation's report does not decide; different steps in one: no adoption
-    got, why = adoption({0: _rep(40), 1: _rep(41), 2: _rep(40, gen=1)}, final=True)
-    assert got is None and "different steps" in why
+    # an older generation's report does not decide; two commits apart in one: no adoption
+    got, why = adoption({0: _rep(40), 1: _rep(42), 2: _rep(41, gen=1)}, final=True)
+    assert got is None and "[40, 41, 42]" in why and "checkpoint" in why
+    got, why = adoption({0: _rep(40), 1: _rep(42)}, final=True)
+    assert got is None and "more than one commit apart" in why
+
+
+def test_adoption_of_members_one_commit_apart_names_the_ones_behind():
+    from unbroken.core.coordination import adoption
+
+    # a peer died mid-all-reduce as the coordinator went: 0 and 2 committed step 40, 1 saw
+    # the op fail. The job's next step is 41; 1 is rolled forward by the first settle
+    got, why = adoption({0: _rep(41), 1: _rep(40), 2: _rep(41)}, final=True)
+    assert (got.step, got.behind, got.missing) == (41, (1,), ())
+    assert "after step 40" in why and "[1] one commit behind" in why
+    # the one that died never reports: lost, the behind one still rolled forward
+    got, why = adoption({0: _rep(41), 1: _rep(40)}, final=True)
+    assert (got.step, got.behind, got.missing) == (41, (1,), (2,)) and "lost" in why
+    assert adoption({0: _rep(41), 1: _rep(41), 2: _rep(41)}, final=True)[0].behind == ()
+    # a group of several ranks: one rank behind its siblings is no boundary of the group's
+    got, why = adoption({0: {**_rep(41), "steps": [41, 40]}, 1: _rep(41), 2: _rep(41)},
+                        final=True)
+    assert got is None and "ranks of group 0" in why and "[40, 41]" in why

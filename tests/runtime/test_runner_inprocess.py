@@ -601,3 +601,18 @@ def test_journals_that_disagree_give_a_no_and_one_line_not_a_traceback():
     rep, err = check_ledger(split, 1, 2)
     assert not rep.ok and err == ("the journals disagree on what was committed: step 0: groups "
                                   "committed different plans")
+
+
+def test_a_tests_cluster_faults_are_read_from_json_and_bad_ones_named_in_one_line():
+    from unbroken.testing.faults import cluster_faults
+
+    got = cluster_faults('{"drop_commit_at": {"2": 400}, "drop_commit_hold_s": 25}', "F")
+    assert got == {"drop_commit_at": {2: 400}, "drop_commit_hold_s": 25.0}
+    for text, named in (("{", "not JSON"), ("[1]", "a JSON object"),
+                        ('{"explode_at": {}}', "'explode_at'"),
+                        ('{"die_at": {"x": 3}}', "die_at={'x': 3}"),
+                        ('{"drop_commit_hold_s": "soon"}', "a number")):
+        with pytest.raises(ValueError) as err:
+            cluster_faults(text, "F")
+        assert str(err.value).startswith("F") and named in str(err.value)
+        assert "\n" not in str(err.value)

@@ -110,39 +110,55 @@ def same_job(stored: dict | None, mine: dict) -> tuple[bool, str]:
 @dataclass(frozen=True)
 class Adoption:
     """What a standby adopts of a running job (``adoption``): the members, their slots, the
-    step every one of them stopped after (the next to run), the generation, and the members
-    that did not report (lost: their slots are masked and refilled as after a death)."""
+    job's next step (every member committed the one before, or is one commit behind it:
+    ``behind``), the generation, and the members that did not report (lost: their slots are
+    masked and refilled as after a death)."""
 
     members: tuple[int, ...]
     slot_of: dict
     step: int
     gen: int
     missing: tuple[int, ...]
+    behind: tuple[int, ...] = ()
 
 
 def adoption(reports: dict[int, dict], final: bool) -> tuple[Adoption | None, str]:
     """A standby's decision on the members' re-attach reports (``runtime.reattach.report``:
-    uid -> {step, gen, members, slot_of}). ``final``: its wait is over (no more will come).
+    uid -> {step, gen, members, slot_of}, and ``steps``: every rank's, for a group of
+    several). ``final``: its wait is over (no more will come).
 
-    The members of the newest generation reported are the job's; they all stopped after the
-    same committed step (the step buffer's agreement), so a report at another step means a
-    member that was not in that agreement: nothing is adopted (restart from the checkpoint).
-    Until ``final``, a member missing is waited for; then it is adopted as lost."""
+    The members of the newest generation reported are the job's. They stopped after a
+    committed step (the step buffer's agreement) -- or, when a peer died mid-all-reduce as
+    the coordinator went, some saw that step's op complete and committed it while the others
+    saw it fail: those are one commit behind (``behind``). The standby's first settle rolls
+    them forward with a committer's reduced buffer (``runtime.recovery``), as after any op
+    that completed on some members only. Two steps apart cannot come from one generation's
+    op: nothing is adopted (restart from the checkpoint). Until ``final``, a member missing is
+    waited for; then it is adopted as lost."""
     if not reports:
         return None, "no member re-attached" + ("" if final else " yet")
     gen = max(int(r["gen"]) for r in reports.values())
     newest = [r for r in reports.values() if int(r["gen"]) == gen]
     members = tuple(sorted(int(m) for m in newest[0]["members"]))
-    steps = {int(r["step"]) for u, r in reports.items() if u in members}
-    if len(steps) > 1:
-        return None, (f"the members stopped at different steps {sorted(steps)}: no common "
-                      f"boundary to adopt; restart from the checkpoint")
+    at = {u: {int(x) for x in r.get("steps", [r["step"]])}
+          for u, r in reports.items() if u in members}
+    steps = set().union(*at.values()) if at else set()
+    split = sorted(u for u, v in at.items() if len(v) > 1)
+    if split:  # its ranks commit together (the group's agreement): not a boundary of its own
+        return None, (f"the ranks of group {split[0]} stopped at steps {sorted(at[split[0]])}: "
+                      f"no common boundary to adopt; restart from the checkpoint")
+    if steps and max(steps) - min(steps) > 1:
+        return None, (f"the members stopped at steps {sorted(steps)}: more than one commit "
+                      f"apart, no common boundary to adopt; restart from the checkpoint")
     missing = tuple(m for m in members if m not in reports)
     if missing and not final:
         return None, f"waiting for members {list(missing)} to re-attach"
     if len(missing) == len(members):
         return None, "no member of the newest generation re-attached"
+    top = max(steps)
+    behind = tuple(sorted(u for u, v in at.items() if min(v) < top))
     slot_of = {int(u): int(s) for u, s in newest[0]["slot_of"].items() if int(u) in members}
-    why = (f"adopting generation {gen}: members {list(members)} after step {steps.pop() - 1}"
+    why = (f"adopting generation {gen}: members {list(members)} after step {top - 1}"
+           + (f"; {list(behind)} one commit behind: rolled forward" if behind else "")
            + (f"; {list(missing)} never re-attached: lost" if missing else ""))
-    return Adoption(members, slot_of, int(newest[0]["step"]), gen, missing), why
+    return Adoption(members, slot_of, top, gen, missing, behind), why

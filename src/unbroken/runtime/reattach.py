@@ -8,7 +8,10 @@ its store goes away:
 
 1. every member stops after the same committed step (the step buffer's ``LOST`` flag,
    ``runtime.stacked``) -- a boundary all of them agree on, so no state copy is needed later;
-   rank 0 writes a durable checkpoint of it, the fallback if no supervisor comes;
+   rank 0 writes a durable checkpoint of it, the fallback if no supervisor comes. (A peer
+   that died mid-all-reduce with the supervisor can leave a member one commit behind the
+   others; the standby adopts it anyway and its first settle rolls it forward:
+   ``core.coordination.adoption``);
 2. each member watches the job's ``store_addr`` in etcd (:class:`Reattach`) until a record
    with another epoch than its own store's appears: the standby that took the lease hosts a
    new store and published it there;

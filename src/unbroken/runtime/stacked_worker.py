@@ -255,7 +255,8 @@ def _train(runner, comm, reattach, a, journal):
     adopted, trains on from that step (``runtime.reattach``). A member whose step failed as
     the store went (a peer died with the supervisor: the re-form found no store) re-attaches
     the same way, at its last committed step, and its re-entered step re-forms in the
-    standby's store without the peer. No new coordinator in time: the
+    standby's store without the peer (one commit behind peers whose op completed: that
+    re-form's settle rolls it forward). No new coordinator in time: the
     ``CoordinatorLostError`` goes on (exit 5 with the checkpoint)."""
     from unbroken.runtime.ftcomm import StoreLostError
     from unbroken.runtime.reattach import ReattachFailed, report

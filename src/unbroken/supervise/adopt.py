@@ -136,7 +136,8 @@ def collect(store, uids: set[int], timeout: float, ranks: int = 1
                 if k not in got and store.check([reattach_key(u, k)]):
                     got[k] = json.loads(store.get(reattach_key(u, k)))
             if len(got) == ranks:
-                reports[u] = {**got[0], "pids": [int(got[k]["pid"]) for k in range(ranks)]}
+                reports[u] = {**got[0], "pids": [int(got[k]["pid"]) for k in range(ranks)],
+                              "steps": [int(got[k]["step"]) for k in range(ranks)]}
                 uids |= {int(m) for m in reports[u]["members"]}
         final = time.monotonic() >= deadline
         got, why = adoption(reports, final)

@@ -4,12 +4,17 @@ schedule's faults not injected yet handed to their victims."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from unbroken.core.faults import Fault, holder_faults
 from unbroken.supervise.spec import JobSpec
 
-__all__ = ["make_cluster"]
+__all__ = ["make_cluster", "TEST_FAULTS_ENV"]
+
+#: a test's faults for the clusters a supervisor starts, not a standby's (JSON:
+#: ``unbroken.testing.faults.cluster_faults``)
+TEST_FAULTS_ENV = "UNBROKEN_TEST_FAULTS"
 
 
 def make_cluster(cfg, jdir: Path, spares: int, spec: JobSpec, ckdir: Path, *, resume: bool,
@@ -40,5 +45,9 @@ def make_cluster(cfg, jdir: Path, spares: int, spec: JobSpec, ckdir: Path, *, re
                            out=str(Path(spec.out).resolve()),
                            node_staleness=spec.ft.node_staleness, adopt_from=adopt_from,
                            extra_argv=list(extra_argv), **kw)
+    if adopt_from is None and os.environ.get(TEST_FAULTS_ENV):
+        from unbroken.testing.faults import cluster_faults  # (a plain run never imports it)
+
+        kw.update(cluster_faults(os.environ[TEST_FAULTS_ENV], TEST_FAULTS_ENV))
     return StackedCluster(cfg, str(jdir), adopt_from=adopt_from, extra_argv=list(extra_argv),
                           **kw)

@@ -49,7 +49,9 @@ class StackedCluster(LocalCluster):
 
     Faults (see :class:`unbroken.testing.faults.FaultSpec`): ``die_at`` / ``stop_at`` /
     ``drop_commit_at`` ...: uid -> step; ``die_after_replan``, ``die_in_patch``,
-    ``die_in_retry``, ``corrupt_snapshot``, ``drop_commit_on_join``: uids; ``drill``: uid ->
+    ``die_in_retry``, ``corrupt_snapshot``, ``drop_commit_on_join``: uids;
+    ``drop_commit_hold_s``: a dropped commit then waits that long for the store to go (see
+    ``DropCommit``); ``drill``: uid ->
     its slot's scheduled faults ``[(kind, step), ...]`` (``core.faults.holder_faults``; the
     supervisor's route). When any is given, or the config has a straggler trace, every
     process of the cluster (a spare started later too: it may be sent into a faulty slot)
@@ -65,7 +67,7 @@ class StackedCluster(LocalCluster):
                  nan_at: dict[int, int] | None = None,
                  flip_from: dict[int, int] | None = None, verdicts: bool = False,
                  die_after_replan=(), die_in_patch=(), die_in_retry=(), corrupt_snapshot=(),
-                 drop_commit_on_join=(),
+                 drop_commit_on_join=(), drop_commit_hold_s: float = 0.0,
                  spares: int = 0, heartbeat: float = 0.1, staleness: float = 0.3,
                  pg_timeout: float = 30.0, wipeout_wait: float = 60.0,
                  ckpt_dir: str | None = None, ckpt_every: int = 50, resume: bool = False,
@@ -128,6 +130,8 @@ class StackedCluster(LocalCluster):
                 f["drill"] = [list(x) for x in drill[u]]
             if "drop_commit_at" in f:  # it fails its op once the peers committed that step
                 f["peers_journal"] = journal_dir
+                if drop_commit_hold_s > 0:
+                    f["drop_commit_hold_s"] = drop_commit_hold_s
             if f:
                 self._faults[u] = f
         self._inject = bool(self._faults) or bool(drill) or cfg.stragglers is not None

@@ -416,7 +416,8 @@ class Supervisor:
         stopped = [r["stopped_t"] for r in reports.values() if "stopped_t" in r]
         self.emit({"event": Event.TAKEOVER, "leader": self.coordinator.state.me,
                    "step": adopted.step, "gen": adopted.gen, "members": list(adopted.members),
-                   "missing": list(adopted.missing), "reason": why,
+                   "missing": list(adopted.missing), "behind": list(adopted.behind),
+                   "reason": why,
                    "stopped_t": min(stopped) if stopped else None,
                    "lease_t": getattr(self, "_lease_t", None),
                    "adopted_s": round(time.time() - t0, 3)})

@@ -172,18 +172,24 @@ class DropCommit:
     ``peers_journal``: the job's journal directory. At step ``at`` it then fails the op only
     once every peer journaled its commit of that step: the scenario is "the peers committed,
     this rank did not". Failing at once could catch a peer still receiving the op's last
-    chunks on a loaded machine, and then nobody committed (no roll forward to test)."""
+    chunks on a loaded machine, and then nobody committed (no roll forward to test).
 
-    _OWN = frozenset({"inner", "at", "on_join", "_armed", "peers_journal"})
+    ``hold_s``: then wait up to that long for the coordinator's store to go (``store_lost``,
+    a supervisor SIGKILLed meanwhile) before failing: the race of a peer dying mid-all-reduce
+    with the supervisor, where this member re-attaches one commit behind the others
+    (``core.coordination.adoption``). The peers wait for it in their next op meanwhile."""
+
+    _OWN = frozenset({"inner", "at", "on_join", "_armed", "peers_journal", "hold_s"})
     PEERS_WAIT_S = 30.0
 
     def __init__(self, inner: Any, at: int | None = None, on_join: bool = False,
-                 peers_journal: str | None = None) -> None:
+                 peers_journal: str | None = None, hold_s: float = 0.0) -> None:
         object.__setattr__(self, "inner", inner)
         object.__setattr__(self, "at", at)
         object.__setattr__(self, "on_join", on_join)
         object.__setattr__(self, "_armed", None)
         object.__setattr__(self, "peers_journal", peers_journal)
+        object.__setattr__(self, "hold_s", float(hold_s))
 
     def _peers_committed(self, step: int) -> None:
         """Block until each peer's journal holds its commit of ``step`` (or the wait's end)."""
@@ -232,6 +238,10 @@ class DropCommit:
                 self.on_join and joins_reported(tensor) > armed[1])):
             if self.peers_journal is not None and armed[0] == self.at:
                 self._peers_committed(armed[0])
+            if self.hold_s > 0 and armed[0] == self.at:
+                deadline = time.monotonic() + self.hold_s
+                while not self.inner.store_lost and time.monotonic() < deadline:
+                    time.sleep(0.01)  # polls a condition (the heartbeat's verdict), bounded
             self.at, self.on_join = None, False  # this rank saw the op fail; its peers committed
             self.inner.fail("injected: completed all-reduce treated as failed")
             return False
@@ -350,6 +360,7 @@ class FaultSpec:
     corrupt_snapshot: bool = False
     drop_commit_at: int | None = None
     peers_journal: str | None = None  # drop_commit_at waits for the peers' commits there
+    drop_commit_hold_s: float = 0.0  # ... and then up to this long for the store to go
     drop_commit_on_join: bool = False
     slow_from: int | None = None    # from this step on, every gradient takes slow_s longer
     slow_s: float = 0.06
@@ -388,7 +399,8 @@ def build(spec: FaultSpec, on_fault: Callable[[str], None],
         if not drops:
             return real
         hooks.comm = DropCommit(real, at=spec.drop_commit_at, on_join=spec.drop_commit_on_join,
-                                peers_journal=spec.peers_journal)
+                                peers_journal=spec.peers_journal,
+                                hold_s=spec.drop_commit_hold_s)
         return hooks.comm
 
     return Faults(comm, hooks)
@@ -430,3 +442,36 @@ def install(args: dict, uid: int, cfg: Any) -> FaultPlugin:
         # slot runs at full speed (see unbroken.core.stragglers)
         slowdown = own_slowdowns(cfg.stragglers, uid, cfg.groups, cfg.steps, cfg.seed)
     return FaultPlugin(FaultSpec.from_args(args), uid, slowdown)
+
+
+# ``supervise.launch.TEST_FAULTS_ENV``, the launcher's test hook: a JSON object of
+# ``StackedCluster`` fault arguments (``{"drop_commit_at": {"2": 300}, "drop_commit_hold_s":
+# 20}``) for the clusters a supervisor starts (not a standby's) -- faults the ``--faults``
+# schedule has no kind for, injected into a whole ``unbroken run`` (its supervisor, etcd, a
+# standby) by a test
+_CLUSTER_FAULTS = {"die_at", "stop_at", "drop_commit_at", "slow_from", "stall_at", "nan_at",
+                   "flip_from", "drop_commit_hold_s"}
+
+
+def cluster_faults(text: str, name: str = "UNBROKEN_TEST_FAULTS") -> dict:
+    """The value of environment variable ``name`` -> the cluster's keyword arguments (uid
+    keys as ints); ``ValueError`` with one line naming the bad part."""
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        raise ValueError(f"{name}={text!r}: not JSON") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{name}={text!r}: expected a JSON object")
+    out: dict = {}
+    for key, value in raw.items():
+        if key not in _CLUSTER_FAULTS:
+            raise ValueError(f"{name}: unknown fault {key!r} (known: "
+                             f"{', '.join(sorted(_CLUSTER_FAULTS))})")
+        try:
+            out[key] = (float(value) if key == "drop_commit_hold_s"
+                        else {int(u): int(step) for u, step in value.items()})
+        except (TypeError, ValueError, AttributeError):
+            raise ValueError(f"{name}: {key}={value!r} is not "
+                             + ("a number" if key == "drop_commit_hold_s"
+                                else "an object of uid -> step")) from None
+    return out
