@@ -12,8 +12,8 @@ from unbroken.supervise.spec import JobSpec
 
 __all__ = ["make_cluster", "TEST_FAULTS_ENV"]
 
-#: a test's faults for the clusters a supervisor starts, not a standby's (JSON:
-#: ``unbroken.testing.faults.cluster_faults``)
+#: a test's faults for the local clusters a supervisor starts -- not a standby's, not node
+#: agents' (JSON: ``unbroken.testing.faults.cluster_faults``)
 TEST_FAULTS_ENV = "UNBROKEN_TEST_FAULTS"
 
 

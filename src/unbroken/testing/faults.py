@@ -446,7 +446,8 @@ def install(args: dict, uid: int, cfg: Any) -> FaultPlugin:
 
 # ``supervise.launch.TEST_FAULTS_ENV``, the launcher's test hook: a JSON object of
 # ``StackedCluster`` fault arguments (``{"drop_commit_at": {"2": 300}, "drop_commit_hold_s":
-# 20}``) for the clusters a supervisor starts (not a standby's) -- faults the ``--faults``
+# 20}``) for the local clusters a supervisor starts (not a standby's, not under node
+# agents) -- faults the ``--faults``
 # schedule has no kind for, injected into a whole ``unbroken run`` (its supervisor, etcd, a
 # standby) by a test
 _CLUSTER_FAULTS = {"die_at", "stop_at", "drop_commit_at", "slow_from", "stall_at", "nan_at",
