@@ -128,7 +128,8 @@ class StackedCluster(LocalCluster):
             f.update({k: m[u] for k, m in steps.items() if u in m})
             if drill and drill.get(u):
                 f["drill"] = [list(x) for x in drill[u]]
-            if "drop_commit_at" in f:  # it fails its op once the peers committed that step
+            if "drop_commit_at" in f or "drop_commit_on_join" in f:  # it fails its op once
+                # the peers committed that step (on a loaded machine at once could be too early)
                 f["peers_journal"] = journal_dir
                 if drop_commit_hold_s > 0:
                     f["drop_commit_hold_s"] = drop_commit_hold_s

@@ -169,8 +169,8 @@ class DropCommit:
     joins than the runner admitted. The runner's ``before_allreduce`` hook ``arm``s it with the
     step and the admitted count, so only the step's op is ever dropped.
 
-    ``peers_journal``: the job's journal directory. At step ``at`` it then fails the op only
-    once every peer journaled its commit of that step: the scenario is "the peers committed,
+    ``peers_journal``: the job's journal directory. It then fails the op only once every
+    peer journaled its commit of that step: the scenario is "the peers committed,
     this rank did not". Failing at once could catch a peer still receiving the op's last
     chunks on a loaded machine, and then nobody committed (no roll forward to test).
 
@@ -236,7 +236,7 @@ class DropCommit:
         ok = self.inner.allreduce(tensor)
         if ok and armed is not None and (armed[0] == self.at or (
                 self.on_join and joins_reported(tensor) > armed[1])):
-            if self.peers_journal is not None and armed[0] == self.at:
+            if self.peers_journal is not None:
                 self._peers_committed(armed[0])
             if self.hold_s > 0 and armed[0] == self.at:
                 deadline = time.monotonic() + self.hold_s
@@ -359,7 +359,7 @@ class FaultSpec:
     die_in_retry: bool = False
     corrupt_snapshot: bool = False
     drop_commit_at: int | None = None
-    peers_journal: str | None = None  # drop_commit_at waits for the peers' commits there
+    peers_journal: str | None = None  # a dropped commit waits for the peers' commits there
     drop_commit_hold_s: float = 0.0  # ... and then up to this long for the store to go
     drop_commit_on_join: bool = False
     slow_from: int | None = None    # from this step on, every gradient takes slow_s longer
