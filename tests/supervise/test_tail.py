@@ -64,3 +64,53 @@ def test_an_attempt_drains_what_its_processes_wrote_after_its_loop_stopped_readi
     assert run.fired == {Fault("kill", 0, 9)}  # not injected again by the next attempt
     run.drain()
     assert len(got) == 3  # each line once
+
+
+def test_an_attempt_ending_on_a_stop_reads_what_the_members_wrote_just_before_they_exited(
+        tmp_path):
+    # a member journals its last commits and the stop's checkpoint, then exits. A tick that
+    # read the journals just before and saw the exits just after ended the run naming an
+    # older step and no checkpoint (a remote-agents run under load: "after step 82", None)
+    import subprocess
+    import sys
+    import time
+    from types import SimpleNamespace
+
+    import pytest
+    import torch.distributed as dist
+
+    from unbroken.guard.guard import Guard
+    from unbroken.protocol import ExitCode
+    from unbroken.supervise.attempt import Attempt
+    from unbroken.supervise.outcome import Ended
+
+    path = tmp_path / "group-0.jsonl"
+    with open(path, "w") as w:
+        w.write(json.dumps({"event": "commit", "step": 5, "t": time.time()}) + "\n")
+    got: list[dict] = []
+    run = Attempt.__new__(Attempt)  # what the loop's exit check and its events use
+    run.c = SimpleNamespace(uids=[0], store=dist.HashStore(), journal_dir=str(tmp_path))
+    run.spec = SimpleNamespace(steps=100)
+    run.emit = lambda ev, src=None: got.append(ev)
+    run.guard, run.signalled = Guard(run.emit), lambda: None
+    run.members, run.joined, run.finished, run.stopped = {0}, {0}, {}, {}
+    run.handled, run.stop_posted, run.stop_code = set(), None, None
+    run.tails, run.skip_old, run.fired, run.victims = {}, False, set(), set()
+    run.restarting, run.restored, run.restarts = False, False, set()
+    run.top, run.last_step_t, run.checkpoint = -1, time.time(), None
+    for ev in run._tail(0).read():  # the tick's read
+        run._on_event(0, ev)
+    assert run.top == 5
+    ckpt = str(tmp_path / "ckpt" / "step-00000008")
+    last = [{"event": "commit", "step": k, "t": time.time()} for k in (6, 7)] + [
+        {"event": "stopped", "step": 8, "checkpoint": ckpt, "t": time.time()}]
+    member = subprocess.Popen(  # a real process: it writes, then exits with the stop's code
+        [sys.executable, "-c", "import sys; open(sys.argv[1], 'a').write(sys.argv[2]); "
+         f"sys.exit({int(ExitCode.STOPPED)})", str(path),
+         "".join(json.dumps(e) + "\n" for e in last)])
+    assert member.wait(timeout=60) == ExitCode.STOPPED
+    run.c.procs = {0: member}
+    with pytest.raises(Ended) as ended:
+        run._exits()
+    assert ended.value.checkpoint == ckpt and "after step 7;" in str(ended.value), ended.value
+    assert [e["step"] for e in got if e["event"] == "commit"] == [5, 6, 7]

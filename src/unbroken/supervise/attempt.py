@@ -484,6 +484,12 @@ class Attempt:
             else:
                 raise RunError(f"group {u} exited with code {rc}:\n{c.stderr(u)[-2000:]}")
         if self.stopped and self.members & self.joined <= set(self.finished) | set(self.stopped):
+            # their last lines (the commits, the stop and its checkpoint) were written after
+            # this tick read the journals, just before they exited: read them first, or the
+            # ending names an older step and no checkpoint (seen under load)
+            for u in list(self.c.uids):
+                for ev in self._tail(u).read():
+                    self._on_event(u, ev)
             raise self._ended()  # (a replacement never admitted is closed with the attempt)
         if self.finished and self.members & self.joined <= set(self.finished):
             # every member that trained finished; a replacement still starting up (sent in the
