@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from unbroken.coord.etcd import Etcd
+from unbroken.coord.etcd import Etcd, EtcdUnavailable
 from unbroken.coord.jobstate import EtcdJobState
 
 pytestmark = [pytest.mark.mp, pytest.mark.server]
@@ -77,12 +77,28 @@ def _last_step(out: Path, uid: int, before: float) -> int:
     return max(e["step"] for e in _events(out, "commit", uid) if e["t"] < before)
 
 
+def _reader(cluster, job: str) -> EtcdJobState:
+    """The test's own view of ``job`` in etcd. 5 s a call: under a loaded suite every member
+    once took over the client's 1 s default to answer the test's poll (the job itself was
+    fine), and a leader change drops a call too (``_wait`` reads again)."""
+    return EtcdJobState(Etcd(cluster.endpoints, timeout=5.0), job, "reader")
+
+
 def _wait(cond, timeout: float, what: str, proc: subprocess.Popen):
-    deadline = time.monotonic() + timeout
-    while not (v := cond()):
+    deadline, last = time.monotonic() + timeout, None
+
+    def check():
+        nonlocal last
+        try:
+            return cond()
+        except EtcdUnavailable as e:  # the test's poll, not the job: the deadline bounds it
+            last = e
+            return None
+
+    while not (v := check()):
         assert proc.poll() is None, f"{what}: exited {proc.returncode}: " \
                                     f"{proc.stderr.read()[-2000:]}"
-        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s (last: {last})"
         try:
             proc.wait(timeout=0.05)  # polling the journals; an exit wakes us at once
         except subprocess.TimeoutExpired:
@@ -180,7 +196,7 @@ def test_sigkilled_supervisor_the_standby_finishes_the_job_exactly_once(referenc
     standby = None
     try:
         # warm, it says so in etcd with its store; the members connect to that ahead
-        state = EtcdJobState(Etcd(cluster.endpoints), f"ha{groups}x{ranks}", "reader")
+        state = _reader(cluster, f"ha{groups}x{ranks}")
         standby = _standby_after_lease(ha, state, active, out)
         (name, info), = state.standbys().items()
         assert info["pid"] == standby.pid and info["store"]["port"] > 0, info
@@ -240,7 +256,7 @@ def test_a_member_one_commit_behind_as_the_supervisor_dies_is_rolled_forward_by_
     active = _start(*ha, env={**os.environ, "UNBROKEN_TEST_FAULTS": faults})
     standby = None
     try:
-        state = EtcdJobState(Etcd(cluster.endpoints), f"behind{ranks}", "reader")
+        state = _reader(cluster, f"behind{ranks}")
         standby = _standby_after_lease(ha, state, active, out)
         _wait(lambda: all(any(e["step"] == at for e in _events(out, "commit", u))
                           for u in (0, 1)), 120, f"groups 0 and 1 at step {at}", active)
@@ -369,7 +385,7 @@ def test_a_standby_that_finds_nobody_keeps_the_quarantines_and_records_its_spare
     prior.write(status="running", exclusions=records_json(hist))
     prior.release()  # its lease gone (as after a TTL): the next supervisor may take it
 
-    state = EtcdJobState(Etcd(cluster.endpoints), job, "reader")
+    state = _reader(cluster, job)
     standby = _start(*args, "--standby")
     try:
         pool = _wait(lambda: state.read().get("spares", {}).get("pool"), 120,
@@ -430,7 +446,7 @@ def test_node_agents_follow_the_job_through_etcd_to_the_standby(reference, clust
              f"agents{ranks}", "--node", str(k), "--connect-timeout", "60"],
             stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"agent-{k}.err", "w"))
             for k in (0, 1)]
-        state = EtcdJobState(Etcd(cluster.endpoints), f"agents{ranks}", "reader")
+        state = _reader(cluster, f"agents{ranks}")
         standby = _standby_after_lease(ha, state, active, out)
         first = state.read()["directory"]
         top = max(e["step"] for e in _commits(out))
@@ -491,7 +507,7 @@ def test_a_member_killed_with_its_supervisor_is_adopted_as_lost_and_masked(refer
     active = _start(*ha)
     standby = None
     try:
-        state = EtcdJobState(Etcd(cluster.endpoints), "withmember", "reader")
+        state = _reader(cluster, "withmember")
         standby = _standby_after_lease(ha, state, active, out)
         victim = _worker_pid(out, 2)
         top = max(e["step"] for e in _commits(out))
