@@ -185,7 +185,13 @@ def test_only_a_straggler_left_out_probes_not_a_fast_group_ksync_defers(stores):
     probes = {u: sorted(k for k, c in job.commits(u).items() if "probe_s" in c)
               for u in job.uids}
     assert probes[SLOW] and all(k % PROBE == 0 for k in probes[SLOW]), probes
-    assert all(not v for u, v in probes.items() if u != SLOW), probes
+    # a fast group probes only when its own times flagged it (over 1.1x the fastest, the
+    # release of the flag): a CI run's load once did for group 2 at step 16. Never for being
+    # deferred: the prediction that flagged each probe is in its commit
+    for u, steps in probes.items():
+        for k in steps:
+            times = job.commits(u)[k]["probe_times"]
+            assert times[u] > 1.1 * min(times), (u, k, times)
 
 
 def test_ksync_journals_the_mean_loss_of_the_shards_it_computed(stores):

@@ -188,6 +188,8 @@ class ModeRunner(Measure, Streams, StackedRunner):
         self.noise = NoiseScale()
         self.effective = "sync"           # the mode of the steps now: sync, or mask (benched)
         self._probe: tuple[int, Spent] | None = None  # (step, what computing a probe cost)
+        self._flagged_by: tuple[int, list[float]] | None = None  # (step, the times that
+        #                                 flagged self.slow for it): a probe's commit says why
         self._sq: tuple[int, float] | None = None      # (step, |g_type|^2)
         self._rec: tuple[int, dict] | None = None      # (step, groups/async commit fields)
 
@@ -210,6 +212,9 @@ class ModeRunner(Measure, Streams, StackedRunner):
                 ev.update(rec[1])
             if self._probe is not None and self._probe[0] == ev["step"]:
                 ev["probe_s"] = round(self._probe[1].wall, 6)  # left out, computed for the clock
+                fb = self._flagged_by
+                if fb is not None and fb[0] == ev["step"]:  # the prediction that flagged it
+                    ev["probe_times"] = [round(t, 6) for t in fb[1]]
         self._outer_journal(ev)
 
     def _buflen(self) -> int:
@@ -436,6 +441,7 @@ class ModeRunner(Measure, Streams, StackedRunner):
         # until within 10 % of the fastest), not a fast group ksync defers
         self.slow = () if pred is None else \
             flag_stragglers(pred, self.cost.straggler_ratio, self.slow)
+        self._flagged_by = None if pred is None else (step, [float(t) for t in pred])
         if self.sync_mode == "ksync":
             self._decide_ksync(step, pred, live, self.k)
             return
