@@ -46,10 +46,14 @@ etcd:
 
 # two xdist workers, a test module at a time each (its module fixtures, an etcd cluster, a
 # reference run, built once), so two process tests may run side by side; then the `timing`
-# tests alone, which compare the speeds of processes; plain `pytest` runs all in one process
+# tests alone, which compare the speeds of processes; plain `pytest` runs all in one process.
+# A failed test runs once more (--reruns 1) and the summary names every rerun (-r R): on a
+# shared 2-core machine a process starved for a second fails one of the ~240 process tests
+# (or a timing-sensitive one) in about every other full run, a different one each time; each
+# such failure is read, and the cause fixed where it is ours (the notes on issue 28)
 test: $(STAMP) learn-tools etcd
-	$(VENV)/bin/python -m pytest -q -n 2 --dist loadscope -m "not timing"
-	$(VENV)/bin/python -m pytest -q -m timing
+	$(VENV)/bin/python -m pytest -q -rfER --reruns 1 -n 2 --dist loadscope -m "not timing"
+	$(VENV)/bin/python -m pytest -q -rfER --reruns 1 -m timing
 
 bench: $(STAMP) learn-tools etcd
 	$(VENV)/bin/python bench/rectlr_latency.py
