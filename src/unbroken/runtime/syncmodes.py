@@ -214,7 +214,7 @@ class ModeRunner(Measure, Streams, StackedRunner):
                 ev["probe_s"] = round(self._probe[1].wall, 6)  # left out, computed for the clock
                 fb = self._flagged_by
                 if fb is not None and fb[0] == ev["step"]:  # the prediction that flagged it
-                    ev["probe_times"] = [round(t, 6) for t in fb[1]]
+                    ev["probe_times"] = [round(float(t), 6) for t in fb[1]]
         self._outer_journal(ev)
 
     def _buflen(self) -> int:
@@ -441,7 +441,7 @@ class ModeRunner(Measure, Streams, StackedRunner):
         # until within 10 % of the fastest), not a fast group ksync defers
         self.slow = () if pred is None else \
             flag_stragglers(pred, self.cost.straggler_ratio, self.slow)
-        self._flagged_by = None if pred is None else (step, [float(t) for t in pred])
+        self._flagged_by = None if pred is None else (step, pred)  # a fresh list a step
         if self.sync_mode == "ksync":
             self._decide_ksync(step, pred, live, self.k)
             return

@@ -152,9 +152,7 @@ class Attempt:
     def _loop(self) -> dict[int, dict]:
         deadline = time.monotonic() + self.spec.timeout
         while True:
-            for u in list(self.c.uids):
-                for ev in self._tail(u).read():
-                    self._on_event(u, ev)
+            self._read_journals()
             if self.signalled() is not None and self.stop_posted is None:
                 self._post_stop()
             for ev in getattr(self.c, "drain_events", list)():  # node agents: a node lost,
@@ -176,6 +174,12 @@ class Attempt:
             # tick passes (journal lines, the guard's clock): polling here cost a fifth of a
             # core that the training processes on the same cores lacked
             self.exits.wait(self.c.procs.values(), self.TICK_S)
+
+    def _read_journals(self) -> None:
+        """Every process's new journal lines, handled in order."""
+        for u in list(self.c.uids):
+            for ev in self._tail(u).read():
+                self._on_event(u, ev)
 
     def _stall(self) -> None:
         """No step for a while but every heartbeat fresh: the stack dumps that localise it run
@@ -487,9 +491,7 @@ class Attempt:
             # their last lines (the commits, the stop and its checkpoint) were written after
             # this tick read the journals, just before they exited: read them first, or the
             # ending names an older step and no checkpoint (seen under load)
-            for u in list(self.c.uids):
-                for ev in self._tail(u).read():
-                    self._on_event(u, ev)
+            self._read_journals()
             raise self._ended()  # (a replacement never admitted is closed with the attempt)
         if self.finished and self.members & self.joined <= set(self.finished):
             # every member that trained finished; a replacement still starting up (sent in the
