@@ -166,23 +166,31 @@ def reference(tmp_path_factory):
     return get
 
 
+def _paced(pace: float, **faults) -> dict:
+    """The environment of a job whose members' gradients take at least ``pace`` s each (the
+    ``pace_s`` test hook, a sleep): it lasts the seconds a standby needs to warm up while the
+    cores stay free for the rest of the suite. At full speed these jobs ran 1,000-2,500 steps
+    to last as long, their references as many again: the largest share of the suite's CPU."""
+    return {**os.environ, "UNBROKEN_TEST_FAULTS": json.dumps({"pace_s": pace, **faults})}
+
+
 def _start(*args: str, env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "unbroken", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("groups, ranks, steps", [(3, 1, 2500), (8, 1, 1000), (3, 2, 1200)])
+@pytest.mark.parametrize("groups, ranks, steps, pace",
+                         [(3, 1, 800, 0.02), (8, 1, 400, 0.06), (3, 2, 500, 0.04)])
 def test_sigkilled_supervisor_the_standby_finishes_the_job_exactly_once(reference, cluster,
                                                                         tmp_path, groups, ranks,
-                                                                        steps):
+                                                                        steps, pace):
     """``ranks`` 2: each group two ranks with the model sharded over them (FSDP2); every rank
     re-attaches its own plane and the standby adopts a group once both ranks reported.
-    ``steps``: still training once the standby (started with the active) is warm and 50 steps
-    on: killed at step 705 of 3 groups (~6 ms a step), 207 of 8 (~25 ms), 315 of 3 x 2 (~20
-    ms) on a quiet 2-core machine; a loaded suite stretches the standby's start more than the
-    steps. Fewer at the slower steps: each step here runs twice (the reference), and these
-    were the suite's slowest tests (16 groups: bench/)."""
+    ``steps`` at ``pace`` (s a gradient, at least): still training once the standby (started
+    with the active) is warm and 50 steps on, 20-30 s of job; the reference runs them at full
+    speed. The pace is a sleep, so a loaded suite stretches the standby's start, not the
+    job's steps (16 groups: bench/)."""
     job = (*RUN, "--steps", str(steps), "--ckpt-every", "50", "--seed", "3",
            "--groups", str(groups),
            *(("--ranks-per-group", str(ranks), "--shard", "fsdp") if ranks > 1 else ()))
@@ -192,7 +200,7 @@ def test_sigkilled_supervisor_the_standby_finishes_the_job_exactly_once(referenc
     ha = (*job, "--out", str(out), "--store", cluster.url, "--job", f"ha{groups}x{ranks}",
           "--lease-ttl", "2", "--reattach-timeout", "40", "--adopt-timeout", "30",
           "--json")
-    active = _start(*ha)
+    active = _start(*ha, env=_paced(pace))
     standby = None
     try:
         # warm, it says so in etcd with its store; the members connect to that ahead
@@ -233,9 +241,9 @@ def test_sigkilled_supervisor_the_standby_finishes_the_job_exactly_once(referenc
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("ranks, steps, at", [(1, 2500, 400), (2, 1200, 150)])
+@pytest.mark.parametrize("ranks, steps, pace, at", [(1, 800, 0.02, 150), (2, 500, 0.04, 100)])
 def test_a_member_one_commit_behind_as_the_supervisor_dies_is_rolled_forward_by_the_standby(
-        reference, cluster, tmp_path, ranks, steps, at):
+        reference, cluster, tmp_path, ranks, steps, pace, at):
     """The race of a peer dying mid-all-reduce with the supervisor: the op of step ``at``
     completed on groups 0 and 1 (they committed it) but failed on group 2, and the
     supervisor was SIGKILLed before group 2 could re-form (``DropCommit`` with a hold: it
@@ -244,7 +252,7 @@ def test_a_member_one_commit_behind_as_the_supervisor_dies_is_rolled_forward_by_
     and its first settle rolls group 2 forward with a peer's reduced buffer: exactly once,
     the failure-free trajectory bit for bit. ``ranks`` 2: rank 0 of group 2 fails the op,
     the group's agreement holds its rank 1 back too. The jobs of
-    test_sigkilled_supervisor...[3-1-2500] and [3-2-1200]: their references."""
+    test_sigkilled_supervisor...[3-1-800] and [3-2-500]: their references."""
     job = (*RUN, "--steps", str(steps), "--ckpt-every", "50", "--seed", "3", "--groups", "3",
            *(("--ranks-per-group", str(ranks), "--shard", "fsdp") if ranks > 1 else ()))
     ref = reference(*job)
@@ -252,8 +260,7 @@ def test_a_member_one_commit_behind_as_the_supervisor_dies_is_rolled_forward_by_
     ha = (*job, "--out", str(out), "--store", cluster.url, "--job", f"behind{ranks}",
           "--lease-ttl", "2", "--reattach-timeout", "40", "--adopt-timeout", "30", "--json")
     # the hold (25 s) stays under the gloo timeout (30 s) of the peers waiting in step at + 1
-    faults = json.dumps({"drop_commit_at": {"2": at}, "drop_commit_hold_s": 25})
-    active = _start(*ha, env={**os.environ, "UNBROKEN_TEST_FAULTS": faults})
+    active = _start(*ha, env=_paced(pace, drop_commit_at={"2": at}, drop_commit_hold_s=25))
     standby = None
     try:
         state = _reader(cluster, f"behind{ranks}")
@@ -312,14 +319,14 @@ def test_two_etcd_members_lost_the_job_pauses_then_resumes_when_one_returns(refe
     goes and every member stops after one committed step. Nothing commits while etcd has no
     quorum; when a member returns, the lease is taken again and the paused members are
     adopted where they stopped: no restore, exactly once, the failure-free trajectory."""
-    steps = 2500  # ~6 ms a step: still training when the lease (2 s) runs out
-    # the job of test_sigkilled_supervisor...[3-1-2500]: one reference run for both
+    steps = 800  # ~25 ms a step (paced): still training when the lease (2 s) runs out
+    # the job of test_sigkilled_supervisor...[3-1-800]: one reference run for both
     job = (*RUN, "--steps", str(steps), "--ckpt-every", "100", "--seed", "3")
     ref = reference(*job)
 
     out = tmp_path / "run"
     run = _start(*job, "--out", str(out), "--store", cluster.url, "--job", "quorum",
-                 "--lease-ttl", "2", "--json")
+                 "--lease-ttl", "2", "--json", env=_paced(0.02))
     try:
         _wait(lambda: any(e["step"] >= 25 for e in _commits(out)), 120, "step 25", run)
         cluster.kill(0)
@@ -420,16 +427,17 @@ def test_agent_store_bad_input_is_one_line_exit_2(cli, cluster):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("ranks, steps", [(1, 1500), (2, 900)])
+@pytest.mark.parametrize("ranks, steps, pace", [(1, 800, 0.02), (2, 500, 0.05)])
 def test_node_agents_follow_the_job_through_etcd_to_the_standby(reference, cluster, tmp_path,
-                                                                 ranks, steps):
+                                                                 ranks, steps, pace):
     """``unbroken agent --store``: the agents find the job's directory in etcd, not at an
     address they were given. SIGKILL the active supervisor (its directory and stores go): the
     agents' workers pause after one committed step and re-attach to the standby's store; the
     same agent processes wait in etcd for the standby's directory, claim their node again and
     keep the workers the standby adopts. No restart: exactly once, the failure-free
     trajectory bit for bit. ``ranks`` 2: every rank of a group (FSDP2) on its group's node
-    re-attaches its own plane; the standby adopts a group once both reported."""
+    re-attaches its own plane; the standby adopts a group once both reported. ``pace``: as
+    in test_sigkilled_supervisor... (the pace reaches the agents' workers in their argv)."""
     job = (*RUN, "--groups", "4", "--steps", str(steps), "--ckpt-every", "50", "--seed", "4",
            *(("--ranks-per-group", str(ranks), "--shard", "fsdp") if ranks > 1 else ()))
     ref = reference(*job)
@@ -437,7 +445,7 @@ def test_node_agents_follow_the_job_through_etcd_to_the_standby(reference, clust
     out = tmp_path / "run"
     ha = (*job, "--nodes", "2", "--out", str(out), "--store", cluster.url, "--job",
           f"agents{ranks}", "--lease-ttl", "2", "--json")
-    active = _start(*ha)
+    active = _start(*ha, env=_paced(pace))
     agents, standby = [], None
     try:
         # stderr to files: the agents' store clients log a C++ stack per failed call
@@ -498,13 +506,13 @@ def test_a_member_killed_with_its_supervisor_is_adopted_as_lost_and_masked(refer
     """The host of the supervisor held one member too: both SIGKILLed at once. The standby
     waits ``--adopt-timeout`` for the missing member, adopts the others, counts it lost; the
     survivors mask it (redundancy 2) and finish the job exactly once."""
-    steps = 2500  # ~6 ms a step: still training once the standby is warm (step ~700 here)
+    steps = 800  # ~25 ms a step (paced): still training once the standby is warm
     job = (*RUN, "--steps", str(steps), "--ckpt-every", "50", "--seed", "3")  # a shared reference
     ref = reference(*job)
     out = tmp_path / "run"
     ha = (*job, "--out", str(out), "--store", cluster.url, "--job", "withmember",
           "--lease-ttl", "2", "--adopt-timeout", "3", "--json")
-    active = _start(*ha)
+    active = _start(*ha, env=_paced(0.02))
     standby = None
     try:
         state = _reader(cluster, "withmember")

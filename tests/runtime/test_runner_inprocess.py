@@ -495,6 +495,21 @@ def test_faulty_trainer_flips_one_bit_from_its_step_on_and_tells_once():
     assert told == [("flip", 2), ("slow", 3)]
 
 
+def test_a_paced_trainer_takes_at_least_its_pace_a_gradient_and_tells_nothing():
+    import time
+
+    told: list[tuple[str, int]] = []
+    hooks = build(_flags(pace_s=0.03), on_fault=lambda kind: None).hooks
+    tr = hooks.wrap_trainer(None, _Fixed())
+    tr.tell = lambda kind, step, at: told.append((kind, step))
+    for step in range(3):
+        t0 = time.perf_counter()
+        g = tr.grad(step, 0)
+        assert time.perf_counter() - t0 >= 0.03
+        assert torch.equal(g, _Fixed().grad(step, 0))  # the same gradient, only later
+    assert told == []  # not a fault: nothing reaches the journal or the guard
+
+
 def test_a_late_holder_fires_its_slots_faults_at_its_first_step_and_names_the_schedule():
     # a slot's replacement that joined at step 7 after its faults' steps (5, 6; NaNs at 6, 9)
     told: list[tuple[str, int, int]] = []
@@ -606,12 +621,14 @@ def test_journals_that_disagree_give_a_no_and_one_line_not_a_traceback():
 def test_a_tests_cluster_faults_are_read_from_json_and_bad_ones_named_in_one_line():
     from unbroken.testing.faults import cluster_faults
 
-    got = cluster_faults('{"drop_commit_at": {"2": 400}, "drop_commit_hold_s": 25}', "F")
-    assert got == {"drop_commit_at": {2: 400}, "drop_commit_hold_s": 25.0}
+    got = cluster_faults('{"drop_commit_at": {"2": 400}, "drop_commit_hold_s": 25, '
+                         '"pace_s": 0.02}', "F")
+    assert got == {"drop_commit_at": {2: 400}, "drop_commit_hold_s": 25.0, "pace_s": 0.02}
     for text, named in (("{", "not JSON"), ("[1]", "a JSON object"),
                         ('{"explode_at": {}}', "'explode_at'"),
                         ('{"die_at": {"x": 3}}', "die_at={'x': 3}"),
-                        ('{"drop_commit_hold_s": "soon"}', "a number")):
+                        ('{"drop_commit_hold_s": "soon"}', "a number"),
+                        ('{"pace_s": {"0": 1}}', "a number")):
         with pytest.raises(ValueError) as err:
             cluster_faults(text, "F")
         assert str(err.value).startswith("F") and named in str(err.value)

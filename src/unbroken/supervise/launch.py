@@ -12,8 +12,9 @@ from unbroken.supervise.spec import JobSpec
 
 __all__ = ["make_cluster", "TEST_FAULTS_ENV"]
 
-#: a test's faults for the local clusters a supervisor starts -- not a standby's, not node
-#: agents' (JSON: ``unbroken.testing.faults.cluster_faults``)
+#: a test's faults for the local clusters a supervisor starts -- not a standby's; of them only
+#: the pace (``pace_s``) reaches node agents' workers (JSON:
+#: ``unbroken.testing.faults.cluster_faults``)
 TEST_FAULTS_ENV = "UNBROKEN_TEST_FAULTS"
 
 
@@ -35,6 +36,11 @@ def make_cluster(cfg, jdir: Path, spares: int, spec: JobSpec, ckdir: Path, *, re
     if store_host is not None:  # a standby's store, started while it stood by
         kw.update(store_host=store_host[0], store_port=store_host[1],
                   store_client=store_host[2])  # (handle, port, a client connected then)
+    test = {}
+    if adopt_from is None and os.environ.get(TEST_FAULTS_ENV):
+        from unbroken.testing.faults import cluster_faults  # (a plain run never imports it)
+
+        test = cluster_faults(os.environ[TEST_FAULTS_ENV], TEST_FAULTS_ENV)
     if directory is not None:  # the same surface, the workers under node agents
         from unbroken.core.nodes import on_live_nodes
         from unbroken.nodes.cluster import NodeCluster
@@ -44,10 +50,7 @@ def make_cluster(cfg, jdir: Path, spares: int, spec: JobSpec, ckdir: Path, *, re
         return NodeCluster(cfg, str(jdir), directory=directory, node_of=node_of,
                            out=str(Path(spec.out).resolve()),
                            node_staleness=spec.ft.node_staleness, adopt_from=adopt_from,
-                           extra_argv=list(extra_argv), **kw)
-    if adopt_from is None and os.environ.get(TEST_FAULTS_ENV):
-        from unbroken.testing.faults import cluster_faults  # (a plain run never imports it)
-
-        kw.update(cluster_faults(os.environ[TEST_FAULTS_ENV], TEST_FAULTS_ENV))
+                           extra_argv=list(extra_argv),
+                           **kw, **{k: v for k, v in test.items() if k == "pace_s"})
     return StackedCluster(cfg, str(jdir), adopt_from=adopt_from, extra_argv=list(extra_argv),
-                          **kw)
+                          **kw, **test)

@@ -51,7 +51,8 @@ class StackedCluster(LocalCluster):
     ``drop_commit_at`` ...: uid -> step; ``die_after_replan``, ``die_in_patch``,
     ``die_in_retry``, ``corrupt_snapshot``, ``drop_commit_on_join``: uids;
     ``drop_commit_hold_s``: a dropped commit then waits that long for the store to go (see
-    ``DropCommit``); ``drill``: uid ->
+    ``DropCommit``); ``pace_s``: every process's gradients take at least that long (a test's
+    job that lasts without keeping the cores busy); ``drill``: uid ->
     its slot's scheduled faults ``[(kind, step), ...]`` (``core.faults.holder_faults``; the
     supervisor's route). When any is given, or the config has a straggler trace, every
     process of the cluster (a spare started later too: it may be sent into a faulty slot)
@@ -68,7 +69,7 @@ class StackedCluster(LocalCluster):
                  flip_from: dict[int, int] | None = None, verdicts: bool = False,
                  die_after_replan=(), die_in_patch=(), die_in_retry=(), corrupt_snapshot=(),
                  drop_commit_on_join=(), drop_commit_hold_s: float = 0.0,
-                 spares: int = 0, heartbeat: float = 0.1, staleness: float = 0.3,
+                 pace_s: float = 0.0, spares: int = 0, heartbeat: float = 0.1, staleness: float = 0.3,
                  pg_timeout: float = 30.0, wipeout_wait: float = 60.0,
                  ckpt_dir: str | None = None, ckpt_every: int = 50, resume: bool = False,
                  store_port: int | None = None, store_process: bool = False,
@@ -133,6 +134,8 @@ class StackedCluster(LocalCluster):
                 f["peers_journal"] = journal_dir
                 if drop_commit_hold_s > 0:
                     f["drop_commit_hold_s"] = drop_commit_hold_s
+            if pace_s > 0:
+                f["pace_s"] = pace_s
             if f:
                 self._faults[u] = f
         self._inject = bool(self._faults) or bool(drill) or cfg.stragglers is not None

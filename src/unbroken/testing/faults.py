@@ -69,6 +69,9 @@ class GradFaults:
     # a straggler trace's factor per step for this process (``--stragglers``): a gradient at
     # step s takes slowdown[s] times its measured compute (None: never slowed)
     slowdown: list[float] | None = None
+    # not a fault: every gradient takes at least this long (a sleep, nothing is told), so a
+    # test's job lasts the wall time it needs without keeping the machine's cores busy
+    pace_s: float = 0.0
     told: set[tuple[str, int]] = field(default_factory=set)
     slow_told: bool = False
     flip_told: bool = False
@@ -76,7 +79,7 @@ class GradFaults:
 
     def any(self) -> bool:
         return not (self.nan_at is None and self.flip_from is None and self.slow_from is None
-                    and self.slowdown is None)
+                    and self.slowdown is None and self.pace_s <= 0)
 
 
 class TrainerProxy:
@@ -153,12 +156,15 @@ class FaultyTrainer(TrainerProxy):
             # vanish in the step of a big job: fail-slow compares with the peers' median)
             factor = max(factor, 2.0)
             extra = f.slow_s
+        delay = f.pace_s - compute
         if factor > 1.0:
             # a machine F times slower: (F - 1) x this gradient's own measured compute, as a
             # sleep, not a busy loop: a slower node is slow on its own core, and spinning here
             # would take CPU from the other groups sharing this machine's cores (their steps
             # would slow too and the injected ratio would not be the one asked for)
-            time.sleep(max(extra, (factor - 1.0) * compute))
+            delay = max(delay, extra, (factor - 1.0) * compute)
+        if delay > 0:
+            time.sleep(delay)
         return g
 
 
@@ -364,6 +370,7 @@ class FaultSpec:
     drop_commit_on_join: bool = False
     slow_from: int | None = None    # from this step on, every gradient takes slow_s longer
     slow_s: float = 0.06
+    pace_s: float = 0.0  # every gradient takes at least this long (``GradFaults.pace_s``)
     nan_at: int | None = None
     flip_from: int | None = None
     # the slot's scheduled faults, [(kind, step), ...] (core.faults.holder_faults); a spare
@@ -386,7 +393,7 @@ def build(spec: FaultSpec, on_fault: Callable[[str], None],
     """One process's faults and its straggler factors per step (``slowdown``, None: none)
     -> the wrappers."""
     grads = GradFaults(nan_at=spec.nan_at, flip_from=spec.flip_from, slow_from=spec.slow_from,
-                       slow_s=spec.slow_s, slowdown=slowdown)
+                       slow_s=spec.slow_s, slowdown=slowdown, pace_s=spec.pace_s)
     drops = spec.drop_commit_at is not None or spec.drop_commit_on_join
     hooks = SelfFaults(die_at=spec.die_at, stop_at=spec.stop_at, stall_at=spec.stall_at,
                        die_in_patch=spec.die_in_patch, die_after_replan=spec.die_after_replan,
@@ -451,7 +458,8 @@ def install(args: dict, uid: int, cfg: Any) -> FaultPlugin:
 # schedule has no kind for, injected into a whole ``unbroken run`` (its supervisor, etcd, a
 # standby) by a test
 _CLUSTER_FAULTS = {"die_at", "stop_at", "drop_commit_at", "slow_from", "stall_at", "nan_at",
-                   "flip_from", "drop_commit_hold_s"}
+                   "flip_from", "drop_commit_hold_s", "pace_s"}
+_NUMBERS = {"drop_commit_hold_s", "pace_s"}  # the others: uid -> step
 
 
 def cluster_faults(text: str, name: str = "UNBROKEN_TEST_FAULTS") -> dict:
@@ -469,10 +477,10 @@ def cluster_faults(text: str, name: str = "UNBROKEN_TEST_FAULTS") -> dict:
             raise ValueError(f"{name}: unknown fault {key!r} (known: "
                              f"{', '.join(sorted(_CLUSTER_FAULTS))})")
         try:
-            out[key] = (float(value) if key == "drop_commit_hold_s"
+            out[key] = (float(value) if key in _NUMBERS
                         else {int(u): int(step) for u, step in value.items()})
         except (TypeError, ValueError, AttributeError):
             raise ValueError(f"{name}: {key}={value!r} is not "
-                             + ("a number" if key == "drop_commit_hold_s"
+                             + ("a number" if key in _NUMBERS
                                 else "an object of uid -> step")) from None
     return out
