@@ -73,6 +73,23 @@ def test_group_health_judges_once_a_second_and_names_an_outlier_once():
     assert signals["rss_mb"] > 0 and "3 rounds in a row" in reason
 
 
+def test_group_health_ignores_groups_that_all_wait_but_names_one_that_spins():
+    # every group waiting on a stalled peer: CPU use 0.00-0.01 of a core. The z-score of 0.01
+    # against peers at 0.00 is 1e7 (a CI run alerted on it); the gap is a hundredth of a core
+    gh = GroupHealth()
+    for s in range(5):
+        for u in range(4):
+            gh.add(u, {"cpu_util": 0.01 if u >= 2 else 0.0, "rss_mb": 300.0, "t": 10.0 + s})
+        assert gh.judge(10.0 + s, None) == []
+    # one group spinning at a full core while the others wait: named, after 3 rounds
+    found = []
+    for s in range(5, 9):
+        for u in range(4):
+            gh.add(u, {"cpu_util": 1.0 if u == 1 else 0.01, "rss_mb": 300.0, "t": 10.0 + s})
+        found += gh.judge(10.0 + s, None)
+    assert [u for u, _z, _r in found] == [1] and found[0][1]["cpu_util"] > 4
+
+
 def test_group_health_leaves_out_groups_that_are_not_live():
     assert _health_rounds(GroupHealth(), 4, {0, 1, 2, 4}) == []
 

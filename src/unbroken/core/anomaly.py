@@ -347,7 +347,7 @@ class PeerPolicy:
 
 
 def peer_outliers(signals: Mapping[Hashable, Mapping[str, float]],
-                  policy: PeerPolicy | None = None
+                  policy: PeerPolicy | None = None, min_gap: Mapping[str, float] | None = None
                   ) -> tuple[dict[Hashable, dict[str, float]], str]:
     """Groups that stand out from their peers, with the robust z-score of each outlier signal.
 
@@ -356,7 +356,10 @@ def peer_outliers(signals: Mapping[Hashable, Mapping[str, float]],
     outlier when there are at least ``policy.min_peers`` of them, ``|z| > policy.z`` and the
     value lies outside the peers' [P5, P95] band. Returns ``{group: {signal: z}}`` for the
     groups with at least ``policy.min_signals`` outlier signals (z is signed: negative is
-    below the peers), and a reason.
+    below the peers), and a reason. ``min_gap``: signal -> the least distance from the
+    peers' median that counts (default 0). The z-score's floors are relative to the median,
+    so a signal whose peers all sit near zero (the CPU use of groups that all wait) gets a
+    z of millions from a difference of 0.01; its gap says what difference means anything.
     """
     policy = policy or PeerPolicy()
     if not isinstance(signals, Mapping):
@@ -378,7 +381,8 @@ def peer_outliers(signals: Mapping[Hashable, Mapping[str, float]],
             z = robust_z(x, peers, policy.rel_floor, policy.abs_floor)
             s = sorted(peers)
             lo, hi = _percentile(s, policy.band), _percentile(s, 100 - policy.band)
-            if abs(z) > policy.z and not lo <= x <= hi:
+            gap = (min_gap or {}).get(name, 0.0)
+            if abs(z) > policy.z and not lo <= x <= hi and abs(x - median(peers)) >= gap:
                 flags.setdefault(g, {})[name] = z
     flags = {g: zs for g, zs in flags.items() if len(zs) >= policy.min_signals}
     note = (f"; too few peers for {', '.join(sorted(map(str, thin)))}" if thin else "")

@@ -15,6 +15,11 @@ __all__ = ["GroupHealth"]
 
 class GroupHealth:
     SIGNALS = ("cpu_util", "rss_mb")
+    # the least difference from the peers' median that is an outlier: groups that all wait (a
+    # stalled peer holds every group's op) read 0.00-0.01 of a core, and the z-score of 0.01
+    # against a median of 0 is 1e7 (a CI run alerted on two such groups); a fault moves a
+    # group's CPU use by most of a core. Memory's median is large: its relative floor holds
+    MIN_GAP = {"cpu_util": 0.25}
     ROUNDS = 3
     PERIOD_S = 1.0
     FRESH_S = 2.5  # a sample older than this is from a group that stopped reporting
@@ -38,7 +43,7 @@ class GroupHealth:
                  for u, e in self.latest.items()
                  if now - float(e.get("t", 0)) < self.FRESH_S and (live is None or u in live)}
         flags, reason = peer_outliers({u: sig for u, sig in fresh.items() if sig},
-                                      PeerPolicy())
+                                      PeerPolicy(), self.MIN_GAP)
         self.hits, due = persisting(self.hits, flags, self.ROUNDS)
         out = []
         for u in due:
