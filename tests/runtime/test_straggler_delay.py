@@ -45,24 +45,33 @@ def test_persistent_straggler_is_3x_slower_and_changes_nothing_but_time(tmp_path
     assert slow_params == plain_params
     own = {u: [e["own_s"] for e in events(slow[u], "commit")[1:]] for u in slow}  # step 0:
     #                                                                    warm-up, left out
-    # the fastest step of each group: scheduling noise (the other groups and agents on 2
-    # cores) only ever adds time, and a preempted compute is scaled by 3 too, so the medians
-    # wander with the machine's load while the minima show the injected ratio. The fast
-    # groups compute the same: the lowest of their minima is the best look at that compute
-    # (a loaded fresh clone's run had minima 2.03, 2.24, 2.73 ms, and against their median
-    # the straggler's 5.58 read 2.50x, twice)
+    # a group's CPU time for its own part of a step: own_s x cpu (the thread's CPU clock).
+    # Every group does the same work, and CPU time does not grow while a process waits for a
+    # core, so it is the load-free measure of that work. Wall times are not: beside a busy
+    # loop the straggler, asleep 2/3 of the time, gets the core at once when it wakes (the
+    # scheduler favours sleepers) while the others' compute is preempted, and wall against
+    # wall read 2.22x and 2.41x for a 3x slowdown (test_straggler_delay, 4 runs beside a busy
+    # loop, 3 failed this way and the old median/relative checks)
+    cpu_s = {u: [e["own_s"] * e["cpu"] for e in events(evs, "commit")[1:]]
+             for u, evs in slow.items()}
+    work = min(min(cpu_s[u]) for u in (0, 2, 3))
+    # 3x (not applied gives 1x): the straggler's fastest step takes at least 3 x its own
+    # compute, which is at least the work's CPU time (those runs: 3.59x and 3.33x)
+    assert min(own[1]) / work > 2.5, (min(own[1]), work)
+    # ... and not applied twice (9x): against the others' fastest wall time. Loose: the
+    # injected delay is a sleep, and on a loaded machine (a suite run beside other work: load
+    # 17 on two cores) each wake-up comes late, which only the straggler pays (measured 4.6x)
     fast = min(min(own[u]) for u in (0, 2, 3))
-    ratio = min(own[1]) / fast
-    # 3x (not applied gives 1x, applied twice 9x). The bound above is loose: the injected
-    # delay is a sleep, and on a loaded machine (a suite run beside other work: load 17 on two
-    # cores) each wake-up comes late, which only the straggler pays (measured 4.6x there)
-    assert 2.5 < ratio < 6.0, (ratio, {u: min(v) for u, v in own.items()})
-    # without the trace the same group is not the slow one
-    base = {u: statistics.median(e["own_s"] for e in events(plain[u], "commit")[1:])
+    assert min(own[1]) / fast < 6.0, (min(own[1]), {u: min(v) for u, v in own.items()})
+    # the time is a sleep, not a spin: the straggler burns the others' CPU a step
+    assert min(cpu_s[1]) < 1.6 * work, {u: min(v) for u, v in cpu_s.items()}
+    # without the trace the same group does the same work as the others (so the 3x above
+    # is the trace's): CPU time again, as group 1's wall time with no trace read 1.16x,
+    # 1.30x the others' median and 1.84x their minimum beside a busy loop
+    base = {u: min(e["own_s"] * e["cpu"] for e in events(plain[u], "commit")[1:])
             for u in plain}
-    assert base[1] < 1.6 * statistics.median(base[u] for u in (0, 2, 3)), base
-    # every commit carries the resource signals; the straggler's CPU availability reads ~1/3
-    # of the others' (it sleeps 2/3 of its part: a busy-wait would read like the others)
+    assert base[1] < 1.6 * min(base[u] for u in (0, 2, 3)), base
+    # every commit carries the resource signals
     for u, evs in slow.items():
         for e in events(evs, "commit"):
             assert e["own_s"] > 0 and 0 < e["cpu"] <= 1.05
@@ -70,9 +79,8 @@ def test_persistent_straggler_is_3x_slower_and_changes_nothing_but_time(tmp_path
             # for a ring they agree, up to the journal line written between two samples
             assert 0 < e["rx_bytes"] <= e["tx_bytes"] < e["rx_bytes"] + 10_000, e
     cpu = {u: statistics.median(e["cpu"] for e in events(slow[u], "commit")) for u in slow}
-    # sleeping 2/3 of its part, the straggler cannot read above ~1/3 whatever the load; the
-    # others read their share of a loaded machine, which may itself be ~0.5 (CI saw {0: 0.64,
-    # 2: 0.85, 3: 0.50} beside the straggler's 0.33, and {0: 0.48, 2: 0.45, 3: 0.72} beside
-    # 0.30 with the pure tests on the other core), so against their median the margin is
-    # smaller than against an idle machine's. A busy-wait would read like the others
-    assert cpu[1] < 0.4 and cpu[1] < 0.7 * statistics.median(cpu[u] for u in (0, 2, 3)), cpu
+    # sleeping 2/3 of its part, the straggler cannot read above ~1/3 whatever the load (a
+    # loaded machine reads it lower still: 0.21-0.34 seen). Not against the others' reading:
+    # beside a busy loop they read ~0.4 too, and the sleeper's quick wake-ups lift its own
+    # compute's share (0.28 against 0.36-0.40 once). That it sleeps is checked above
+    assert cpu[1] < 0.4, cpu
