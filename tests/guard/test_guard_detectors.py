@@ -53,6 +53,20 @@ def test_numeric_history_stays_bounded_and_a_nan_is_found_after_a_long_run():
     assert (f.signal, f.kind) == ("loss", "nan")
 
 
+def test_numeric_watch_keeps_a_full_window_of_finite_values_across_nans():
+    nw = NumericWatch()
+    w = POLICIES["loss"].window
+    for k in range(w):
+        nw.observe({"loss": 2.0})
+    for _ in range(3):  # three NaN steps: events of their own, not part of the next median
+        (f,) = nw.observe({"loss": math.inf if _ else math.nan})
+        assert f.kind in ("nan", "inf")
+    assert nw.history["loss"][-w:] == [2.0] * w and all(map(math.isfinite, nw.history["loss"]))
+    assert nw.observe({"loss": 9.9}) == []  # 4.95 x the median of 2.0: fine
+    (f,) = nw.observe({"loss": 10.1 * 2})   # > 5 x: a jump
+    assert (f.signal, f.kind) == ("loss", "jump")
+
+
 def _health_rounds(gh: GroupHealth, rounds: int, live: set[int] | None) -> list:
     """5 groups sampled once a second, group 3's memory far above the others'."""
     found = []

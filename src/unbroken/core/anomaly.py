@@ -235,8 +235,12 @@ def bucket_rounds(samples: Iterable[tuple[float, Hashable, float]], start: float
             t, g, v = s
         except (TypeError, ValueError):
             raise AnomalyError(f"step-time sample {s!r} is not (t, group, step_time)") from None
-        t = _finite("sample time", t)
-        v = _finite(f"step time of group {g!r}", v)
+        # the common case checked inline: formatting each sample's error name up front was
+        # most of a verdict's cost (11 ms for ~500 samples, each second, in the supervisor)
+        if not (type(t) is float and math.isfinite(t)):
+            t = _finite("sample time", t)
+        if not (type(v) is float and math.isfinite(v)):
+            v = _finite(f"step time of group {g!r}", v)
         if v <= 0:
             raise AnomalyError(f"step time of group {g!r}={v!r} must be > 0")
         if t < start:
@@ -302,8 +306,10 @@ def numeric_event(history: Sequence[float], value: float,
         return NumericEvent(INF, v, None, None), f"numeric: value is {v}"
     if isinstance(history, (str, bytes)) or not isinstance(history, Iterable):
         raise AnomalyError(f"history={history!r} is not a sequence of numbers")
-    finite = [h for h in (_number(f"history[{i}]", x) for i, x in enumerate(history))
-              if math.isfinite(h)]
+    # a float is checked inline: naming every entry up front (``f"history[{i}]"``) made a
+    # history of ~100 values cost ~0.9 ms a call in the supervisor's loop
+    finite = [h for h in (x if type(x) is float else _number(f"history[{i}]", x)
+                          for i, x in enumerate(history)) if math.isfinite(h)]
     recent = finite[-policy.window:]
     if len(recent) < policy.min_history:
         return None, (f"numeric: {len(recent)} of {policy.min_history} finite history values; "
