@@ -4,6 +4,7 @@ own baseline per regime, and the detector on shapes it assumes nothing about."""
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -140,6 +141,25 @@ def test_combine_one_strong_signal_or_two_families():
     assert d.families_firing[0, 5] == 2 and d.firing["c"][0, 5]
     with pytest.raises(C.ChangeError, match="no signal with a threshold"):
         C.combine({"x": ev["a"]}, fam, pol)
+
+
+def test_combine_pairs_is_combine_at_each_pair():
+    """The detector fit's shared pass: at every pair, bit for bit what ``combine`` gives with
+    that pair in the policy (alerts, firing, family counts, level, the policy itself)."""
+    rng = np.random.default_rng(3)
+    ev = {s: rng.gamma(0.5, 4.0, size=(5, 200)) for s in "abcd"}
+    fam = {"a": "fa", "b": "fa", "c": "fc", "d": "fd"}
+    pol = C.ChangePolicy(thresholds={s: 8.0 + i for i, s in enumerate("abcd")}, pair=0.7)
+    pairs = (0.5, 0.7, 1.0)
+    got = C.combine_pairs(ev, fam, pol, pairs)
+    assert len({tuple(np.flatnonzero(d.alert)) for d in got}) == 3  # the pair matters here
+    for pair, d in zip(pairs, got):
+        want = C.combine(ev, fam, replace(pol, pair=pair))
+        assert d.policy == want.policy and d.policy.pair == pair
+        for name in ("alert", "families_firing", "level"):
+            assert np.array_equal(getattr(d, name), getattr(want, name)), name
+        assert d.firing.keys() == want.firing.keys()
+        assert all(np.array_equal(d.firing[s], want.firing[s]) for s in d.firing)
 
 
 @pytest.mark.parametrize("kw,word", [({"pair": 1.5}, "pair"), ({"k": 7.0}, "cap"),

@@ -59,7 +59,8 @@ import numpy as np
 from unbroken.core.precursors import robust_peers
 
 __all__ = ["ChangePolicy", "ChangeError", "peer_z", "own_baseline", "cusum", "deviation",
-           "clipped_cusum", "regimes", "node_evidence", "combine", "ChangeDetection", "detect_change"]
+           "clipped_cusum", "regimes", "node_evidence", "combine", "combine_pairs", "ChangeDetection",
+           "detect_change"]
 
 
 MIN_BLOCKS = 3      # a baseline is the median of at least this many blocks (one bad block,
@@ -270,23 +271,35 @@ class ChangeDetection:
 def combine(evidence: Mapping[str, np.ndarray], family_of: Mapping[str, str],
             policy: ChangePolicy) -> ChangeDetection:
     """Alerts from per-signal node evidence (S, not yet divided by thresholds)."""
+    return combine_pairs(evidence, family_of, policy, (policy.pair,))[0]
+
+
+def combine_pairs(evidence: Mapping[str, np.ndarray], family_of: Mapping[str, str],
+                  policy: ChangePolicy, pairs: tuple[float, ...]) -> list[ChangeDetection]:
+    """``combine`` at each of ``pairs`` (the policy's other fields as given), sharing what
+    the pair does not change: the evidence over its thresholds, each family's maximum and
+    the top two families. A detector fit scores every pair of its grid on the same
+    thresholds, and this shared part was most of its time."""
     used = [s for s in evidence if s in policy.thresholds]
     if not used:
         raise ChangeError("no signal with a threshold: the detector knows none of the "
                           f"input's signals ({', '.join(sorted(evidence)) or 'none'})")
     fams: dict[str, np.ndarray] = {}
-    firing = {}
+    qs = {}
     for s in used:
-        q = evidence[s] / policy.thresholds[s]
-        firing[s] = q > policy.pair
+        q = qs[s] = evidence[s] / policy.thresholds[s]
         f = family_of.get(s, s)
         fams[f] = q if f not in fams else np.maximum(fams[f], q)
     first, second = top_two(list(fams.values()))
-    alert = (first > 1.0) | (second > policy.pair)
-    return ChangeDetection(alert=alert, firing=firing,
-                           families_firing=sum((q > policy.pair).astype(int)
-                                               for q in fams.values()),
-                           level=np.maximum(first, second / policy.pair), policy=policy)
+    over = first > 1.0
+    out = []
+    for pair in pairs:
+        out.append(ChangeDetection(
+            alert=over | (second > pair), firing={s: q > pair for s, q in qs.items()},
+            families_firing=sum((q > pair).astype(int) for q in fams.values()),
+            level=np.maximum(first, second / pair),
+            policy=policy if pair == policy.pair else replace(policy, pair=pair)))
+    return out
 
 
 def top_two(qs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
