@@ -1,5 +1,6 @@
 """`unbroken demo` end to end, shortened: a real subprocess, real worker processes, the default
-kinds of fault (a kill, a hang, two close together -> a wipe-out restart), its JSON and files."""
+kinds of fault (a kill, a hang, two close together -> a wipe-out restart, unless the first one's
+spare is in before the second), its JSON and files."""
 
 from __future__ import annotations
 
@@ -21,18 +22,32 @@ def test_demo_masks_faults_restarts_and_matches_the_failure_free_run(demo, tmp_p
     rep = demo("--steps", "30", "--seed", "1", "--faults", "kill:1@5,hang:3@12,kill:2@13",
                "--out", str(tmp_path), timeout=280)
     assert rep["steps"] == 30 and rep["faults_injected"] == 3
-    # kill and hang masked; the kill right after the hang wipes out types 2 and 3 -> restart
-    assert rep["faults_masked"] == 2 and rep["restarts"] == 1 and rep["joins"] == 3
+    assert rep["joins"] == 3  # a spare group for each dead slot
     assert rep["exactly_once"] is True and rep["ledger"]["records"] == 30 * 4
     assert rep["max_abs_param_diff"] < 1e-5
-    kinds = [(f["kind"], f["group"], f["step"], f["masked"]) for f in rep["time_lost_per_fault"]]
-    assert kinds == [("kill", 1, 5, True), ("hang", 3, 12, True), ("kill", 2, 13, False)]
     events = read_journal(tmp_path / "journal.jsonl")
-    # the report's time accounting is its journal's, and the faults cost time: the hang (a
-    # heartbeat timeout) and the wipe-out (a restart) each lose some, so ETTR is below 1
-    assert rep["ettr"] == pytest.approx(ettr_report(events).ettr) and rep["ettr"] < 1
+    # the kill one step after the hang wipes out types 2 and 3 -> a restart, unless the hung
+    # slot's spare was admitted at the start of that step, before the kill: a race the
+    # machine's load decides (a loaded CI run found the hang 0.37 s after it, admitted the
+    # spare 0.22 s later and the kill came 0.14 s after that). Either way is correct; each
+    # is checked for what it must show
+    kill_t = next(e["t"] for e in events if e["event"] == "fault" and e["group"] == 2)
+    spare_first = any(e["event"] == "admit" and 3 in e["joined"].values() and e["t"] < kill_t
+                      for e in events)  # the members' own admission of slot 3's spare
+    kinds = [(f["kind"], f["group"], f["step"], f["masked"]) for f in rep["time_lost_per_fault"]]
     lost = [f["lost_s"] for f in rep["time_lost_per_fault"]]
-    assert lost[1] > 0 and lost[2] > 0, lost
+    if spare_first:  # three masks, no restart
+        assert rep["faults_masked"] == 3 and rep["restarts"] == 0, rep
+        assert kinds == [("kill", 1, 5, True), ("hang", 3, 12, True), ("kill", 2, 13, True)]
+        assert not any(e["event"] in ("wipeout", "restart") for e in events)
+    else:  # kill and hang masked, then the wipe-out restarts from memory
+        assert rep["faults_masked"] == 2 and rep["restarts"] == 1, rep
+        assert kinds == [("kill", 1, 5, True), ("hang", 3, 12, True), ("kill", 2, 13, False)]
+        assert lost[2] > 0, lost  # a restart costs time
+    # the report's time accounting is its journal's, and the faults cost time: the hang (a
+    # heartbeat timeout) loses some, so ETTR is below 1
+    assert rep["ettr"] == pytest.approx(ettr_report(events).ettr) and rep["ettr"] < 1
+    assert lost[1] > 0, lost
     assert rep["wall_s"] > rep["train_s"]  # the demo's wall time includes the start-up
     assert events[0]["event"] == "start" and events[-1]["event"] == "end"
     how = {e["slot"]: e["how"] for e in events if e["event"] == "detected"}
