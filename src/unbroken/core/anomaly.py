@@ -70,6 +70,7 @@ __all__ = [
     "numeric_event",
     "PeerPolicy",
     "peer_outliers",
+    "GROUP_MIN_GAP",
     "median",
     "robust_z",
 ]
@@ -350,6 +351,14 @@ class PeerPolicy:
         if _finite("peer policy abs_floor", self.abs_floor) <= 0:
             raise AnomalyError(f"peer policy abs_floor={self.abs_floor} must be > 0")
         _positive_int("peer policy min_signals", self.min_signals)
+
+
+#: a training group's health against its peers (``guard.health``): the least difference from
+#: the peers' median that is an outlier. Groups that all wait (a stalled peer holds every
+#: group's op) read 0.00-0.01 of a core, and the z of 0.01 against a median of 0 is 1e7 (a CI
+#: run alerted on two such groups); a fault moves a group's CPU use by most of a core.
+#: Memory's median is large: its relative floor holds. (A node's gaps: ``core.nodes``.)
+GROUP_MIN_GAP = {"cpu_util": 0.25}
 
 
 def peer_outliers(signals: Mapping[Hashable, Mapping[str, float]],

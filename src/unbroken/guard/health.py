@@ -8,18 +8,14 @@ is one more, by design.
 
 from __future__ import annotations
 
-from unbroken.core.anomaly import PeerPolicy, peer_outliers, persisting
+from unbroken.core.anomaly import GROUP_MIN_GAP, PeerPolicy, peer_outliers, persisting
 
 __all__ = ["GroupHealth"]
 
 
 class GroupHealth:
     SIGNALS = ("cpu_util", "rss_mb")
-    # the least difference from the peers' median that is an outlier: groups that all wait (a
-    # stalled peer holds every group's op) read 0.00-0.01 of a core, and the z-score of 0.01
-    # against a median of 0 is 1e7 (a CI run alerted on two such groups); a fault moves a
-    # group's CPU use by most of a core. Memory's median is large: its relative floor holds
-    MIN_GAP = {"cpu_util": 0.25}
+    MIN_GAP = GROUP_MIN_GAP  # core's: groups that all wait read ~0 of a core, not an outlier
     ROUNDS = 3
     PERIOD_S = 1.0
     FRESH_S = 2.5  # a sample older than this is from a group that stopped reporting
