@@ -62,11 +62,14 @@ def test_a_node_killed_mid_run_is_masked_exactly_once(tmp_path):
 
 def _trained_until(events: list[dict], uids, report: dict) -> None:
     """The members of the lost node committed nothing from the step the survivors re-formed
-    without them on (the drill fires once the supervisor has read step S from a journal, so
+    without them on (by a replan, or by admitting a spare) (the drill fires once the supervisor has read step S from a journal, so
     they may have committed a step or two past S by then). The one exception is an orphan:
     a member that saw the op of that step complete just before it died while the others saw
     it fail; the ledger must have named it as superseded."""
-    last = min(e["step"] for e in events if e["event"] == Event.REPLAN
+    # the first generation without them: a replan's, or an admission's when a spare joined
+    # in the same re-formation (a loaded CI run evicted a starved group for a stale
+    # heartbeat, and its spare's admission at step 7 re-formed without the lost node too)
+    last = min(e["step"] for e in events if e["event"] in (Event.REPLAN, Event.ADMIT)
                and not set(uids) & set(e["members"])) - 1
     orphans = {(o["step"], o["group"]) for o in report.get("orphan_commits", [])}
     for uid in uids:
