@@ -62,8 +62,9 @@ def test_a_node_killed_mid_run_is_masked_exactly_once(tmp_path):
 
 def _trained_until(events: list[dict], uids, report: dict) -> None:
     """The members of the lost node committed nothing from the step the survivors re-formed
-    without them on (by a replan, or by admitting a spare) (the drill fires once the supervisor has read step S from a journal, so
-    they may have committed a step or two past S by then). The one exception is an orphan:
+    without them on, by a replan or by admitting a spare (the drill fires once the supervisor
+    has read step S from a journal, so they may have committed a step or two past S by
+    then). The one exception is an orphan:
     a member that saw the op of that step complete just before it died while the others saw
     it fail; the ledger must have named it as superseded."""
     # the first generation without them: a replan's, or an admission's when a spare joined

@@ -119,11 +119,12 @@ def fit_detector(cases: Mapping[tuple[float, float], Sequence[FitCase]],
                 fas: list[list[float]] = [[] for _ in pairs]
                 sums = [[0, 0, 0, 0] for _ in pairs]
                 for (_, score_i), th in zip(folds, th_fold):
+                    # every pair's policy is checked; the shared pass takes the first
                     pol = [replace(base, k=k, cap=cap, pair=p, thresholds=th).check()
-                           for p in pairs]
+                           for p in pairs][0]
                     for i in score_i:
                         c = cs[i]
-                        dets = combine_pairs(c.evidence, family_of, pol[0], tuple(pairs))
+                        dets = combine_pairs(c.evidence, family_of, pol, tuple(pairs))
                         for j, d in enumerate(dets):
                             sc = score(d, c.t, c.failures)
                             fas[j].append(sc.false_alarms_per_day)

@@ -59,8 +59,8 @@ import numpy as np
 from unbroken.core.precursors import robust_peers
 
 __all__ = ["ChangePolicy", "ChangeError", "peer_z", "own_baseline", "cusum", "deviation",
-           "clipped_cusum", "regimes", "node_evidence", "combine", "combine_pairs", "ChangeDetection",
-           "detect_change"]
+           "clipped_cusum", "regimes", "node_evidence", "combine", "combine_pairs",
+           "ChangeDetection", "detect_change"]
 
 
 MIN_BLOCKS = 3      # a baseline is the median of at least this many blocks (one bad block,
