@@ -35,13 +35,14 @@ def busy_loop():
     p.wait(timeout=10)
 
 
-def run_at(n: int, steps: int, tmp_path, *, hang_at: int | None = None) -> dict:
+def run_at(n: int, steps: int, tmp_path, *, hang_at: int | None = None,
+           staleness: float = 0.3) -> dict:
     cfg = TrainConfig(groups=n, redundancy=2, steps=steps, seed=7)
     ref = reference_run(cfg)
     victim, hung, spare = 1, 3, n
     stop_at = {hung: hang_at} if hang_at is not None else None
     with StackedCluster(cfg, str(tmp_path), die_at={victim: 6}, stop_at=stop_at,
-                        spares=1) as c:
+                        spares=1, staleness=staleness) as c:
         alive = [u for u in range(n) if u != victim]
         kill_and_notify(c, [victim], alive)
         c.assign(spare, victim)
@@ -67,7 +68,12 @@ def test_16_groups_under_load_mask_a_kill_and_a_hang_and_admit_a_spare(busy_loop
 
 @pytest.mark.timeout(420)
 def test_32_groups_under_load_mask_a_kill_and_admit_a_spare(busy_loop, tmp_path):
-    j = run_at(32, 16, tmp_path)
+    # 33 processes and the busy loop on 2 cores: a CI run saw the admitted spare's heartbeat
+    # thread go 0.98 s without a beat while the others beat, judged silent at 0.3 s and
+    # re-formed without (correct: the launcher then sends another spare, which this harness
+    # does not). The kill is found by its death notice, not by staleness: 1 s tests the
+    # admission, not the heartbeat's sensitivity (the 16-group run's hang does that)
+    j = run_at(32, 16, tmp_path, staleness=1.0)
     (adm,) = events(j[0], "admit")
     assert adm["joined"] == {"32": 1}
     assert events(j[32], "joined")[0]["slot"] == 1
