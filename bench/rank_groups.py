@@ -14,7 +14,9 @@ against one rank a group. Prints ONE JSON object.
   MLP, one warm spare group; group 1's last rank SIGKILLs itself at step ``KILL_AT``; the
   launcher (this script, as the supervisor does) sees the group's exit, which fences the
   group's other ranks, and posts the death notice. From the ``killed/1`` timestamp to the last
-  survivor's commit of that step. R = 1 and R = 2 interleaved, medians over repeats.
+  survivor's commit of that step. R = 1 and R = 2 interleaved, medians over repeats. Beside
+  the bar, ``same_processes``: G x R = 2 against 2G x R = 1 (as many processes on the cores),
+  what a group of ranks costs the recovery apart from the processes it adds to 2 cores.
 
 Every rank is a process on this 2-core machine, so 8 ranks share 2 cores: the step times are
 this machine's, and only the ratios side by side mean anything.
@@ -159,6 +161,15 @@ def main() -> None:
                             "r2_kill_to_commit_s": round(m2, 4),
                             "r2_over_r1": round(m2 / m1, 3),
                             "runs": {str(r): [round(x, 4) for x in v] for r, v in runs.items()}}
+    # the same number of processes on the cores: G x R = 2 against 2G x R = 1. Not the bar (that
+    # is R = 2 against R = 1 at the same G); it separates what a group of ranks adds to the
+    # recovery from what twice the processes on this machine's 2 cores add to every phase
+    for g in sorted(int(k) for k in kill):
+        if str(2 * g) in kill:
+            r2, r1 = kill[str(g)]["r2_kill_to_commit_s"], kill[str(2 * g)]["r1_kill_to_commit_s"]
+            kill[str(g)]["same_processes"] = {
+                "r1_groups": 2 * g, "r1_kill_to_commit_s": r1,
+                "r2_over_r1": round(r2 / r1, 3)}
     print(json.dumps({
         "bench": "rank_groups", "groups": 4, "ranks_per_group": 2, "shard": "fsdp",
         "model": {"gpt": GPT, "dtype": "float64", "optimizer": "AdamW"},
