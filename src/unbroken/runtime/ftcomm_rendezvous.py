@@ -103,14 +103,20 @@ class Rendezvous:
         """Join the rendezvous of generation ``gen`` (a re-form of ``gen - 1``): lead it when
         first, else wait for the leader's list. Returns (members, whether this one led)."""
         st = self.store
-        try:  # my place, then who I am and what I expect in one key (two round trips)
+        try:
+            # a member the coordinator declared dead is fenced (its node was lost while the
+            # process ran on): it must not join the generation formed without it, least of all
+            # lead it and be killed before it publishes (a CI run's members all waited 35 s)
+            if st.add(dead_key(self.uid), 0) > 0:  # one round trip (heartbeats create it)
+                raise RendezvousError(f"gen {gen}: uid {self.uid} was declared dead")
+            # my place, then who I am and what I expect in one key (two round trips)
             n = st.add(f"{self.ns}rdzv/{gen}/count", 1)
             report = self._take_offer()
             st.set(f"{self.ns}rdzv/{gen}/joined/{n}",
                    json.dumps([self.uid, [int(u) for u in expect], report]))
             if n == 1:
                 return self._lead(gen, t_start + self.rendezvous_timeout), True
-            return self.member_list(gen), False
+            return self._follow(gen, t_start)
         except (dist.DistNetworkError, RendezvousError) as exc:
             # the store's host is gone (closed, not a timeout; member_list's wait wraps it): a
             # member with a standby to re-attach to goes there (runtime.reattach)
@@ -119,9 +125,62 @@ class Rendezvous:
                 raise
             raise StoreLostError(f"gen {gen}: the coordinator's store is gone") from exc
 
-    def _lead(self, gen: int, deadline: float) -> list[int]:
+    def _follow(self, gen: int, t_start: float) -> tuple[list[int], bool]:
+        """A member that did not lead waits for the member list. The leader can die before it
+        publishes (killed while it led: a second failure, a fenced process): once it is gone
+        (a death notice, or silent for the staleness; its record missing that long) the first
+        member to claim the next lead epoch (``lead/<e>``) leads instead, without it. Leaders
+        publish through one ``compare_set``: the first list is the generation's, a late
+        leader takes it. Returns (members, whether this one led)."""
+        st = self.store
+        key = f"{self.ns}rdzv/{gen}/members"
+        wait_s = self.rendezvous_timeout + self.staleness + 5.0
+        end = time.monotonic() + wait_s
+        try:  # nearly always published within the staleness: one blocking wait, no polling
+            st.wait([key], timedelta(seconds=min(self._staleness(), wait_s)))
+            return self._published(gen), False
+        except dist.DistNetworkError:
+            raise
+        except dist.DistStoreError:  # a timeout: watch the leader from here on
+            pass
+        epoch, leader, since, gone, look = 0, None, time.monotonic(), [], 0.0
+        while not st.check([key]):  # every 10 ms; the leader every 50 ms (store round trips)
+            now = time.monotonic()
+            if now > end:
+                raise RendezvousError(f"gen {gen}: no member list after {wait_s:.1f}s")
+            if now - look >= 0.05:
+                look = now
+                if leader is None:
+                    leader = self._leader(gen, epoch)
+                # a leader alive but starved still beats (its heartbeat is a thread of its
+                # own); a silent one is judged on three stalenesses, not one: taking over
+                # from a live leader leaves it out of the generation
+                stale = self._staleness()
+                if (leader is None and now - since > stale) or (leader is not None and (
+                        _notice(st, dead_key(leader)) or leader not in self._live(3 * stale))):
+                    gone.append(leader)
+                    if st.add(f"{self.ns}rdzv/{gen}/lead/{epoch + 1}", 1) == 1:
+                        st.set(f"{self.ns}rdzv/{gen}/leader/{epoch + 1}", str(self.uid))
+                        return self._lead(gen, t_start + self.rendezvous_timeout,
+                                          without=[u for u in gone if u is not None]), True
+                    epoch, leader, since = epoch + 1, None, now
+            self._stop.wait(0.01)
+        return self._published(gen), False
+
+    def _leader(self, gen: int, epoch: int) -> int | None:
+        """Who leads lead epoch ``epoch`` (0: the first to count itself in); None: not known
+        yet."""
+        key = (f"{self.ns}rdzv/{gen}/joined/1" if epoch == 0
+               else f"{self.ns}rdzv/{gen}/leader/{epoch}")
+        if not self.store.check([key]):
+            return None
+        v = json.loads(self.store.get(key))
+        return int(v[0] if epoch == 0 else v)
+
+    def _lead(self, gen: int, deadline: float, without: list[int] = ()) -> list[int]:
         """The leader: wait for the live members and the expected joiners (or the deadline),
-        then publish the member list with every report."""
+        then publish the member list with every report. ``without``: leaders before this one
+        that died before they published (their records are in, they are not members)."""
         st, old = self.store, gen - 1
         joined: list[int] = []
         expected: set[int] = set()
@@ -154,13 +213,16 @@ class Rendezvous:
                 break
             self._stop.wait(0.005)
         # whoever joined is alive, even if a starved heartbeat made it look stale
-        new = next_members(joined + came)
+        new = next_members([u for u in joined if u not in without] + came)
         for u in came:  # a joiner's offer is its registration's value (join())
             r = json.loads(st.get(f"{self.ns}rdzv/{gen}/joiner/{u}"))
             if r is not None:
                 reports[u] = r
-        st.set(f"{self.ns}rdzv/{gen}/members", json.dumps(
-            {"members": new, "reports": {str(u): r for u, r in reports.items()}}))
+        reports = {u: r for u, r in reports.items() if u in new}
+        mine = json.dumps({"members": new, "reports": {str(u): r for u, r in reports.items()}})
+        # set once: a leader taken over (slow, not dead) may publish too, and loses
+        if st.compare_set(f"{self.ns}rdzv/{gen}/members", "", mine).decode() != mine:
+            return self._published(gen)
         self._keep_reports(gen, new, reports)
         return new
 
@@ -198,7 +260,12 @@ class Rendezvous:
             self.store.wait([key], timedelta(seconds=wait_s))
         except Exception as exc:  # DistStoreError subclasses RuntimeError; be broad
             raise RendezvousError(f"gen {gen}: no member list after {wait_s:.1f}s") from exc
-        rec = json.loads(self.store.get(key))
+        return self._published(gen)
+
+    def _published(self, gen: int) -> list[int]:
+        """The member list of ``gen`` in the store; RendezvousError when it leaves this one
+        out."""
+        rec = json.loads(self.store.get(f"{self.ns}rdzv/{gen}/members"))
         new = [int(u) for u in rec["members"]]
         if self.uid not in new:
             raise RendezvousError(f"gen {gen}: uid {self.uid} was left out of {new}")
