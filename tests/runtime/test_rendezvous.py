@@ -27,15 +27,19 @@ def _rdzv(uid: int, store, live: list[int]) -> Rendezvous:
                       graveyard=[], stop=threading.Event())
 
 
-@pytest.mark.timeout(60)
-def test_a_member_killed_between_counting_itself_and_its_record_does_not_hold_the_leader():
+def _store():
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                            timeout=timedelta(seconds=STORE_TIMEOUT))
 
     def client():
         return dist.TCPStore("127.0.0.1", server.port, is_master=False,
                              timeout=timedelta(seconds=STORE_TIMEOUT))
+    return server, client
 
+
+@pytest.mark.timeout(60)
+def test_a_member_killed_between_counting_itself_and_its_record_does_not_hold_the_leader():
+    server, client = _store()
     live = [0, 1]  # uid 2 is dead: the heartbeat no longer counts it live
     got: dict[int, object] = {}
 
@@ -58,16 +62,6 @@ def test_a_member_killed_between_counting_itself_and_its_record_does_not_hold_th
     assert got[0] == ([0, 1], True), got
     assert got[1] == ([0, 1], False), got
     assert took < STORE_TIMEOUT / 4, f"the leader waited {took:.1f}s for a record never written"
-
-
-def _store():
-    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                           timeout=timedelta(seconds=STORE_TIMEOUT))
-
-    def client():
-        return dist.TCPStore("127.0.0.1", server.port, is_master=False,
-                             timeout=timedelta(seconds=STORE_TIMEOUT))
-    return server, client
 
 
 def _form_all(client, uids: list[int], live: list[int], gen: int = 1) -> dict[int, object]:
