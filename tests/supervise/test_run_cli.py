@@ -101,6 +101,29 @@ def test_the_example_trains_through_a_worker_killed_from_outside(cli, tmp_path):
     assert any((out / "ckpt").glob("step-*"))
 
 
+@pytest.mark.timeout(200)
+def test_every_group_killed_at_once_restarts_from_the_checkpoint(cli, tmp_path):
+    """Every group SIGKILLed in the same step, with warm spares: the spares sent to the slots
+    have no trained member to copy the state from, so the job restarts from its checkpoint.
+    Before, they waited 120 s for an admission nobody could give and the run failed on it."""
+    out = tmp_path / "all"
+    t0 = time.monotonic()
+    r = cli("run", "--trainer", "mlp", "--groups", "4", "--steps", "40", "--spares", "4",
+            "--ckpt-every", "10", "--faults", "kill:0@15,kill:1@15,kill:2@15,kill:3@15",
+            "--out", str(out), "--json", timeout=150)
+    took = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr[-3000:]
+    rep = json.loads(r.stdout)
+    assert rep["steps"] == 40 and rep["exactly_once"] is True
+    assert rep["faults_injected"] == 4 and rep["restarts"] == 1
+    events = read_journal(out / "journal.jsonl")
+    (lost,) = [e for e in events if e["event"] == "ladder" and "no state to join" in e["for"]]
+    assert lost["fault"] == "wipe-out" and lost["groups"] == []
+    (restart,) = [e for e in events if e["event"] == "restart"]
+    assert restart["step"] == 10, restart  # the last checkpoint before the kills at 15
+    assert took < 100, f"{took:.0f}s: the spares' 120 s admission timeout decided it"
+
+
 def _cmd(d: Path) -> str:
     try:
         return (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")

@@ -501,6 +501,12 @@ class Attempt:
             return {u: self.finished[u] for u in sorted(self.finished)}
         if not self.members:
             self._job_lost("every group is gone and no spare is left")
+        if not self.members & self.joined and self.stop_posted is None:
+            # the spares sent to the slots wait for an admission: the state they would copy
+            # is gone with the last group that trained (every group killed at once; a CI run's
+            # survivors all left out). They waited 120 s, and the run failed on their timeout
+            self._job_lost("every group that trained is gone; the spares sent to their slots "
+                           "have no state to join")
         return None
 
     def _job_lost(self, why: str) -> None:
