@@ -193,3 +193,14 @@ def test_settle_takes_a_fresh_plan_when_plans_come_from_different_generations():
 def test_settle_names_the_problems():
     assert settle([Report(step=3), Report(step=5)]).problem == "diverged"
     assert settle([Report(old=False, joiner_slot=1)]).problem == "no state"
+
+
+def test_leader_gone_on_a_notice_on_silence_or_a_record_never_written():
+    from unbroken.core.membership import leader_gone
+
+    assert not leader_gone(2, live=[0, 1, 2], noticed_dead=False, unknown_s=9.0, staleness=0.3)
+    assert leader_gone(2, live=[0, 1, 2], noticed_dead=True, unknown_s=0.0, staleness=0.3)
+    assert leader_gone(2, live=[0, 1], noticed_dead=False, unknown_s=0.0, staleness=0.3)
+    # no record yet: a leader between its two store calls, waited for one staleness
+    assert not leader_gone(None, live=[0, 1], noticed_dead=False, unknown_s=0.3, staleness=0.3)
+    assert leader_gone(None, live=[0, 1], noticed_dead=False, unknown_s=0.31, staleness=0.3)

@@ -29,7 +29,8 @@ Rules
 * After a gloo connection error (a peer process is gone), the rendezvous waits for a silent
   member only a few heartbeat periods, not the full staleness (``rendezvous_staleness``); it
   is complete once every live member joined and every expected joiner registered or was
-  declared dead (``rendezvous_ready``).
+  declared dead (``rendezvous_ready``). A leader that dies before it publishes is taken over
+  by the first member to claim the next lead epoch (``leader_gone``).
 * The first collective of a generation carries every member's ``Report``; ``settle`` turns
   them into the one path all take (roll forward, state copy to joiners, which plan).
 """
@@ -50,6 +51,8 @@ __all__ = [
     "live_members",
     "rendezvous_ready",
     "rendezvous_staleness",
+    "LEADER_SILENCE",
+    "leader_gone",
     "next_members",
     "generation_reports",
     "Report",
@@ -214,6 +217,26 @@ def rendezvous_staleness(staleness: float, heartbeat_period: float, peer_died: b
     if not peer_died:
         return staleness
     return min(staleness, beats * heartbeat_period)
+
+
+#: a rendezvous leader is judged silent on this many stalenesses, not one: a starved leader
+#: still beats (its heartbeat is a thread of its own), and taking over from a live leader
+#: leaves it out of the generation
+LEADER_SILENCE = 3.0
+
+
+def leader_gone(leader: Hashable | None, live: Iterable[Hashable], noticed_dead: bool,
+                unknown_s: float, staleness: float) -> bool:
+    """Whether a member still waiting for the member list takes over the lead.
+
+    ``leader``: who leads now (None: its record was never written, a leader killed between
+    counting itself in and writing it, for ``unknown_s`` seconds); ``live``: the members live
+    on ``LEADER_SILENCE`` stalenesses; ``noticed_dead``: the leader has a death notice. Taking
+    over is always safe (one set-once list decides), so this only trades a spare wait
+    against leaving a slow leader out."""
+    if leader is None:
+        return unknown_s > staleness
+    return noticed_dead or leader not in set(live)
 
 
 def next_members(joined: Iterable[Hashable]) -> list:

@@ -38,7 +38,9 @@ import torch.distributed as dist
 
 from unbroken.protocol import dead_key
 from unbroken.core.membership import (
+    LEADER_SILENCE,
     generation_reports,
+    leader_gone,
     next_members,
     rendezvous_ready,
     rendezvous_staleness,
@@ -152,12 +154,10 @@ class Rendezvous:
                 look = now
                 if leader is None:
                     leader = self._leader(gen, epoch)
-                # a leader alive but starved still beats (its heartbeat is a thread of its
-                # own); a silent one is judged on three stalenesses, not one: taking over
-                # from a live leader leaves it out of the generation
                 stale = self._staleness()
-                if (leader is None and now - since > stale) or (leader is not None and (
-                        _notice(st, dead_key(leader)) or leader not in self._live(3 * stale))):
+                if leader_gone(leader, self._live(LEADER_SILENCE * stale),
+                               leader is not None and _notice(st, dead_key(leader)),
+                               now - since, stale):
                     gone.append(leader)
                     if st.add(f"{self.ns}rdzv/{gen}/lead/{epoch + 1}", 1) == 1:
                         st.set(f"{self.ns}rdzv/{gen}/leader/{epoch + 1}", str(self.uid))
