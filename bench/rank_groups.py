@@ -16,7 +16,8 @@ against one rank a group. Prints ONE JSON object.
   group's other ranks, and posts the death notice. From the ``killed/1`` timestamp to the last
   survivor's commit of that step. R = 1 and R = 2 interleaved, medians over repeats. Beside
   the bar, ``same_processes``: G x R = 2 against 2G x R = 1 (as many processes on the cores),
-  what a group of ranks costs the recovery apart from the processes it adds to 2 cores.
+  what a group of ranks costs the recovery apart from the processes it adds to 2 cores; and
+  each kill -> commit counted in the run's own failure-free steps (``*_kill_to_commit_steps``).
 
 Every rank is a process on this 2-core machine, so 8 ranks share 2 cores: the step times are
 this machine's, and only the ratios side by side mean anything.
@@ -103,7 +104,9 @@ def hsdp_step() -> tuple[float, list[float]]:
     return _median_interval(got["t"]), got["params"]
 
 
-def kill_to_commit(groups: int, ranks: int) -> float:
+def kill_to_commit(groups: int, ranks: int) -> tuple[float, float]:
+    """(kill -> last survivor's commit of the step, the failure-free step before the kill: the
+    median commit interval of group 0 over the steps before ``KILL_AT``)."""
     cfg = TrainConfig(groups=groups, redundancy=2, steps=KILL_STEPS, seed=5,
                       ranks_per_group=ranks, shard="fsdp" if ranks > 1 else "none")
     victim = 1
@@ -118,7 +121,9 @@ def kill_to_commit(groups: int, ranks: int) -> float:
                 c.wait_key(f"done/{u}", 300, alive=alive)
             commits = [next(e["t"] for e in c.journal(u)
                             if e["event"] == "commit" and e["step"] == KILL_AT) for u in alive]
-    return max(commits) - t_kill
+            before = [e["t"] for e in c.journal(alive[0])
+                      if e["event"] == "commit" and 2 <= e["step"] < KILL_AT]
+    return max(commits) - t_kill, statistics.median(b - a for a, b in zip(before, before[1:]))
 
 
 def main() -> None:
@@ -152,15 +157,31 @@ def main() -> None:
     if not a.skip_kill:
         for g in [int(x) for x in a.sizes.split(",")]:
             runs: dict[int, list[float]] = {1: [], 2: []}
+            steps: dict[int, list[float]] = {1: [], 2: []}
             for i in range(a.repeats):
                 for r in (1, 2) if i % 2 == 0 else (2, 1):
-                    runs[r].append(kill_to_commit(g, r))
-                    log(f"G={g} R={r} rep {i}: kill -> commit {runs[r][-1] * 1e3:.0f} ms")
+                    k2c, step_s = kill_to_commit(g, r)
+                    runs[r].append(k2c)
+                    steps[r].append(step_s)
+                    log(f"G={g} R={r} rep {i}: kill -> commit {k2c * 1e3:.0f} ms "
+                        f"({k2c / step_s:.2f} failure-free steps of {step_s * 1e3:.1f} ms)")
             m1, m2 = statistics.median(runs[1]), statistics.median(runs[2])
+            # the same recovery counted in the run's own failure-free steps: on 2 cores every
+            # phase (finishing the step, the retried op, the agreement) is as slow as a step of
+            # twice the processes is, so this reads what R = 2 adds beyond a slower step
+            in_steps = {r: statistics.median(k / s for k, s in zip(runs[r], steps[r]))
+                        for r in (1, 2)}
             kill[str(g)] = {"r1_kill_to_commit_s": round(m1, 4),
                             "r2_kill_to_commit_s": round(m2, 4),
                             "r2_over_r1": round(m2 / m1, 3),
-                            "runs": {str(r): [round(x, 4) for x in v] for r, v in runs.items()}}
+                            "r1_step_s": round(statistics.median(steps[1]), 4),
+                            "r2_step_s": round(statistics.median(steps[2]), 4),
+                            "r1_kill_to_commit_steps": round(in_steps[1], 2),
+                            "r2_kill_to_commit_steps": round(in_steps[2], 2),
+                            "r2_over_r1_in_steps": round(in_steps[2] / in_steps[1], 3),
+                            "runs": {str(r): [round(x, 4) for x in v] for r, v in runs.items()},
+                            "step_runs": {str(r): [round(x, 4) for x in v]
+                                          for r, v in steps.items()}}
     # the same number of processes on the cores: G x R = 2 against 2G x R = 1. Not the bar (that
     # is R = 2 against R = 1 at the same G); it separates what a group of ranks adds to the
     # recovery from what twice the processes on this machine's 2 cores add to every phase
