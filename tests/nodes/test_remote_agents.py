@@ -35,8 +35,11 @@ def test_remote_agents_a_node_killed_from_outside_and_a_restart_on_the_nodes_lef
     ladder restarts from the last checkpoint in a new attempt with a new store, placed on
     the node left: agent 0, the same process, runs all four groups to the end, exactly
     once, and leaves with exit 0."""
+    # node silence at 2 s: beside a busy loop and the 32-group test, agent 0's heartbeat
+    # once stalled 1.04 s while its node started the restart's four groups, and the job
+    # ended with every node lost (the rule was right; the margin was the test's)
     job = RemoteJob(tmp_path, 2, groups=4, steps=80, faults="kill:0@40",
-               ft=FTConfig(spares=0, ckpt_every=5, ladder="retry=0", node_staleness=1.0))
+               ft=FTConfig(spares=0, ckpt_every=5, ladder="retry=0", node_staleness=2.0))
     try:
         job.wait_for(lambda e: e["event"] == Event.COMMIT and e["step"] >= 4)
         t_kill = time.time()
@@ -48,7 +51,7 @@ def test_remote_agents_a_node_killed_from_outside_and_a_restart_on_the_nodes_lef
     lost = [e for e in events if e["event"] == Event.NODE_LOST]
     assert len(lost) == 1 and lost[0]["node"] == 1 and "heartbeat" in lost[0]["reason"]
     # node 1 of 2 holds groups 1 and 3; when the restart came first (the members' own 0.3 s
-    # heartbeat rule found them before the node's 1 s silence), the directory's look before
+    # heartbeat rule found them before the node's 2 s silence), the directory's look before
     # the restart finds the node, with no member left there
     assert set(lost[0]["uids"]) in ({1, 3}, set())
     print(f"remote node loss noticed {lost[0]['t'] - t_kill:.3f}s after the kill")
@@ -90,13 +93,25 @@ def test_a_cut_off_remote_node_rejoins_as_spare_capacity(tmp_path):
         job.wait_for(lambda e: e["event"] == Event.NODE_REJOINED and e["node"] == 1)
         for slot in (1, 4):  # node 1's slots held again (by spares elsewhere) before a kill
             job.wait_for(lambda e: e["event"] == Event.JOIN and e["slot"] == slot)
-        os.kill(int(att.get(node_pid_key(0))), signal.SIGKILL)
+        for uid in (0, 3, 2, 5):  # node 0's groups first; a group that was left out under
+            try:                   # load (and replaced by a spare) is gone already
+                os.kill(int(att.get(node_pid_key(uid))), signal.SIGKILL)
+                break
+            except ProcessLookupError:
+                continue
+
+        def orders() -> dict:  # every node's orders, for the failure message
+            return {k: [(o["op"], o.get("uid")) for o in (
+                json.loads(att.get(node_order_key(k, i)))
+                for i in range(1, int(att.add(node_orders_key(k), 0)) + 1))]
+                for k in range(3)}
         deadline, spawned = time.monotonic() + 60, []
         # a CI run continued agent 1 so soon that it rejoined before slots 1 and 4 took their
         # spares: both refills went to node 1, and the one after the kill to node 0 (a 2-2-2
         # tie); the test waited in vain for a third
         while not spawned:  # a spare started on node 1 since its fence
-            assert time.monotonic() < deadline and job.thread.is_alive()
+            assert time.monotonic() < deadline and job.thread.is_alive(), (
+                f"no spawn on node 1 after its order {before}: {orders()}")
             n = int(att.add(node_orders_key(1), 0))
             spawned = [json.loads(att.get(node_order_key(1, i)))["op"]
                        for i in range(before + 1, n + 1)]

@@ -262,6 +262,10 @@ class Agent:
                 self._report_exits()
                 if self.st.check([node_fenced_key(self.node)]):
                     self._kill_all()
+                    # the fence declared every worker ordered here so far dead: a rejoin
+                    # (``--rejoin``, this attempt again) must not start the ones a stopped
+                    # agent had not started yet, already replaced elsewhere
+                    self.done_orders = int(self.st.add(node_orders_key(self.node), 0))
                     return ExitCode.FENCED
                 done = self._orders()
                 self._post_dumps()
