@@ -24,9 +24,12 @@ from unbroken.runtime.trainer import reference_run  # noqa: E402
 
 pytestmark = pytest.mark.mp
 
-# a gradient of ~10 ms, so a 3x straggler costs ~20 ms a step: above the scheduler's noise
-CFG = TrainConfig(groups=4, redundancy=2, steps=30, seed=5, shard_size=1024,
-                  trainer_args={"hidden": 256, "dim": 64, "dataset_size": 8192},
+# a gradient of ~10 ms, so a 3x straggler costs ~20 ms a step: above the scheduler's noise.
+# 2048 x 512 (9 ms alone on one core on 2026-12-08): the 1024 x 256 one took 2.9 ms on that
+# faster host, and mask's step was within 10 % of sync's, the 4 processes' share of 2 cores
+# (not the straggler) setting both; this one: mask 40 ms against sync 83-88 ms
+CFG = TrainConfig(groups=4, redundancy=2, steps=30, seed=5, shard_size=2048,
+                  trainer_args={"hidden": 512, "dim": 64, "dataset_size": 8192},
                   stragglers="persistent:1@3")
 
 
