@@ -57,7 +57,7 @@ class _Owner:
     def _supervisor_silent(self, silent: float) -> None:
         pass
 
-    def _sibling_lost(self, rank: int) -> None:
+    def _sibling_lost(self, rank: int, silent: float) -> None:
         raise AssertionError("no sibling")
 
 

@@ -9,6 +9,9 @@ never sleeps), posts the death notice and assigns the spare groups."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("torch")
@@ -35,6 +38,11 @@ def one_rank_run(tmp_path_factory):
         done = {u: c.wait_key(f"done/{u}", 90, alive=list(range(4))) for u in range(4)}
         losses = {e["step"]: e["loss"] for e in events(c.journal(0), "commit")}
     return torch.tensor(done[0]["params"], dtype=torch.float64), losses
+
+
+def _rank_journal(c, uid, rank):
+    path = Path(c.journal_dir) / f"rank-{uid}.{rank}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def _ranks_of(c, uid):
@@ -68,6 +76,11 @@ def test_a_rank_killed_hung_or_wiped_out_fails_its_whole_group_and_nothing_is_lo
         # (GROUP_FENCED); the launcher then killed the stopped rank
         assert c.procs[3].wait(timeout=30) == 11
         assert [p.poll() for p in _ranks_of(c, 3)][0] == -9
+        # ... and journaled why before it left: rank 0 silent
+        fenced = [e for k in range(1, ranks) for e in events(_rank_journal(c, 3, k),
+                                                              "group_fenced")]
+        assert fenced and all(e["sibling"] == 0 and "silent" in e["reason"] for e in fenced), \
+            fenced
         declare_dead(c.store, 3)
         c.assign(5, 3)
 

@@ -53,6 +53,7 @@ Known limits (by design of this building block)
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from datetime import timedelta
@@ -185,6 +186,8 @@ class FTComm(OpPath):
         self.graveyard: list[tuple[Any, Any, Any]] = []
         self.journal: list[dict[str, Any]] = []
         self.on_issue: Any = None  # test hook: called once right after the next op is issued
+        # the worker's journal: why this rank fences its group, written before it exits
+        self.on_fence: Any = None
         self.on_rendezvous: Any = None  # test hook: called once between a re-form's member
         #                                 list and its process group
         # the store (hosted by the coordinator) stopped answering: no re-form is possible any
@@ -460,13 +463,31 @@ class FTComm(OpPath):
             self.journal.append({"event": Event.SUPERVISOR_SILENT, "silent_s": round(silent, 3),
                                  "t": time.time()})
 
-    def _sibling_lost(self, rank: int) -> None:
+    def _sibling_lost(self, rank: int, silent: float) -> None:
         """Rank ``rank`` of this member's group went silent (hung, or dead before anyone
         posted its death): the group cannot step any more (its collectives wait for that
-        rank), so this rank fences it: a death notice for the group, read by every plane's
-        members at once, then it leaves (exit 11, ``GROUP_FENCED``); the launcher kills the
-        group's other ranks and replaces it whole. From the heartbeat thread: the main thread
-        may be blocked in the group's collective with the silent rank."""
+        rank), so this rank fences it (:meth:`fence_group`). From the heartbeat thread: the
+        main thread may be blocked in the group's collective with the silent rank."""
+        self.fence_group(f"rank {rank} of the group silent for {silent:.2f} s", sibling=rank)
+
+    def fence_group(self, reason: str, sibling: int | None = None) -> None:
+        """Fence this member's group and leave: a death notice for the group, read by every
+        plane's members at once, then exit 11 (``GROUP_FENCED``); the launcher kills the
+        group's other ranks and replaces it whole. The reason goes first to ``on_fence`` (the
+        worker's journal) and to stderr: an exit code alone left a group fenced at start-up
+        under load with nothing to say which rule fired."""
+        ev = {"event": Event.GROUP_FENCED, "gen": self._gen, "rank": self.plane,
+              "reason": reason, "t": time.time()}
+        if sibling is not None:
+            ev["sibling"] = sibling
+        try:
+            if self.on_fence is not None:
+                self.on_fence(ev)
+            sys.stderr.write(f"group {self.uid} rank {self.plane}: fencing the group: "
+                             f"{reason}\n")
+            sys.stderr.flush()
+        except Exception:  # the exit matters more than its note
+            pass
         try:
             declare_dead(self.store, self.uid)
         except Exception:  # no store: the peers find this rank silent as well

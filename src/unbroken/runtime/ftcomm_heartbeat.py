@@ -116,8 +116,8 @@ class _Owner(Protocol):
     def _supervisor_silent(self, silent: float) -> None:
         """The supervisor's heartbeat has not moved for ``silent`` s."""
 
-    def _sibling_lost(self, rank: int) -> None:
-        """Rank ``rank`` of this member's own group has gone silent."""
+    def _sibling_lost(self, rank: int, silent: float) -> None:
+        """Rank ``rank`` of this member's own group has gone silent for ``silent`` s."""
 
 
 class Heartbeat:
@@ -381,7 +381,8 @@ class Heartbeat:
                         list(self.siblings), self._sib_obs, now, owner._staleness(), set(),
                         beats))
                     if quiet:
-                        owner._sibling_lost(min(quiet))
+                        q = min(quiet)
+                        owner._sibling_lost(q, now - self._sib_obs[q][1])
                 lost = [m for m in members if m not in live and m != me]
                 if lost and not owner._check_abort(gen):
                     why = "declared dead" if set(lost) & all_dead else "stale heartbeat"

@@ -108,13 +108,9 @@ class GroupSync:
     def broken(self, comm: Any, exc: BaseException) -> None:
         """A sibling is gone: declare this group dead (every plane drops it at its next
         re-form, the same one) and leave; the launcher fences the rest of the group."""
-        from unbroken.runtime.ftcomm import declare_dead
+        from unbroken.runtime.ftcomm_ops import short_error
 
-        try:
-            declare_dead(comm.store, comm.uid)
-        except Exception:  # no store: the peers find the group silent instead
-            pass
-        os._exit(int(ExitCode.GROUP_FENCED))
+        comm.fence_group(f"a collective of the group failed: {short_error(exc)}")
 
     def _all_reduce(self, comm: Any, v: torch.Tensor, op: Any = None) -> None:
         try:

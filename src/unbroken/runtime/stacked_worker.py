@@ -157,6 +157,7 @@ def worker_main(argv: list[str] | None = None) -> None:
                       heartbeat_period=a.heartbeat, staleness=a.staleness,
                       pg_timeout=a.pg_timeout, joining=a.standby, backend=cfg.backend,
                       supervisor_staleness=a.supervisor_staleness, rank=a.rank, ranks=ranks)
+        comm.on_fence = journal  # a rank that fences its group says why before it exits
         if a.etcd:  # outlive the supervisor: re-attach to the standby's store
             from unbroken.runtime.reattach import Reattach
 

@@ -39,6 +39,7 @@ from unbroken.protocol import (CODE_COUNT, STOP_KEY, ExitCode, code_key, done_ke
                                error_key)
 from unbroken.supervise.drill import LauncherDrill
 from unbroken.supervise.outcome import Ended, Restart, RunError
+from unbroken.supervise.rankgroup import fence_reason
 from unbroken.supervise.spec import JobSpec
 from unbroken.supervise.tail import JournalTail
 
@@ -304,6 +305,12 @@ class Attempt:
             self.emit({"event": Event.FAULT, "kind": "death" if how == "exit" else "hang",
                        "group": self.slot_of[uid], "uid": uid, "step": self.top + 1,
                        "external": True, "t": now})  # accounted like an injected one
+        if how == "exit" and self.c.procs[uid].poll() == ExitCode.GROUP_FENCED:
+            # which rank fenced the group and by which rule (rank 0's line came with its
+            # journal above; another rank's journal is not tailed)
+            fenced = fence_reason(self.c.journal_dir, uid)
+            if fenced is not None:
+                self.emit(fenced, src=f"group-{uid}")
         if self._maskable((uid,)) or self.stop_posted is not None:
             self.guard.on_member_lost(uid, how, now)
         else:

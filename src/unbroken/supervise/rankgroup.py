@@ -26,14 +26,36 @@ when a group has several ranks. The contract that makes it a group:
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import time
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from unbroken.core.ranks import group_status, lost_status
 
-__all__ = ["RankGroup"]
+__all__ = ["RankGroup", "fence_reason"]
+
+
+def fence_reason(journal_dir: str | Path, uid: int) -> dict | None:
+    """Why a rank other than 0 of group ``uid`` fenced its group (exit 11): the
+    ``group_fenced`` line it wrote before it left, in its own journal
+    (``rank-<uid>.<rank>.jsonl``, which the launcher does not tail; rank 0's is the group's).
+    None when no such rank wrote one (a journal on another node's disk, or a rank killed
+    before it could)."""
+    for path in sorted(Path(journal_dir).glob(f"rank-{uid}.*.jsonl")):
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - 8192))  # the line is among the last it wrote
+            tail = f.read().decode(errors="replace").splitlines()
+        for line in reversed(tail):
+            try:
+                ev = json.loads(line)
+            except ValueError:  # the cut first line of the tail
+                continue
+            if isinstance(ev, dict) and ev.get("event") == "group_fenced":
+                return ev
+    return None
 
 
 class RankGroup:
