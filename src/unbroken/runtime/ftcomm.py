@@ -361,7 +361,7 @@ class FTComm(OpPath):
         detected_at = self._detected_at or time.time()
 
         try:
-            new, leader = self._rdzv.form(gen, expect, t_start)
+            new, leader = self._rdzv.form(gen, expect, t_start, planned)
         except StoreLostError:
             self.store_lost = True
             raise

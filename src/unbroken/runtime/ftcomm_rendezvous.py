@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 
-from unbroken.protocol import dead_key
+from unbroken.protocol import DEAD_EPOCH, dead_key
 from unbroken.core.membership import (
     LEADER_SILENCE,
     generation_reports,
@@ -101,9 +101,12 @@ class Rendezvous:
         return report
 
     # ------------------------------------------------------------------ members' side
-    def form(self, gen: int, expect, t_start: float) -> tuple[list[int], bool]:
+    def form(self, gen: int, expect, t_start: float,
+             planned: bool = False) -> tuple[list[int], bool]:
         """Join the rendezvous of generation ``gen`` (a re-form of ``gen - 1``): lead it when
-        first, else wait for the leader's list. Returns (members, whether this one led)."""
+        first, else wait for the leader's list. ``planned``: at a step boundary (the members
+        come as they finish the step), not after a failure (they come together). Returns
+        (members, whether this one led)."""
         st = self.store
         try:
             # a member the coordinator declared dead is fenced (its node was lost while the
@@ -117,7 +120,8 @@ class Rendezvous:
             st.set(f"{self.ns}rdzv/{gen}/joined/{n}",
                    json.dumps([self.uid, [int(u) for u in expect], report]))
             if n == 1:
-                return self._lead(gen, t_start + self.rendezvous_timeout), True
+                return self._lead(gen, t_start + self.rendezvous_timeout,
+                                  quick=not planned), True
             return self._follow(gen, t_start)
         except (dist.DistNetworkError, RendezvousError) as exc:
             # the store's host is gone (closed, not a timeout; member_list's wait wraps it): a
@@ -177,16 +181,20 @@ class Rendezvous:
         v = json.loads(self.store.get(key))
         return int(v[0] if epoch == 0 else v)
 
-    def _lead(self, gen: int, deadline: float, without: list[int] = ()) -> list[int]:
+    def _lead(self, gen: int, deadline: float, without: list[int] = (),
+              quick: bool = False) -> list[int]:
         """The leader: wait for the live members and the expected joiners (or the deadline),
         then publish the member list with every report. ``without``: leaders before this one
-        that died before they published (their records are in, they are not members)."""
+        that died before they published (their records are in, they are not members);
+        ``quick``: the members are expected within a few ms (a re-form after a failure)."""
         st, old = self.store, gen - 1
         joined: list[int] = []
         expected: set[int] = set()
         reports: dict[int, Any] = {}
         unread: list[int] = []  # places counted whose record was not there at the last look
         read_to = 0
+        t_lead = time.monotonic()
+        seen_epoch, checked, noticed = None, set(), set()  # death notices (below)
         while True:
             count = st.add(f"{self.ns}rdzv/{gen}/count", 0)
             unread += range(read_to + 1, count + 1)
@@ -203,15 +211,32 @@ class Rendezvous:
             # a member still missing that a death notice names is not waited for: the
             # heartbeat thread learns of the notice only at its next read, up to a period on.
             # Its value is the notice: the heartbeat's own reads create the key at 0 (check
-            # alone would say it exists), and this read must not create one
-            live = [u for u in live if u in joined or not _notice(st, dead_key(u))]
+            # alone would say it exists), and this read must not create one. Each member's
+            # key is read once per value of the notices' epoch (one counter, bumped with
+            # every notice), not at every look: at 32 members those reads were most of a look
+            epoch = st.add(DEAD_EPOCH, 0)
+            if epoch != seen_epoch:
+                seen_epoch, checked = epoch, set()
+            for u in live:
+                if u not in joined and u not in checked:
+                    checked.add(u)
+                    if _notice(st, dead_key(u)):
+                        noticed.add(u)
+            live = [u for u in live if u in joined or u not in noticed]
             came = [u for u in sorted(expected) if st.check([f"{self.ns}rdzv/{gen}/joiner/{u}"])]
             gone = [u for u in sorted(expected)
                     if u not in came and st.check([dead_key(u)])]
             if rendezvous_ready(joined, live, expected, came + gone) \
                     or time.monotonic() > deadline:
                 break
-            self._stop.wait(0.005)
+            # after a failure the members learn of it within a ms of each other (the
+            # doorbell) and come a few ms after the leader: a look every ms then (a 5 ms poll
+            # was most of a 7.6 ms rendezvous at G = 4, bench/rank_groups.py). A member still
+            # missing after that is late or dead, and at a planned re-form they come as they
+            # finish the step: every 5 ms, as the store's other clients need its turn (at 32
+            # groups a look a ms made an admission 0.2 s slower)
+            fast = quick and time.monotonic() - t_lead < 0.02
+            self._stop.wait(0.001 if fast else 0.005)
         # whoever joined is alive, even if a starved heartbeat made it look stale
         new = next_members([u for u in joined if u not in without] + came)
         for u in came:  # a joiner's offer is its registration's value (join())
