@@ -97,8 +97,9 @@ class Event(enum.StrEnum):
     ABORT = "abort"
     """gen, reason: a collective aborted (ftcomm); read by benches."""
     GROUP_FENCED = "group_fenced"
-    """gen, rank, reason, sibling (a silent sibling's rank): a rank fenced its own group and
-    exits 11 (ftcomm's ``fence_group``); the launcher replaces the group."""
+    """gen, rank, reason, sibling (a silent sibling's rank), its own beats (as ``left_out``):
+    a rank fenced its own group and exits 11 (ftcomm's ``fence_group``); the launcher
+    replaces the group."""
     SUPERVISOR_SILENT = "supervisor_silent"
     """silent_s: the supervisor's heartbeat went stale (ftcomm)."""
     REATTACHED = "reattached"

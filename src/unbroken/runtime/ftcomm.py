@@ -481,6 +481,9 @@ class FTComm(OpPath):
         if sibling is not None:
             ev["sibling"] = sibling
         try:
+            # this rank's own beats: a rank fenced by a sibling that found *it* silent shows
+            # here whether it was stopped or starved, and where its main thread was
+            ev.update(self.beat_report())
             if self.on_fence is not None:
                 self.on_fence(ev)
             sys.stderr.write(f"group {self.uid} rank {self.plane}: fencing the group: "
