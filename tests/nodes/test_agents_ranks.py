@@ -38,7 +38,10 @@ def _processes_naming(path: str) -> list[int]:
 def test_a_node_killed_mid_run_takes_its_groups_whole_and_is_masked(tmp_path):
     from helpers import read_journal
 
-    spec = JobSpec(trainer="mlp", groups=4, steps=30, faults="node:1@6", local_nodes=2,
+    # 80 steps: the drill fires when the supervisor has *read* step 6, and a starved one read
+    # it at step ~25 in a CI run; the second spare (a fresh spawn: node 1 took the warm one)
+    # then had no time to join before step 30
+    spec = JobSpec(trainer="mlp", groups=4, steps=80, faults="node:1@6", local_nodes=2,
                    ranks_per_group=2, shard="fsdp", out=str(tmp_path / "run"),
                    timeout=220, ft=FTConfig(node_staleness=1.0, spares=2))
     res = Supervisor(spec).run()
