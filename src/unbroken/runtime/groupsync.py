@@ -28,7 +28,8 @@ at once: the rank that sees it declares its group dead -- one death notice, whic
 members read, so all of them drop the group in the same re-form -- and leaves (exit 11,
 ``GROUP_FENCED``); the launcher kills what is left of the group. A sibling that hung blocks
 them instead, until the rank's heartbeat finds it silent and does the same
-(``FTComm._sibling_lost``).
+(``FTComm._sibling_lost``). Either way the rank journals why first (``group_fenced``,
+``FTComm.fence_group``).
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ import torch
 import torch.distributed as dist
 
 from unbroken.core.ranks import FINDINGS, group_finding
-from unbroken.protocol import ExitCode
 from unbroken.runtime import stepbuf as sb
 
 __all__ = ["GroupSync", "is_group_error"]
