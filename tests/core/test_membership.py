@@ -204,3 +204,12 @@ def test_leader_gone_on_a_notice_on_silence_or_a_record_never_written():
     # no record yet: a leader between its two store calls, waited for one staleness
     assert not leader_gone(None, live=[0, 1], noticed_dead=False, unknown_s=0.3, staleness=0.3)
     assert leader_gone(None, live=[0, 1], noticed_dead=False, unknown_s=0.31, staleness=0.3)
+
+
+def test_a_leader_looks_every_ms_just_after_a_failure_and_every_5_ms_otherwise():
+    from unbroken.core.membership import leader_look_s
+
+    assert leader_look_s(after_failure=True, waited_s=0.0) == 0.001
+    assert leader_look_s(after_failure=True, waited_s=0.019) == 0.001
+    assert leader_look_s(after_failure=True, waited_s=0.02) == 0.005  # late or dead: back off
+    assert leader_look_s(after_failure=False, waited_s=0.0) == 0.005  # an admission

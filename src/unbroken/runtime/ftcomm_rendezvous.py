@@ -41,6 +41,7 @@ from unbroken.core.membership import (
     LEADER_SILENCE,
     generation_reports,
     leader_gone,
+    leader_look_s,
     next_members,
     rendezvous_ready,
     rendezvous_staleness,
@@ -229,14 +230,7 @@ class Rendezvous:
             if rendezvous_ready(joined, live, expected, came + gone) \
                     or time.monotonic() > deadline:
                 break
-            # after a failure the members learn of it within a ms of each other (the
-            # doorbell) and come a few ms after the leader: a look every ms then (a 5 ms poll
-            # was most of a 7.6 ms rendezvous at G = 4, bench/rank_groups.py). A member still
-            # missing after that is late or dead, and at a planned re-form they come as they
-            # finish the step: every 5 ms, as the store's other clients need its turn (at 32
-            # groups a look a ms made an admission 0.2 s slower)
-            fast = quick and time.monotonic() - t_lead < 0.02
-            self._stop.wait(0.001 if fast else 0.005)
+            self._stop.wait(leader_look_s(quick, time.monotonic() - t_lead))
         # whoever joined is alive, even if a starved heartbeat made it look stale
         new = next_members([u for u in joined if u not in without] + came)
         for u in came:  # a joiner's offer is its registration's value (join())
